@@ -1,0 +1,208 @@
+"""Variant folders on disk: atomic creation, the Hugging Face side files, ONNX with external data.
+
+A variant folder holds ``model.onnx``, its weights as one external data file ``model.onnx_data``
+(ONNX external data: https://onnx.ai/onnx/repo-docs/ExternalData.html), and the Hugging Face
+``config.json``, ``generation_config.json`` and tokenizer files, so that
+``optimum.onnxruntime.ORTModelForCausalLM.from_pretrained(folder)`` loads it on its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import onnx
+
+from .errors import ArtifactError
+
+log = logging.getLogger(__name__)
+
+MODEL_FILE = "model.onnx"
+DATA_FILE = "model.onnx_data"
+
+#: Files copied next to every ONNX variant so that it is self-contained.
+HF_SIDE_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
+
+#: Distributions whose versions are recorded in every provenance file.
+TRACKED_PACKAGES = (
+    "qwen-onnx",
+    "torch",
+    "transformers",
+    "optimum",
+    "optimum-onnx",
+    "onnx",
+    "onnxruntime",
+    "gguf",
+    "numpy",
+)
+
+
+def library_versions() -> dict[str, str | None]:
+    """Installed versions of the libraries that shape the artifacts, ``None`` for a missing one."""
+    versions: dict[str, str | None] = {}
+    for name in TRACKED_PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+@contextlib.contextmanager
+def staged_dir(final: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty sibling folder; on success it atomically replaces ``final``.
+
+    A stage that fails or is interrupted leaves only ``<final>.partial-*`` behind (removed on a
+    Python exception), never a ``final`` folder that a later run could take as complete.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{final.name}.partial-", dir=final.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+def write_json(path: str | os.PathLike, obj: object) -> None:
+    """Write ``obj`` as indented JSON through a temporary file and an atomic rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def copy_side_files(src: str | os.PathLike, dst: str | os.PathLike) -> list[str]:
+    """Copy the Hugging Face config, generation config and tokenizer files present in ``src``.
+
+    Returns:
+        The names copied.
+
+    Raises:
+        ArtifactError: ``src`` has no ``config.json`` (it is not a Hugging Face model folder).
+    """
+    src, dst = Path(src), Path(dst)
+    if not (src / "config.json").is_file():
+        raise ArtifactError(
+            f"{src} has no config.json: expected a Hugging Face model folder or an ONNX variant folder"
+        )
+    copied = []
+    for name in HF_SIDE_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+            copied.append(name)
+    return copied
+
+
+def model_path(folder: str | os.PathLike) -> Path:
+    """The ``model.onnx`` of a variant folder, checked together with its external data.
+
+    Raises:
+        ArtifactError: ``model.onnx`` is missing, or an external data file it names is missing
+            (the message names the file and the folder searched).
+    """
+    folder = Path(folder)
+    path = folder / MODEL_FILE if folder.is_dir() else folder
+    if not path.is_file():
+        raise ArtifactError(f"no ONNX model at {path}: run the stage that produces it first")
+    check_external_data(path)
+    return path
+
+
+def check_external_data(path: str | os.PathLike) -> list[str]:
+    """Check that every external data file that the ONNX file at ``path`` names exists beside it.
+
+    Returns:
+        The external data file names (relative to the model's folder).
+
+    Raises:
+        ArtifactError: the file is not ONNX, or an external data file is missing.
+    """
+    path = Path(path)
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # onnx raises DecodeError or its own errors depending on the damage
+        raise ArtifactError(f"{path} is not a readable ONNX model: {exc}") from exc
+    locations = set()
+    for tensor in _all_initializers(proto.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    locations.add(entry.value)
+    for location in sorted(locations):
+        if not (path.parent / location).is_file():
+            raise ArtifactError(
+                f"external data file {location!r} named by {path.name} is missing from {path.parent}; "
+                "copy it beside the model or rerun the stage that wrote the model"
+            )
+    return sorted(locations)
+
+
+def _all_initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _all_initializers(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from _all_initializers(sub)
+
+
+def save_with_external_data(proto: onnx.ModelProto, path: str | os.PathLike) -> None:
+    """Save ``proto`` at ``path`` with every initializer in one external data file ``model.onnx_data``.
+
+    Tensors under 1 KiB stay inline (ONNX Runtime must read shape-like constants such as
+    ``Unsqueeze`` axes from the graph itself); every weight goes to the external file, so a tiny
+    test model has the same layout as the real ones past protobuf's 2 GiB limit.
+    """
+    path = Path(path)
+    data = path.parent / DATA_FILE
+    if data.exists():
+        data.unlink()
+    onnx.save_model(
+        proto,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=DATA_FILE,
+        size_threshold=1024,
+        convert_attribute=False,
+    )
+
+
+def folder_bytes(folder: str | os.PathLike, names: tuple[str, ...] = (MODEL_FILE, DATA_FILE)) -> int:
+    """Bytes on disk of the ONNX graph and its external data in ``folder``."""
+    folder = Path(folder)
+    return sum((folder / n).stat().st_size for n in names if (folder / n).is_file())
+
+
+def read_json(path: str | os.PathLike) -> dict:
+    """Read a JSON file written by this package."""
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)

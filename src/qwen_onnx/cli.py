@@ -1,0 +1,185 @@
+"""``qwen-onnx``: each pipeline stage as a subcommand, for use outside Snakemake.
+
+Each subcommand parses its arguments and calls one library function; errors of this package are
+printed as one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from .errors import QwenOnnxError
+from .text import CALIBRATION_TEXT, EVALUATION_TEXT, shipped_text
+
+
+def _resolve(a):
+    from .resolve import resolve
+
+    return resolve(a.source, a.output, revision=a.revision)
+
+
+def _export(a):
+    from .export import export_onnx
+
+    return export_onnx(a.hf_dir, a.output, opset=a.opset)
+
+
+def _preprocess(a):
+    from .export import preprocess
+
+    return preprocess(a.input, a.output, skip_symbolic_shape=a.skip_symbolic_shape)
+
+
+def _dynamic(a):
+    from .quantize import DynamicSettings, quantize_dynamic_variant
+
+    settings = DynamicSettings(op_types=a.op_types, per_channel=a.per_channel, nodes_to_exclude=a.exclude)
+    return quantize_dynamic_variant(a.input, a.output, settings)
+
+
+def _static(a):
+    from .quantize import StaticSettings, quantize_static_variant
+
+    settings = StaticSettings(
+        op_types=a.op_types, per_channel=a.per_channel, method=a.method, samples=a.samples,
+        sequence_length=a.sequence_length, activation_type=a.activation_type, weight_type=a.weight_type,
+        activation_symmetric=a.activation_symmetric, nodes_to_exclude=a.exclude,
+    )
+    return quantize_static_variant(a.input, a.output, a.calibration_text, settings)
+
+
+def _optimize(a):
+    from .optimize import optimize_variant
+
+    return optimize_variant(a.input, a.output, fusions=a.fusions, provider=a.provider)
+
+
+def _inspect(a):
+    from .artifacts import write_json
+    from .inspect_graph import inspect_model, to_markdown
+
+    info = inspect_model(a.model)
+    if a.json:
+        write_json(a.json, info)
+    if a.markdown:
+        with open(a.markdown, "w", encoding="utf-8") as f:
+            f.write(to_markdown(info))
+    if not a.json and not a.markdown:
+        print(to_markdown(info))
+    return None
+
+
+def _accuracy(a):
+    from .accuracy import evaluate_accuracy
+
+    return evaluate_accuracy(
+        a.variant, a.reference, a.text, window=a.window, max_windows=a.max_windows, threads=a.threads, output=a.output
+    )
+
+
+def _latency(a):
+    from .latency import measure_latency
+
+    return measure_latency(
+        a.variant, a.text, prompt_tokens=a.prompt_tokens, new_tokens=a.new_tokens, threads=a.threads,
+        warmup=a.warmup, repeats=a.repeats, output=a.output,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="qwen-onnx", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("resolve", help="model source -> fp32 Hugging Face folder with source.json")
+    p.add_argument("source", help="hub ID, local folder, .gguf file, or embedded:NAME")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--revision", default=None, help="hub revision (branch, tag, commit)")
+    p.set_defaults(func=_resolve)
+
+    p = sub.add_parser("export", help="Hugging Face folder -> fp32 ONNX with KV cache and external data")
+    p.add_argument("hf_dir")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--opset", type=int, default=17)
+    p.set_defaults(func=_export)
+
+    p = sub.add_parser("preprocess", help="quant_pre_process: symbolic shapes + ORT basic optimization")
+    p.add_argument("input")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--skip-symbolic-shape", action="store_true")
+    p.set_defaults(func=_preprocess)
+
+    for name, func, help_text in (
+        ("quantize-dynamic", _dynamic, "INT8 dynamic quantization (QInt8 weights)"),
+        ("quantize-static", _static, "INT8 static QDQ quantization calibrated on text"),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("input", help="pre-processed variant folder")
+        p.add_argument("-o", "--output", required=True)
+        p.add_argument("--op-types", nargs="+", default=["MatMul"])
+        p.add_argument("--per-channel", action=argparse.BooleanOptionalAction, default=True)
+        p.add_argument("--exclude", nargs="*", default=[], metavar="NODE", help="node names kept float")
+        p.set_defaults(func=func)
+        if name == "quantize-static":
+            p.add_argument("--calibration-text", default=str(shipped_text(CALIBRATION_TEXT)))
+            p.add_argument("--method", choices=["MinMax", "Entropy", "Percentile"], default="MinMax")
+            p.add_argument("--samples", type=int, default=8)
+            p.add_argument("--sequence-length", type=int, default=128)
+            p.add_argument("--activation-type", choices=["QUInt8", "QInt8"], default="QUInt8")
+            p.add_argument("--weight-type", choices=["QInt8", "QUInt8"], default="QInt8")
+            p.add_argument("--activation-symmetric", action=argparse.BooleanOptionalAction, default=False)
+
+    p = sub.add_parser("optimize", help="transformer fusions + ORT_ENABLE_ALL, saved with external data")
+    p.add_argument("input", help="fp32 variant folder")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--fusions", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--provider", default="CPUExecutionProvider")
+    p.set_defaults(func=_optimize)
+
+    p = sub.add_parser("inspect", help="graph summary without loading weights")
+    p.add_argument("model", help="model.onnx or its folder")
+    p.add_argument("--json", default=None)
+    p.add_argument("--markdown", default=None)
+    p.set_defaults(func=_inspect)
+
+    p = sub.add_parser("accuracy", help="perplexity, KL, top-1 agreement, |Δlogit| against PyTorch fp32")
+    p.add_argument("variant")
+    p.add_argument("--reference", required=True, help="the fp32 Hugging Face folder")
+    p.add_argument("--text", default=str(shipped_text(EVALUATION_TEXT)))
+    p.add_argument("--window", type=int, default=256)
+    p.add_argument("--max-windows", type=int, default=8)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("-o", "--output", default=None)
+    p.set_defaults(func=_accuracy)
+
+    p = sub.add_parser("latency", help="load, prefill/TTFT and KV-cache decode tokens/s")
+    p.add_argument("variant")
+    p.add_argument("--text", default=str(shipped_text(EVALUATION_TEXT)))
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("-o", "--output", default=None)
+    p.set_defaults(func=_latency)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        result = args.func(args)
+    except QwenOnnxError as exc:
+        print(f"qwen-onnx {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    if result is not None:
+        print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""Typed errors. Each one names the problem and the fix, so the CLI and Snakemake logs can print it as is."""
+
+from __future__ import annotations
+
+
+class QwenOnnxError(Exception):
+    """Base class of every error this package raises on bad input or a failed stage."""
+
+
+class SourceError(QwenOnnxError):
+    """The model source cannot be resolved (unknown kind, missing path, hub unreachable and uncached)."""
+
+
+class PartError(SourceError):
+    """A GGUF part package is missing, or its bytes do not match the recorded size or sha256."""
+
+
+class ArchitectureError(QwenOnnxError):
+    """The checkpoint is not a Qwen causal LM this pipeline supports."""
+
+
+class ArtifactError(QwenOnnxError):
+    """An input artifact is missing or incomplete (for example an ONNX file without its external data)."""
+
+
+class GateError(QwenOnnxError):
+    """A variant failed an accuracy gate and the configuration asks for the stage to fail."""

@@ -1,0 +1,45 @@
+"""Helpers for the thin ``workflow/scripts`` wrappers: logging into the rule's log file."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import warnings
+from typing import Iterator
+
+from .errors import QwenOnnxError
+
+
+@contextlib.contextmanager
+def logged(snakemake) -> Iterator[None]:
+    """Send logging, warnings and the process's stdout/stderr (C libraries included) to ``snakemake.log[0]``.
+
+    A :class:`~qwen_onnx.errors.QwenOnnxError` is written to the log and, as one line, to the
+    original stderr (so the Snakemake console shows it), then the job exits with status 1.
+    """
+    log_path = snakemake.log[0]
+    os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+    saved_stderr = os.dup(2)
+    with open(log_path, "w", encoding="utf-8") as handle:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(handle.fileno(), 1)
+        os.dup2(handle.fileno(), 2)
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True,
+            handlers=[logging.StreamHandler(sys.stderr)],
+        )
+        logging.captureWarnings(True)
+        warnings.simplefilter("default")
+        try:
+            yield
+        except QwenOnnxError as exc:
+            logging.getLogger("qwen_onnx").error("%s", exc)
+            sys.stderr.flush()
+            os.write(saved_stderr, f"qwen-onnx error in rule {snakemake.rule}: {exc}\n".encode())
+            sys.exit(1)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()

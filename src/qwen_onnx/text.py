@@ -1,0 +1,61 @@
+"""Text shipped with the package (calibration and evaluation) and its split into token windows."""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from .errors import QwenOnnxError
+
+#: Names of the texts shipped in ``qwen_onnx/data`` (see ``data/SOURCES.md`` for their origin).
+CALIBRATION_TEXT = "calibration.txt"
+EVALUATION_TEXT = "evaluation.txt"
+
+
+def shipped_text(name: str) -> Path:
+    """Path of a text shipped in ``qwen_onnx/data``."""
+    return Path(str(resources.files("qwen_onnx") / "data" / name))
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """Read a UTF-8 text file.
+
+    Raises:
+        QwenOnnxError: the file is missing or empty.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise QwenOnnxError(f"text file {path} does not exist; point the config at an existing UTF-8 file")
+    text = path.read_text(encoding="utf-8")
+    if not text.strip():
+        raise QwenOnnxError(f"text file {path} is empty")
+    return text
+
+
+def token_windows(tokenizer, path: str | os.PathLike, length: int, count: int | None = None) -> np.ndarray:
+    """Split the tokenized text at ``path`` into consecutive non-overlapping windows.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer.
+        path: UTF-8 text file.
+        length: tokens per window.
+        count: windows wanted; None for as many as the text holds.
+
+    Returns:
+        int64 [windows, length].
+
+    Raises:
+        QwenOnnxError: the text holds fewer than ``count`` windows (or none) of ``length`` tokens.
+    """
+    ids = tokenizer(read_text(path), add_special_tokens=False)["input_ids"]
+    available = len(ids) // length
+    wanted = available if count is None else count
+    if available == 0 or wanted > available:
+        raise QwenOnnxError(
+            f"{path} has {len(ids)} tokens: {available} window(s) of {length} tokens, {wanted} requested; "
+            "lower the sample count or sequence length, or use a longer text"
+        )
+    return np.asarray(ids[: wanted * length], dtype=np.int64).reshape(wanted, length)

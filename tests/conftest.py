@@ -1,0 +1,70 @@
+"""Shared fixtures: tiny random Qwen checkpoints and the pipeline stages run once on them."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny_models import build_tiny_qwen  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Never reach for the network in tests: hub look-ups must come from the (empty) cache.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _words_text(seed: int, words: int = 4000) -> str:
+    vocab = (
+        "def class return import the model data token cache value for in range print self "
+        "量化 模型 数据 延迟 困惑度 export onnx runtime layer attention key value decode prefill"
+    ).split()
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(words // 12):
+        lines.append(" ".join(rng.choice(vocab) for _ in range(12)))
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="session")
+def texts(tmp_path_factory) -> dict[str, Path]:
+    """Small calibration and evaluation texts (different seeds) for the tiny tokenizer."""
+    folder = tmp_path_factory.mktemp("texts")
+    calibration = folder / "calibration.txt"
+    evaluation = folder / "evaluation.txt"
+    calibration.write_text(_words_text(1), encoding="utf-8")
+    evaluation.write_text(_words_text(2), encoding="utf-8")
+    return {"calibration": calibration, "evaluation": evaluation}
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory) -> Path:
+    """A tiny random Qwen2 checkpoint (2 layers, 4 heads, 2 KV heads, hidden 64)."""
+    return build_tiny_qwen(tmp_path_factory.mktemp("tiny-qwen2") / "model", "qwen2")
+
+
+@pytest.fixture(scope="session")
+def pipeline(tmp_path_factory, tiny_qwen2, texts) -> dict[str, Path]:
+    """The stages run once on the tiny Qwen2: hf, fp32, preprocessed, int8-dynamic, int8-static, optimized."""
+    from qwen_onnx.export import export_onnx, preprocess
+    from qwen_onnx.optimize import optimize_variant
+    from qwen_onnx.quantize import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
+    from qwen_onnx.resolve import resolve
+
+    root = tmp_path_factory.mktemp("pipeline")
+    dirs = {name: root / name for name in ("hf", "fp32", "preprocessed", "int8-dynamic", "int8-static", "optimized")}
+    resolve(str(tiny_qwen2), dirs["hf"])
+    export_onnx(dirs["hf"], dirs["fp32"], opset=17)
+    preprocess(dirs["fp32"], dirs["preprocessed"])
+    quantize_dynamic_variant(dirs["preprocessed"], dirs["int8-dynamic"], DynamicSettings())
+    quantize_static_variant(
+        dirs["preprocessed"], dirs["int8-static"], texts["calibration"], StaticSettings(samples=4, sequence_length=32)
+    )
+    optimize_variant(dirs["fp32"], dirs["optimized"])
+    return dirs

@@ -1,0 +1,208 @@
+"""Each pipeline stage on the tiny random Qwen2: graph interface, numerics and bad input."""
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+
+from qwen_onnx.accuracy import load_torch_model, torch_logits
+from qwen_onnx.artifacts import DATA_FILE, MODEL_FILE, check_external_data, staged_dir
+from qwen_onnx.errors import ArtifactError, QwenOnnxError
+from qwen_onnx.export import export_onnx
+from qwen_onnx.inspect_graph import inspect_model
+from qwen_onnx.quantize import (
+    DynamicSettings,
+    StaticSettings,
+    TextCalibrationReader,
+    quantize_dynamic_variant,
+    quantize_static_variant,
+)
+from qwen_onnx.runtime import OnnxCausalLM
+
+VARIANTS = ("fp32", "preprocessed", "int8-dynamic", "int8-static", "optimized")
+LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 16
+
+
+def graph(folder):
+    return onnx.load(str(folder / MODEL_FILE), load_external_data=False)
+
+
+def ids(n, seed=0):
+    return np.random.default_rng(seed).integers(10, 300, size=(1, n), dtype=np.int64)
+
+
+def test_export_interface_names_kv_cache_and_external_data(pipeline):
+    proto = graph(pipeline["fp32"])
+    names = [i.name for i in proto.graph.input]
+    expected_past = [f"past_key_values.{i}.{kind}" for i in range(LAYERS) for kind in ("key", "value")]
+    assert names == ["input_ids", "attention_mask", "position_ids", *expected_past]
+    assert [o.name for o in proto.graph.output][:3] == ["logits", "present.0.key", "present.0.value"]
+    past_dims = [d.dim_param or d.dim_value for d in proto.graph.input[3].type.tensor_type.shape.dim]
+    assert past_dims == ["batch_size", KV_HEADS, "past_sequence_length", HEAD_DIM]
+    assert {o.domain or "ai.onnx": o.version for o in proto.opset_import}["ai.onnx"] == 17
+    assert check_external_data(pipeline["fp32"] / MODEL_FILE) == [DATA_FILE]
+    export_info = json.loads((pipeline["fp32"] / "export.json").read_text())
+    assert export_info["opset"] == 17 and export_info["task"] == "text-generation-with-past"
+
+
+def test_export_with_opset_18(pipeline, tmp_path):
+    export_onnx(pipeline["hf"], tmp_path / "fp32-18", opset=18)
+    proto = graph(tmp_path / "fp32-18")
+    assert {o.domain or "ai.onnx": o.version for o in proto.opset_import}["ai.onnx"] == 18
+    model = OnnxCausalLM(tmp_path / "fp32-18")
+    reference = OnnxCausalLM(pipeline["fp32"])
+    np.testing.assert_allclose(model.forward(ids(12))[0], reference.forward(ids(12))[0], atol=1e-4)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_variant_is_self_contained(pipeline, variant):
+    folder = pipeline[variant]
+    for name in (MODEL_FILE, DATA_FILE, "config.json", "generation_config.json", "tokenizer.json",
+                 "tokenizer_config.json"):
+        assert (folder / name).is_file(), f"{variant} lacks {name}"
+    assert not list(folder.glob("*.onnx.data")), "quantizer's external data name left behind"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_variant_loads_in_optimum_and_generates(pipeline, variant):
+    from optimum.onnxruntime import ORTModelForCausalLM
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(pipeline[variant])
+    model = ORTModelForCausalLM.from_pretrained(pipeline[variant])
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "def add(a, b):"}], add_generation_prompt=True, return_tensors="pt"
+    )
+    out = model.generate(prompt, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    assert out.shape == (1, prompt.shape[1] + 6)
+
+
+@pytest.mark.parametrize("variant", ["fp32", "preprocessed", "optimized"])
+def test_float_variants_match_pytorch(pipeline, variant):
+    reference = torch_logits(load_torch_model(pipeline["hf"]), ids(24))
+    got, present = OnnxCausalLM(pipeline[variant]).forward(ids(24))
+    assert got.shape == (1, 24, reference.shape[-1])
+    assert present["past_key_values.1.value"].shape == (1, KV_HEADS, 24, HEAD_DIM)
+    np.testing.assert_allclose(got, reference, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_kv_cache_decode_matches_full_pass(pipeline, variant):
+    model = OnnxCausalLM(pipeline[variant])
+    tokens = ids(16, seed=3)
+    full, _ = model.forward(tokens)
+    logits, past = model.forward(tokens[:, :10])
+    steps = [logits[:, -1]]
+    for t in range(10, 15):
+        mask = np.ones((1, t + 1), dtype=np.int64)
+        logits, past = model.forward(tokens[:, t : t + 1], mask, past)
+        steps.append(logits[:, -1])
+    # dynamic quantization picks activation scales per call, so a one-token decode step and the
+    # full pass quantize differently: allow 15% of the logit range there, 1e-4 elsewhere
+    scale = float(np.abs(full).max())
+    tolerance = 0.15 * scale if variant == "int8-dynamic" else 1e-4
+    np.testing.assert_allclose(np.stack(steps, 1), full[:, 9:15], atol=tolerance, rtol=0)
+
+
+def _consumers_of_dequantize(proto):
+    produced_by_dq = {o for n in proto.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    return {n.op_type for n in proto.graph.node if any(i in produced_by_dq for i in n.input)}
+
+
+def test_dynamic_variant_quantizes_matmul_weights_only(pipeline):
+    info = inspect_model(pipeline["int8-dynamic"])
+    assert info["quant_ops"].get("MatMulInteger", 0) + info["quant_ops"].get("DynamicQuantizeMatMul", 0) > 0
+    assert info["initializers"]["bytes_per_dtype"]["int8"] > 0
+    fp32 = inspect_model(pipeline["fp32"])
+    assert info["bytes_on_disk"] < fp32["bytes_on_disk"]
+    settings = json.loads((pipeline["int8-dynamic"] / "quantize.json").read_text())["settings"]
+    assert settings["per_channel"] is True and settings["op_types"] == ["MatMul"]
+
+
+def test_static_variant_is_qdq_with_norms_and_softmax_float(pipeline):
+    proto = graph(pipeline["int8-static"])
+    ops = {n.op_type for n in proto.graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    assert _consumers_of_dequantize(proto) == {"MatMul"}
+    softmax_inputs = {i for n in proto.graph.node if n.op_type == "Softmax" for i in n.input}
+    dq_outputs = {o for n in proto.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    assert not softmax_inputs & dq_outputs
+    info = json.loads((pipeline["int8-static"] / "quantize.json").read_text())
+    assert info["calibration_tokens"] == 4 * 32
+    assert info["format"] == "QDQ" and info["settings"]["method"] == "MinMax"
+    # the attention products and the rotary frequency MatMul take no weight: they stay float
+    assert "/model/rotary_emb/MatMul" in info["nodes_excluded"]
+    assert {"/model/layers.0/self_attn/MatMul", "/model/layers.0/self_attn/MatMul_1"} <= set(info["nodes_excluded"])
+    quantized = {n.name for n in proto.graph.node if n.op_type == "MatMul"
+                 and any(i in dq_outputs for i in n.input)}
+    assert len(quantized) == 7 * LAYERS + 1  # q, k, v, o, gate, up, down per layer, and lm_head
+
+
+def test_calibration_reader_feeds_every_graph_input(pipeline):
+    model = pipeline["preprocessed"] / MODEL_FILE
+    windows = np.arange(3 * 8, dtype=np.int64).reshape(3, 8)
+    reader = TextCalibrationReader(model, windows)
+    feeds = [reader.get_next() for _ in range(3)]
+    assert reader.get_next() is None
+    names = [i.name for i in graph(pipeline["preprocessed"]).graph.input]
+    assert list(feeds[0]) == names
+    assert feeds[1]["input_ids"].tolist() == [list(range(8, 16))]
+    assert feeds[0]["position_ids"].tolist() == [list(range(8))]
+    assert feeds[0]["past_key_values.0.key"].shape == (1, KV_HEADS, 0, HEAD_DIM)
+    reader.rewind()
+    assert reader.get_next()["input_ids"].tolist() == [list(range(8))]
+
+
+def test_optimize_records_fusions(pipeline):
+    info = json.loads((pipeline["optimized"] / "optimize.json").read_text())
+    assert info["fusions"]["SkipSimplifiedLayerNormalization"] == 2 * LAYERS
+    assert info["fusions"]["RotaryEmbedding"] == 2 * LAYERS
+    assert info["nodes_after"] < info["nodes_before"]
+    assert info["graph_optimization_level"] == "ORT_ENABLE_ALL"
+
+
+def test_quantization_refuses_float_only_ops_and_unknown_nodes(pipeline, tmp_path, texts):
+    with pytest.raises(QwenOnnxError, match="Softmax must stay float"):
+        quantize_dynamic_variant(pipeline["preprocessed"], tmp_path / "a", DynamicSettings(op_types=["MatMul", "Softmax"]))
+    with pytest.raises(QwenOnnxError, match="not in .* no_such_node"):
+        quantize_dynamic_variant(pipeline["preprocessed"], tmp_path / "b", DynamicSettings(nodes_to_exclude=["no_such_node"]))
+    with pytest.raises(QwenOnnxError, match="calibration method 'KL' unknown"):
+        quantize_static_variant(pipeline["preprocessed"], tmp_path / "c", texts["calibration"], StaticSettings(method="KL"))
+    with pytest.raises(QwenOnnxError, match=r"window\(s\) of 4096 tokens, 100 requested"):
+        quantize_static_variant(
+            pipeline["preprocessed"], tmp_path / "d", texts["calibration"], StaticSettings(samples=100, sequence_length=4096)
+        )
+    assert not list(tmp_path.iterdir())
+
+
+def test_missing_external_data_names_file_and_folder(pipeline, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(pipeline["fp32"], broken)
+    (broken / DATA_FILE).unlink()
+    with pytest.raises(ArtifactError, match=f"external data file '{DATA_FILE}' named by model.onnx is missing from {broken}"):
+        OnnxCausalLM(broken)
+    (broken / MODEL_FILE).write_bytes(b"this is not protobuf at all")
+    with pytest.raises(ArtifactError, match="is not a readable ONNX model"):
+        inspect_model(broken)
+
+
+def test_interrupted_stage_leaves_nothing_complete(tmp_path):
+    final = tmp_path / "variant"
+    with pytest.raises(RuntimeError):
+        with staged_dir(final) as stage:
+            (stage / MODEL_FILE).write_bytes(b"half")
+            raise RuntimeError("killed")
+    assert not final.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_inspect_reads_names_dtypes_and_symbolic_dims(pipeline):
+    info = inspect_model(pipeline["fp32"])
+    assert info["inputs"][0] == {"name": "input_ids", "dtype": "int64", "shape": ["batch_size", "sequence_length"]}
+    assert info["outputs"][0]["shape"] == ["batch_size", "sequence_length", 384]
+    assert info["nodes"] == len(graph(pipeline["fp32"]).graph.node) == sum(info["op_types"].values())
+    # embed_tokens and lm_head are 384 x 64 fp32 each
+    assert info["initializers"]["bytes_per_dtype"]["float32"] >= 2 * 384 * 64 * 4
+    assert info["bytes_on_disk"] == sum((pipeline["fp32"] / n).stat().st_size for n in (MODEL_FILE, DATA_FILE))

@@ -1,0 +1,147 @@
+"""The Snakemake workflow end to end on the tiny Qwen2, in a temporary folder.
+
+Checks the artifacts, the rerun behaviour (nothing to do after a full run; a calibration change
+reruns only the static variant and what depends on it; one artifact builds only its ancestors) and
+the messages for bad input.
+"""
+
+import csv
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from test_resolve import make_part_packages
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+VARIANTS = ("fp32", "preprocessed", "int8-dynamic", "int8-static", "optimized")
+
+pytestmark = pytest.mark.workflow
+
+
+def write_config(folder: Path, source, texts, **overrides) -> None:
+    config = {
+        "models": {"tiny": {"source": source, "params_billion": 0.001}},
+        "quantize_static": {"samples": 4, "sequence_length": 32, "calibration_text": str(texts["calibration"])},
+        "evaluation": {"text": str(texts["evaluation"]), "window": 64, "max_windows": 2},
+        "latency": {"prompt_tokens": 16, "new_tokens": 4, "warmup": 0, "repeats": 1, "threads": 1},
+    }
+    for section, values in overrides.items():
+        config.setdefault(section, {}).update(values)
+    (folder / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+
+
+def snakemake(folder: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(folder), "--cores", "2", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=900,
+    )
+
+
+def planned_jobs(result: subprocess.CompletedProcess) -> dict[str, int]:
+    """Rule -> job count from a dry run's job stats table."""
+    jobs = {}
+    for line in result.stdout.splitlines():
+        match = re.match(r"^(\w+)\s+(\d+)$", line.strip())
+        if match and match.group(1) != "total":
+            jobs[match.group(1)] = int(match.group(2))
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, tiny_qwen2, texts):
+    folder = tmp_path_factory.mktemp("workflow")
+    write_config(folder, str(tiny_qwen2), texts)
+    result = snakemake(folder)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return folder
+
+
+def test_full_run_writes_every_artifact(finished_run):
+    results = finished_run / "results"
+    for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "source.json"):
+        assert (results / "tiny" / "hf" / name).is_file()
+    for variant in VARIANTS:
+        assert (results / "tiny" / variant / "model.onnx").is_file()
+        assert (results / "tiny" / variant / "model.onnx_data").is_file()
+        for kind in ("inspect.json", "inspect.md", "accuracy.json", "latency.json"):
+            assert (results / "tiny" / "reports" / f"{variant}.{kind}").is_file()
+    with open(results / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["model"], r["variant"]) for r in rows] == [("tiny", v) for v in VARIANTS]
+    fp32 = rows[0]
+    assert float(fp32["max_abs_logit_diff"]) < 1e-3 and float(fp32["top1_pct"]) == 100.0
+    assert int(fp32["eval_tokens"]) == 2 * 63
+    assert float(rows[2]["decode_tok_s"]) > 0
+    assert int(rows[3]["quant_ops"]) > 0
+    assert json.loads((results / "metrics.json").read_text())[1]["variant"] == "preprocessed"
+    report = (results / "report.md").read_text()
+    assert "| tiny | int8-static |" in report
+    for rule in ("resolve", "export", "preprocess", "quantize_dynamic", "quantize_static", "optimize"):
+        assert (results / "logs" / "tiny" / f"{rule}.log").is_file()
+        assert (results / "benchmarks" / "tiny" / f"{rule}.tsv").is_file()
+
+
+def test_nothing_to_do_after_a_full_run(finished_run):
+    result = snakemake(finished_run, "-n")
+    assert result.returncode == 0, result.stderr
+    assert "Nothing to be done" in result.stdout + result.stderr
+
+
+def test_calibration_change_reruns_only_the_static_variant(finished_run, texts):
+    config = yaml.safe_load((finished_run / "config.yaml").read_text())
+    config["quantize_static"]["samples"] = 3
+    (finished_run / "config.yaml").write_text(yaml.safe_dump(config))
+    try:
+        jobs = planned_jobs(snakemake(finished_run, "-n"))
+    finally:
+        config["quantize_static"]["samples"] = 4
+        (finished_run / "config.yaml").write_text(yaml.safe_dump(config))
+    assert jobs == {"quantize_static": 1, "inspect": 1, "accuracy": 1, "latency": 1, "report": 1, "all": 1}
+
+
+def test_one_artifact_builds_only_its_ancestors(tmp_path, tiny_qwen2, texts):
+    write_config(tmp_path, str(tiny_qwen2), texts)
+    jobs = planned_jobs(snakemake(tmp_path, "-n", "results/tiny/preprocessed"))
+    assert jobs == {"resolve": 1, "export": 1, "preprocess": 1}
+
+
+def test_unknown_source_is_named_and_leaves_no_artifact(tmp_path, texts):
+    write_config(tmp_path, "./no-such-model", texts)
+    result = snakemake(tmp_path, "results/tiny/hf")
+    assert result.returncode != 0
+    assert "unknown model source './no-such-model'" in result.stdout + result.stderr
+    assert not (tmp_path / "results" / "tiny" / "hf").exists()
+
+
+def test_misspelled_config_key_is_named_by_the_schema(tmp_path, tiny_qwen2, texts):
+    write_config(tmp_path, str(tiny_qwen2), texts, quantize_static={"sampels": 3})
+    result = snakemake(tmp_path, "-n")
+    assert result.returncode != 0
+    assert re.search(r"'sampels' was unexpected", result.stdout + result.stderr)
+
+
+def test_part_with_wrong_checksum_is_named(tmp_path, texts):
+    chunks = [b"GGUF-part-one" * 3, b"part-two" * 5]
+    names = make_part_packages(tmp_path / "site", "qowf_part", chunks)
+    whole = b"".join(chunks)
+    digests = [hashlib.sha256(c).hexdigest() for c in chunks]
+    digests[1] = "e" * 64
+    source = {"name": "fake", "packages": names, "bytes": len(whole),
+              "sha256": hashlib.sha256(whole).hexdigest(), "part_sha256": digests}
+    write_config(tmp_path, source, texts)
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}
+    result = snakemake(tmp_path, "results/tiny/hf", env=env)
+    assert result.returncode != 0
+    assert f"checksum mismatch in part 2 from package '{names[1]}'" in result.stdout + result.stderr
+    assert not (tmp_path / "results" / "tiny" / "hf").exists()

@@ -1,0 +1,104 @@
+"""Tiny random Qwen checkpoints with a tiny byte-level BPE tokenizer, for tests.
+
+Each is a real Hugging Face folder (config.json, generation_config.json, safetensors, tokenizer
+files with a ChatML chat template), built in a second from a fixed seed, so every stage of the
+pipeline runs on it exactly as on the real model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+_CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "class Cache:\n    def __init__(self, size):\n        self.size = size\n",
+    "The quick brown fox jumps over the lazy dog. Models are exported to ONNX.",
+    "量化模型在中央处理器上运行得更快。我们测量困惑度和延迟。",
+    "for i in range(10):\n    print(i * i)\n",
+    "Perplexity, KL divergence and top-1 agreement measure accuracy after quantization.",
+]
+
+
+def build_tokenizer(folder: Path, vocab_size: int = 384):
+    """Train a byte-level BPE tokenizer on a small corpus and save it as a Qwen2 tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import Qwen2TokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    fast = Qwen2TokenizerFast(
+        tokenizer_object=tok,
+        unk_token=None,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(folder)
+    return fast
+
+
+def build_tiny_qwen(folder: Path, family: str = "qwen2", seed: int = 0) -> Path:
+    """Write a tiny random Qwen checkpoint to ``folder``.
+
+    Args:
+        family: ``qwen2`` (grouped-query attention, 4 heads / 2 KV heads), ``qwen1.5`` (Qwen2
+            architecture with as many KV heads as heads) or ``qwen3`` (q/k RMSNorm, explicit head_dim).
+
+    Returns:
+        ``folder``.
+    """
+    import torch
+    from transformers import GenerationConfig
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(folder)
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        initializer_range=0.2,
+    )
+    torch.manual_seed(seed)
+    if family == "qwen3":
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **common))
+    else:
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        if family == "qwen1.5":
+            common["num_key_value_heads"] = common["num_attention_heads"]
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    model.eval()
+    model.save_pretrained(folder, safe_serialization=True)
+    GenerationConfig(
+        eos_token_id=[common["eos_token_id"], common["pad_token_id"]], pad_token_id=common["pad_token_id"]
+    ).save_pretrained(folder)
+    return folder

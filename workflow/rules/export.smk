@@ -1,0 +1,38 @@
+rule export:
+    """fp32 ONNX with KV cache inputs (past_key_values.*) and one external data file."""
+    input:
+        hf=f"{RESULTS}/{{model}}/hf",
+    output:
+        model_dir=directory(f"{RESULTS}/{{model}}/fp32"),
+    params:
+        settings=lambda wc: get_settings(wc.model, "export"),
+        version=VERSION,
+    log:
+        f"{RESULTS}/logs/{{model}}/export.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/export.tsv"
+    threads: 2
+    resources:
+        mem_mb=get_mem_mb("export"),
+    script:
+        "../scripts/export.py"
+
+
+rule preprocess:
+    """onnxruntime quant_pre_process: symbolic shape inference and basic optimization."""
+    input:
+        model_dir=f"{RESULTS}/{{model}}/fp32",
+    output:
+        model_dir=directory(f"{RESULTS}/{{model}}/preprocessed"),
+    params:
+        settings=lambda wc: get_settings(wc.model, "preprocess"),
+        version=VERSION,
+    log:
+        f"{RESULTS}/logs/{{model}}/preprocess.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/preprocess.tsv"
+    threads: 2
+    resources:
+        mem_mb=get_mem_mb("preprocess"),
+    script:
+        "../scripts/preprocess.py"

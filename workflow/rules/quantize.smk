@@ -1,0 +1,39 @@
+rule quantize_dynamic:
+    """INT8 dynamic quantization (QInt8 weights, activations quantized at run time)."""
+    input:
+        model_dir=f"{RESULTS}/{{model}}/preprocessed",
+    output:
+        model_dir=directory(f"{RESULTS}/{{model}}/int8-dynamic"),
+    params:
+        settings=lambda wc: get_settings(wc.model, "quantize_dynamic"),
+        version=VERSION,
+    log:
+        f"{RESULTS}/logs/{{model}}/quantize_dynamic.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/quantize_dynamic.tsv"
+    threads: 2
+    resources:
+        mem_mb=get_mem_mb("quantize_dynamic"),
+    script:
+        "../scripts/quantize_dynamic.py"
+
+
+rule quantize_static:
+    """INT8 static QDQ quantization calibrated on the calibration text."""
+    input:
+        model_dir=f"{RESULTS}/{{model}}/preprocessed",
+        text=lambda wc: get_settings(wc.model, "quantize_static")["calibration_text"],
+    output:
+        model_dir=directory(f"{RESULTS}/{{model}}/int8-static"),
+    params:
+        settings=lambda wc: get_settings(wc.model, "quantize_static"),
+        version=VERSION,
+    log:
+        f"{RESULTS}/logs/{{model}}/quantize_static.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/quantize_static.tsv"
+    threads: 2
+    resources:
+        mem_mb=get_mem_mb("quantize_static"),
+    script:
+        "../scripts/quantize_static.py"
