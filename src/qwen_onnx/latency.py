@@ -1,9 +1,21 @@
-"""Latency of an ONNX variant on the CPU: load, prefill (time to first token) and KV-cache decode.
+"""Latency of an ONNX variant or of PyTorch eager fp32 on the CPU: load, prefill, TTFT, decode, memory.
 
-Protocol: one session with a fixed intra-op thread count; ``warmup`` untimed runs, then
-``repeats`` timed runs of a greedy generation of ``new_tokens`` tokens from a prompt of
-``prompt_tokens`` tokens of the evaluation text. Decode tokens/s counts the single-token steps
-after the prefill (``new_tokens - 1`` steps); figures are medians over the repeats.
+Protocol (the same for every variant and for PyTorch, at the same thread count):
+
+- load: creating the ONNX Runtime session (or ``from_pretrained`` for PyTorch), seconds;
+- prefill: one forward pass over a prompt of each length in ``prompt_lengths`` tokens (taken from
+  the evaluation text), ``warmup`` untimed then ``repeats`` timed passes; median and p90 in ms;
+- time to first token (TTFT): a prefill of ``decode_prompt_tokens`` tokens plus the argmax of its
+  last logits, median ms;
+- decode: ``new_tokens`` greedy tokens with the KV cache after that prefill (end-of-sequence ids
+  ignored so every run decodes the same count); tokens/s over the single-token steps, median;
+- peak RSS of the measuring process (``getrusage``), MiB;
+- ONNX Runtime profiling (ONNX variants): a separate profiled session runs one prefill and 16
+  decode steps; kernel time is summed per op type (:mod:`qwen_onnx.profiling`).
+
+The memory-bandwidth roofline of decode uses ``weight_bytes_per_token``: the bytes of weights read
+to decode one token (every initializer, with an embedding table counted as one row, since a Gather
+reads one row per token).
 """
 
 from __future__ import annotations
@@ -12,11 +24,18 @@ import logging
 import os
 import resource
 import statistics
+import tempfile
 import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
-from .artifacts import folder_bytes, library_versions, write_json
+import numpy as np
+
+from .artifacts import MODEL_FILE, folder_bytes, library_versions, write_json
+from .inspect_graph import decode_weight_bytes, load_graph
+from .profiling import summarise_trace
 from .runtime import OnnxCausalLM
-from .text import token_windows
+from .text import read_text
 
 log = logging.getLogger(__name__)
 
@@ -26,74 +45,210 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) with linear interpolation (numpy's default)."""
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
+
+
+def prompt_tokens(tokenizer, text_path: str | os.PathLike, length: int) -> np.ndarray:
+    """The first ``length`` tokens of the text: int64 [length].
+
+    Raises:
+        ValueError: the text is shorter than ``length`` tokens.
+    """
+    ids = tokenizer(read_text(text_path), add_special_tokens=False)["input_ids"]
+    if len(ids) < length:
+        raise ValueError(f"{text_path} has {len(ids)} tokens, fewer than the {length} a prompt needs")
+    return np.asarray(ids[:length], dtype=np.int64)
+
+
+def _time(fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - started)
+    return out
+
+
+def _protocol(
+    prefill: Callable[[np.ndarray], Any],
+    generate: Callable[[np.ndarray, int, list[float]], float],
+    tokens: np.ndarray,
+    prompt_lengths: Sequence[int],
+    decode_prompt_tokens: int,
+    new_tokens: int,
+    warmup: int,
+    repeats: int,
+) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for length in prompt_lengths:
+        times = _time(lambda: prefill(tokens[:length]), warmup, repeats)
+        result[f"prefill_ms_p50_{length}"] = 1000.0 * statistics.median(times)
+        result[f"prefill_ms_p90_{length}"] = 1000.0 * percentile(times, 90)
+    prompt = tokens[:decode_prompt_tokens]
+    for _ in range(warmup):
+        generate(prompt, new_tokens, [])
+    ttfts, rates = [], []
+    for _ in range(repeats):
+        steps: list[float] = []
+        ttfts.append(generate(prompt, new_tokens, steps))
+        rates.append(len(steps) / sum(steps))
+    result.update({
+        "ttft_ms": 1000.0 * statistics.median(ttfts),
+        "ttft_ms_p90": 1000.0 * percentile(ttfts, 90),
+        "decode_tok_s": statistics.median(rates),
+        "decode_ms_per_token": 1000.0 / statistics.median(rates),
+    })
+    return result
+
+
+def _settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats) -> dict[str, Any]:
+    return {
+        "prompt_lengths": list(prompt_lengths),
+        "decode_prompt_tokens": decode_prompt_tokens,
+        "new_tokens": new_tokens,
+        "threads": threads,
+        "warmup": warmup,
+        "repeats": repeats,
+    }
+
+
 def measure_latency(
     variant_dir: str | os.PathLike,
     text_path: str | os.PathLike,
     *,
-    prompt_tokens: int = 128,
-    new_tokens: int = 64,
-    threads: int | None = 2,
+    prompt_lengths: Sequence[int] = (32, 128, 512),
+    decode_prompt_tokens: int = 128,
+    new_tokens: int = 128,
+    threads: int = 2,
     provider: str = "CPUExecutionProvider",
     warmup: int = 1,
     repeats: int = 3,
+    profile: bool = True,
     output: str | os.PathLike | None = None,
-) -> dict:
-    """Time a variant's load, prefill and decode.
-
-    Args:
-        variant_dir: ONNX variant folder.
-        text_path: text whose first ``prompt_tokens`` tokens form the prompt (needs a tokenizer in
-            ``variant_dir``).
-        prompt_tokens: prompt length in tokens.
-        new_tokens: tokens generated per run (at least 2).
-        threads: intra-op threads.
-        provider: ONNX Runtime execution provider.
-        warmup: untimed runs before measuring.
-        repeats: timed runs.
-        output: JSON file to write, if given.
+) -> dict[str, Any]:
+    """Time an ONNX variant (see the module docstring for the protocol).
 
     Returns:
-        ``load_s`` (s), ``prefill_ms`` and ``ttft_ms`` (ms, median), ``decode_tok_s`` (tokens/s,
-        median), ``decode_ms_per_token``, ``peak_rss_mb`` (MiB), ``bytes_on_disk``, and the
-        settings.
+        ``load_s``; ``prefill_ms_p50_{n}`` / ``prefill_ms_p90_{n}`` per prompt length; ``ttft_ms``;
+        ``decode_tok_s``; ``peak_rss_mb``; ``bytes_on_disk``; ``weight_bytes_per_token``;
+        ``profile`` (per-op-type kernel time, when ``profile``); the settings and versions.
 
     Raises:
-        ValueError: ``new_tokens`` < 2 or ``repeats`` < 1.
+        ValueError: ``new_tokens`` < 2, ``repeats`` < 1 or a text too short for the prompts.
+        ArtifactError: the model or its external data is missing.
     """
     from transformers import AutoTokenizer
 
     if new_tokens < 2 or repeats < 1:
         raise ValueError(f"need new_tokens >= 2 and repeats >= 1, got {new_tokens} and {repeats}")
     tokenizer = AutoTokenizer.from_pretrained(variant_dir)
-    prompt = token_windows(tokenizer, text_path, prompt_tokens, 1)
+    tokens = prompt_tokens(tokenizer, text_path, max([*prompt_lengths, decode_prompt_tokens]))
     model = OnnxCausalLM(variant_dir, threads=threads, provider=provider)
-    for _ in range(warmup):
-        model.greedy(prompt, new_tokens)
-    prefills, rates, per_token = [], [], []
-    for _ in range(repeats):
-        steps: list[float] = []
-        started = time.perf_counter()
-        _, prefill = model.greedy(prompt, new_tokens, timings=steps)
-        total = time.perf_counter() - started
-        prefills.append(prefill)
-        rates.append(len(steps) / sum(steps))
-        per_token.append(1000.0 * sum(steps) / len(steps))
-        log.info("run: prefill %.1f ms, decode %.2f tokens/s, total %.2f s", 1000 * prefill, rates[-1], total)
-    result = {
-        "load_s": round(model.load_seconds, 3),
-        "prefill_ms": 1000.0 * statistics.median(prefills),
-        "ttft_ms": 1000.0 * statistics.median(prefills),
-        "decode_tok_s": statistics.median(rates),
-        "decode_ms_per_token": statistics.median(per_token),
+
+    def generate(prompt, count, steps):
+        return model.greedy(prompt, count, timings=steps)[1]
+
+    result: dict[str, Any] = {"variant_dir": os.fspath(variant_dir), "runtime": "onnxruntime", "provider": provider,
+                              "load_s": model.load_seconds}
+    result.update(_protocol(lambda ids: model.forward(ids.reshape(1, -1)), generate, tokens, prompt_lengths,
+                            decode_prompt_tokens, new_tokens, warmup, repeats))
+    del model
+    if profile:
+        result["profile"] = profile_ops(variant_dir, tokens[:decode_prompt_tokens], threads, provider)
+    result.update({
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "bytes_on_disk": folder_bytes(variant_dir),
-        "prompt_tokens": prompt_tokens,
-        "new_tokens": new_tokens,
-        "threads": threads,
-        "provider": provider,
-        "repeats": repeats,
+        "weight_bytes_per_token": decode_weight_bytes(load_graph(Path(variant_dir) / MODEL_FILE)),
+        **_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats),
         "library_versions": library_versions(),
-    }
+    })
+    log.info("load %.2f s, TTFT %.1f ms, decode %.2f tokens/s", result["load_s"], result["ttft_ms"], result["decode_tok_s"])
+    if output is not None:
+        write_json(output, result)
+    return result
+
+
+def profile_ops(variant_dir, prompt: np.ndarray, threads: int, provider: str, decode_steps: int = 16) -> dict[str, Any]:
+    """Per-op-type share of ONNX Runtime kernel time over one prefill and ``decode_steps`` decode steps."""
+    with tempfile.TemporaryDirectory(prefix="qwen-onnx-profile-") as scratch:
+        model = OnnxCausalLM(variant_dir, threads=threads, provider=provider,
+                             profile_prefix=str(Path(scratch) / "ort"))
+        model.greedy(prompt, decode_steps + 1)
+        trace = model.session.end_profiling()
+        summary = summarise_trace(trace, top=12)
+        del model
+    summary.update({"prompt_tokens": int(prompt.shape[0]), "decode_steps": decode_steps})
+    return summary
+
+
+def torch_weight_bytes_per_token(model) -> int:
+    """Bytes of parameters read per decoded token by a PyTorch causal LM (embedding as one row)."""
+    embedding = model.get_input_embeddings().weight
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    row = embedding.shape[1] * embedding.element_size()
+    return int(total - embedding.numel() * embedding.element_size() + row)
+
+
+def measure_torch_latency(
+    hf_dir: str | os.PathLike,
+    text_path: str | os.PathLike,
+    *,
+    prompt_lengths: Sequence[int] = (32, 128, 512),
+    decode_prompt_tokens: int = 128,
+    new_tokens: int = 128,
+    threads: int = 2,
+    warmup: int = 1,
+    repeats: int = 3,
+    output: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Time PyTorch eager fp32 (the baseline every ratio in the report divides by), same protocol.
+
+    Returns:
+        The same keys as :func:`measure_latency` (no ``profile``), ``runtime`` = ``pytorch``.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(int(threads))
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    tokens = prompt_tokens(tokenizer, text_path, max([*prompt_lengths, decode_prompt_tokens]))
+    started = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    load_s = time.perf_counter() - started
+
+    def prefill(ids):
+        with torch.inference_mode():
+            return model(input_ids=torch.from_numpy(ids.reshape(1, -1)), use_cache=True)
+
+    def generate(prompt, count, steps):
+        with torch.inference_mode():
+            begin = time.perf_counter()
+            out = model(input_ids=torch.from_numpy(prompt.reshape(1, -1)), use_cache=True)
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+            ttft = time.perf_counter() - begin
+            past = out.past_key_values
+            for _ in range(count - 1):
+                step = time.perf_counter()
+                out = model(input_ids=token, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                token = out.logits[:, -1].argmax(-1, keepdim=True)
+                steps.append(time.perf_counter() - step)
+        return ttft
+
+    result: dict[str, Any] = {"variant_dir": os.fspath(hf_dir), "runtime": "pytorch", "provider": "torch-eager-cpu",
+                              "load_s": load_s}
+    result.update(_protocol(prefill, generate, tokens, prompt_lengths, decode_prompt_tokens, new_tokens, warmup, repeats))
+    result.update({
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "bytes_on_disk": sum(p.stat().st_size for p in Path(hf_dir).glob("*.safetensors")),
+        "weight_bytes_per_token": torch_weight_bytes_per_token(model),
+        **_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats),
+        "library_versions": library_versions(),
+    })
     if output is not None:
         write_json(output, result)
     return result

@@ -1,114 +1,359 @@
-"""The combined report: one row per (model, variant) in ``metrics.csv`` and a Markdown table.
+"""The combined report: one row per (model, variant), PyTorch fp32 as the variant ``pytorch``.
 
-Columns (units in the name or below):
-
-=====================  ==========================================================================
-model, variant         config short name and variant folder name
-bytes_on_disk          bytes of ``model.onnx`` plus ``model.onnx_data``
-nodes                  graph node count
-quant_ops              quantization ops in the graph (QDQ pairs or dynamic MatMulInteger etc.)
-ppl                    perplexity of the variant on the evaluation text
-ppl_reference          perplexity of PyTorch fp32 on the same tokens
-ppl_delta_pct          (ppl - ppl_reference) / ppl_reference, percent
-kl_mean, kl_p99        KL(PyTorch || variant) per token, nats: mean and 99th percentile
-top1_pct               top-1 agreement with PyTorch, percent of positions
-max_abs_logit_diff     max |logit_variant - logit_pytorch| over all positions and vocabulary
-eval_tokens            predicted tokens evaluated
-load_s                 ONNX Runtime session creation, seconds
-ttft_ms                time to first token (prefill of the latency prompt), ms
-decode_tok_s           tokens/s of single-token decode steps with the KV cache
-peak_rss_mb            peak RSS of the latency process, MiB
-=====================  ==========================================================================
+Outputs: ``metrics.csv`` and ``metrics.json`` (machines), ``report.md`` and a self-contained
+``report.html`` with embedded matplotlib figures (people). Every column is described in
+:data:`COLUMNS`; the same descriptions appear at the end of both human reports.
 """
 
 from __future__ import annotations
 
+import base64
 import csv
+import html
 import io
+import math
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping, Sequence
 
 from .artifacts import read_json, write_json
 
-COLUMNS = (
-    "model", "variant", "bytes_on_disk", "nodes", "quant_ops",
-    "ppl", "ppl_reference", "ppl_delta_pct", "kl_mean", "kl_p99", "top1_pct", "max_abs_logit_diff", "eval_tokens",
-    "load_s", "ttft_ms", "decode_tok_s", "peak_rss_mb",
-)
+#: Column name -> description (units in the text). Order is the CSV's; the prefill columns
+#: ``prefill_ms_p50_{n}`` / ``prefill_ms_p90_{n}`` for each configured prompt length ``n`` follow ``load_s``
+#: (see :func:`columns`).
+COLUMNS: dict[str, str] = {
+    "model": "config short name of the model",
+    "variant": "variant folder name; `pytorch` is PyTorch eager fp32, the reference",
+    "gate": "PASS or FAIL against the gate of the variant's kind (config `gates`)",
+    "gate_failures": "the failing figures with their limits, `;`-separated",
+    "bytes_on_disk": "bytes of model.onnx + model.onnx_data (safetensors for pytorch)",
+    "nodes": "ONNX graph node count",
+    "quant_ops": "quantization ops in the graph (QuantizeLinear/DequantizeLinear, MatMulInteger, ...)",
+    "eval_tokens": "predicted tokens in the accuracy evaluation",
+    "ppl": "perplexity on the evaluation text: exp(mean negative log-likelihood)",
+    "ppl_delta_pct": "(ppl - ppl of PyTorch) / ppl of PyTorch, percent",
+    "kl_mean": "KL(PyTorch || variant) per token, nats, mean",
+    "kl_median": "KL per token, nats, median",
+    "kl_p99": "KL per token, nats, 99th percentile",
+    "top1_pct": "positions whose argmax token equals PyTorch's, percent",
+    "max_abs_logit_diff": "max |logit - PyTorch logit| over all positions and the vocabulary",
+    "mean_abs_logit_diff": "mean |logit - PyTorch logit|",
+    "padded_batch_max_abs_diff": "max |Δlogit| between left-padded batch and each prompt alone, non-pad positions",
+    "padded_batch_nonfinite": "NaN/inf count in the padded batch's logits (pad rows included)",
+    "kv_cache_max_abs_diff": "max |Δlogit| between prefill + single-token decode steps and one full pass",
+    "generation_match_pct": "greedy tokens matched before the first difference from PyTorch, percent of PyTorch's output",
+    "load_s": "session creation (from_pretrained for pytorch), seconds",
+    "ttft_ms": "time to first token: prefill of the decode prompt plus argmax, median, ms",
+    "decode_tok_s": "single-stream decode tokens/s with the KV cache, median",
+    "peak_rss_mb": "peak RSS of the latency process, MiB",
+    "weight_bytes_per_token": "bytes of weights read per decoded token (embedding table as one row)",
+    "roofline_tok_s": "memory-bandwidth bound on decode: bandwidth / weight bytes per token, tokens/s",
+    "roofline_pct": "decode_tok_s as a percentage of roofline_tok_s",
+    "decode_speedup_vs_pytorch": "decode_tok_s / PyTorch's",
+    "ttft_vs_pytorch": "ttft_ms / PyTorch's (below 1 is faster)",
+    "prefill_vs_pytorch": "median prefill latency at the longest prompt length / PyTorch's",
+    "load_vs_pytorch": "load_s / PyTorch's",
+    "peak_rss_vs_pytorch": "peak_rss_mb / PyTorch's",
+    "bytes_vs_pytorch": "bytes_on_disk / PyTorch's",
+    "threads": "intra-op threads of the measured session",
+    "provider": "ONNX Runtime execution provider (torch-eager-cpu for pytorch)",
+    "top_op": "op type with the largest share of ONNX Runtime kernel time, with its percent",
+}
 
 
-def variant_row(model: str, variant: str, inspect: dict, accuracy: dict, latency: dict) -> dict[str, Any]:
-    """Merge one variant's inspection, accuracy and latency JSON into a report row."""
+
+def columns(prompt_lengths: Sequence[int]) -> dict[str, str]:
+    """:data:`COLUMNS` with the prefill columns of ``prompt_lengths`` inserted after ``load_s``."""
+    out: dict[str, str] = {}
+    for name, doc in COLUMNS.items():
+        out[name] = doc
+        if name == "load_s":
+            for n in prompt_lengths:
+                out[f"prefill_ms_p50_{n}"] = f"prefill latency of a {n}-token prompt, median, ms"
+                out[f"prefill_ms_p90_{n}"] = f"prefill latency of a {n}-token prompt, 90th percentile, ms"
+    return out
+
+
+SUMMARY = ("model", "variant", "gate", "bytes_on_disk", "ppl", "ppl_delta_pct", "kl_mean", "top1_pct",
+           "ttft_ms", "decode_tok_s", "decode_speedup_vs_pytorch", "roofline_pct", "peak_rss_mb")
+ACCURACY = ("model", "variant", "gate", "eval_tokens", "ppl", "ppl_delta_pct", "kl_mean", "kl_median", "kl_p99",
+            "top1_pct", "max_abs_logit_diff", "mean_abs_logit_diff", "padded_batch_max_abs_diff",
+            "padded_batch_nonfinite", "kv_cache_max_abs_diff", "generation_match_pct")
+
+
+def latency_columns(prompt_lengths: Sequence[int]) -> tuple[str, ...]:
+    """Columns of the latency table for the configured prompt lengths."""
+    prefill = [c for n in prompt_lengths for c in (f"prefill_ms_p50_{n}", f"prefill_ms_p90_{n}")]
+    return ("model", "variant", "load_s", *prefill, "ttft_ms", "decode_tok_s", "weight_bytes_per_token",
+            "roofline_tok_s", "roofline_pct", "peak_rss_mb", "bytes_on_disk", "threads", "provider", "top_op")
+
+
+
+RATIOS = ("model", "variant", "decode_speedup_vs_pytorch", "ttft_vs_pytorch", "prefill_vs_pytorch",
+          "load_vs_pytorch", "peak_rss_vs_pytorch", "bytes_vs_pytorch")
+
+_ACCURACY_KEYS = ("ppl", "ppl_delta_pct", "kl_mean", "kl_median", "kl_p99", "top1_pct", "max_abs_logit_diff",
+                  "mean_abs_logit_diff", "padded_batch_max_abs_diff", "padded_batch_nonfinite",
+                  "kv_cache_max_abs_diff", "generation_match_pct")
+_LATENCY_KEYS = ("load_s", "ttft_ms", "decode_tok_s", "peak_rss_mb", "bytes_on_disk", "weight_bytes_per_token",
+                 "threads", "provider")
+_RATIO_OF = {
+    "decode_speedup_vs_pytorch": "decode_tok_s",
+    "ttft_vs_pytorch": "ttft_ms",
+    "load_vs_pytorch": "load_s",
+    "peak_rss_vs_pytorch": "peak_rss_mb",
+    "bytes_vs_pytorch": "bytes_on_disk",
+}
+
+
+def variant_row(model: str, variant: str, inspect: Mapping | None, accuracy: Mapping, latency: Mapping,
+                bandwidth_gb_s: float | None) -> dict[str, Any]:
+    """One report row from a variant's inspection, accuracy and latency JSON."""
+    row: dict[str, Any] = {c: None for c in COLUMNS}
+    row.update(model=model, variant=variant)
+    row["gate"] = accuracy.get("gate")
+    row["gate_failures"] = "; ".join(accuracy.get("gate_failures", []))
+    row["eval_tokens"] = accuracy.get("tokens")
+    for key in _ACCURACY_KEYS:
+        row[key] = accuracy.get(key)
+    for key in _LATENCY_KEYS:
+        row[key] = latency.get(key)
+    for key, value in latency.items():
+        if key.startswith(("prefill_ms_p50_", "prefill_ms_p90_")):
+            row[key] = value
+    if inspect is not None:
+        row["nodes"] = inspect["nodes"]
+        row["quant_ops"] = sum(inspect.get("quant_ops", {}).values())
+    ops = latency.get("profile", {}).get("ops", [])
+    if ops:
+        row["top_op"] = f"{ops[0]['op_type']} {ops[0]['pct']:.0f}%"
+    if bandwidth_gb_s and row["weight_bytes_per_token"]:
+        row["roofline_tok_s"] = bandwidth_gb_s * 1e9 / row["weight_bytes_per_token"]
+        row["roofline_pct"] = 100.0 * row["decode_tok_s"] / row["roofline_tok_s"]
+    return row
+
+
+def pytorch_accuracy(fp32_accuracy: Mapping) -> dict[str, Any]:
+    """The reference's own accuracy row: its perplexity, zero divergence, full agreement."""
     return {
-        "model": model,
-        "variant": variant,
-        "bytes_on_disk": inspect["bytes_on_disk"],
-        "nodes": inspect["nodes"],
-        "quant_ops": sum(inspect.get("quant_ops", {}).values()),
-        "ppl": accuracy["ppl"],
-        "ppl_reference": accuracy["ppl_reference"],
-        "ppl_delta_pct": accuracy["ppl_delta_pct"],
-        "kl_mean": accuracy["kl_mean"],
-        "kl_p99": accuracy["kl_p99"],
-        "top1_pct": accuracy["top1_pct"],
-        "max_abs_logit_diff": accuracy["max_abs_logit_diff"],
-        "eval_tokens": accuracy["tokens"],
-        "load_s": latency["load_s"],
-        "ttft_ms": latency["ttft_ms"],
-        "decode_tok_s": latency["decode_tok_s"],
-        "peak_rss_mb": latency["peak_rss_mb"],
+        "gate": "reference", "gate_failures": [], "tokens": fp32_accuracy["tokens"],
+        "ppl": fp32_accuracy["ppl_reference"], "ppl_delta_pct": 0.0, "kl_mean": 0.0, "kl_median": 0.0,
+        "kl_p99": 0.0, "top1_pct": 100.0, "max_abs_logit_diff": 0.0, "mean_abs_logit_diff": 0.0,
+        "generation_match_pct": 100.0,
     }
 
 
-def collect_rows(entries: Iterable[tuple[str, str, str, str, str]]) -> list[dict[str, Any]]:
-    """Rows from ``(model, variant, inspect.json, accuracy.json, latency.json)`` paths."""
-    return [
-        variant_row(model, variant, read_json(i), read_json(a), read_json(lat))
-        for model, variant, i, a, lat in entries
-    ]
+def add_ratios(rows: list[dict[str, Any]], prompt_lengths: Sequence[int]) -> None:
+    """Fill the ``*_vs_pytorch`` columns from each model's ``pytorch`` row."""
+    baseline = {r["model"]: r for r in rows if r["variant"] == "pytorch"}
+    ratio_of = {**_RATIO_OF, "prefill_vs_pytorch": f"prefill_ms_p50_{max(prompt_lengths)}"}
+    for row in rows:
+        base = baseline.get(row["model"])
+        if base is None:
+            continue
+        for column, source in ratio_of.items():
+            value, ref = row.get(source), base.get(source)
+            if value is not None and ref:
+                row[column] = value / ref
+
+
+def collect_rows(
+    models: Sequence[str],
+    variants: Sequence[str],
+    files: Mapping[str, Sequence[str | os.PathLike]],
+    machine: Mapping,
+    prompt_lengths: Sequence[int],
+) -> list[dict]:
+    """Rows for every (model, variant), each model's ``pytorch`` row first.
+
+    Args:
+        files: ``inspect``, ``accuracy``, ``latency``: JSON paths in (model, variant) product
+            order; ``pytorch``: one latency JSON per model.
+    """
+    rows = []
+    bandwidth = machine.get("memory_bandwidth_gb_s")
+    keys = [(m, v) for m in models for v in variants]
+    by_key = {kind: dict(zip(keys, files[kind])) for kind in ("inspect", "accuracy", "latency")}
+    for model, torch_latency in zip(models, files["pytorch"]):
+        fp32_accuracy = read_json(by_key["accuracy"][(model, variants[0])])
+        rows.append(variant_row(model, "pytorch", None, pytorch_accuracy(fp32_accuracy), read_json(torch_latency),
+                                bandwidth))
+        for variant in variants:
+            key = (model, variant)
+            rows.append(variant_row(model, variant, read_json(by_key["inspect"][key]),
+                                    read_json(by_key["accuracy"][key]), read_json(by_key["latency"][key]), bandwidth))
+    add_ratios(rows, prompt_lengths)
+    return rows
 
 
 def _fmt(value: Any, column: str) -> str:
+    if value is None:
+        return "–"
     if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return str(value)
         if column == "ppl_delta_pct":
             return f"{value:+.2f}"
-        if column in ("kl_mean", "kl_p99", "max_abs_logit_diff"):
-            return f"{value:.4g}"
-        return f"{value:.2f}"
-    if column == "bytes_on_disk":
+        if column.startswith(("kl_", "max_abs", "mean_abs", "padded_batch_max", "kv_cache")):
+            return f"{value:.3g}"
+        if column.endswith("_vs_pytorch"):
+            return f"{value:.2f}×"
+        return f"{value:.2f}" if abs(value) < 1000 else f"{value:.0f}"
+    if column in ("bytes_on_disk", "weight_bytes_per_token") and isinstance(value, int):
         return f"{value / 1e6:.1f} MB"
     return str(value)
 
 
-def markdown_table(rows: list[dict[str, Any]], columns: Iterable[str] = COLUMNS) -> str:
+def markdown_table(rows: Sequence[Mapping], columns: Iterable[str]) -> str:
     """A GitHub-flavoured Markdown table of ``rows``."""
     columns = list(columns)
     out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    out += ["| " + " | ".join(_fmt(r[c], c) for c in columns) + " |" for r in rows]
+    out += ["| " + " | ".join(_fmt(r.get(c), c) for c in columns) + " |" for r in rows]
     return "\n".join(out) + "\n"
 
 
-def write_report(rows: list[dict[str, Any]], markdown: str | os.PathLike, csv_path: str | os.PathLike,
-                 json_path: str | os.PathLike | None = None) -> None:
-    """Write ``report.md`` and ``metrics.csv`` (and ``metrics.json`` when asked) for ``rows``."""
+def html_table(rows: Sequence[Mapping], columns: Iterable[str]) -> str:
+    """An HTML table of ``rows``; FAIL cells are marked."""
+    columns = list(columns)
+    head = "".join(f"<th title='{html.escape(COLUMNS.get(c, ''))}'>{html.escape(c)}</th>" for c in columns)
+    body = []
+    for r in rows:
+        cells = []
+        for c in columns:
+            text = html.escape(_fmt(r.get(c), c))
+            css = " class='fail'" if c == "gate" and r.get(c) == "FAIL" else " class='pass'" if c == "gate" and r.get(c) == "PASS" else ""
+            cells.append(f"<td{css}>{text}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _machine_lines(machine: Mapping) -> list[str]:
+    versions = ", ".join(f"{k} {v}" for k, v in machine.get("library_versions", {}).items() if v)
+    return [
+        f"CPU: {machine.get('cpu_model')} ({machine.get('logical_cores')} logical cores, "
+        f"flags {', '.join(machine.get('cpu_flags', [])) or 'none'}), {machine.get('memory_gib')} GiB RAM",
+        f"Memory bandwidth (STREAM Copy convention, {machine.get('bandwidth_threads')} threads): "
+        f"{machine.get('memory_bandwidth_gb_s')} GB/s",
+        f"Libraries: {versions}",
+    ]
+
+
+def write_report(
+    rows: list[dict[str, Any]],
+    machine: Mapping,
+    *,
+    markdown: str | os.PathLike,
+    html_path: str | os.PathLike,
+    csv_path: str | os.PathLike,
+    json_path: str | os.PathLike,
+    plots: Mapping[str, str | os.PathLike],
+    profiles: Mapping[tuple[str, str], Mapping] | None = None,
+    generations: Mapping[tuple[str, str], list] | None = None,
+    prompt_lengths: Sequence[int] = (32, 128, 512),
+) -> None:
+    """Write the CSV, JSON, Markdown and HTML reports and the three plots.
+
+    Args:
+        rows: from :func:`collect_rows`.
+        machine: from :func:`qwen_onnx.machine.describe_machine`.
+        plots: paths for ``ppl_vs_size``, ``decode_tok_s`` and ``prefill_latency`` PNGs.
+        profiles: per (model, variant), the ``profile`` of its latency JSON.
+        generations: per (model, variant), the ``generation`` details of its accuracy JSON.
+    """
+    from .plots import plot_decode_speed, plot_ppl_vs_size, plot_prefill
+
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    docs = columns(prompt_lengths)
+    writer = csv.DictWriter(buffer, fieldnames=list(docs), lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
     Path(csv_path).parent.mkdir(parents=True, exist_ok=True)
     Path(csv_path).write_text(buffer.getvalue(), encoding="utf-8")
-    if json_path is not None:
-        write_json(json_path, rows)
+    write_json(json_path, rows)
+
+    plot_ppl_vs_size(rows, plots["ppl_vs_size"])
+    plot_decode_speed(rows, plots["decode_tok_s"])
+    plot_prefill(rows, prompt_lengths, plots["prefill_latency"])
+
+    failing = [r for r in rows if r.get("gate") == "FAIL"]
+    verdict = (f"{len(failing)} variant(s) FAIL their gate: "
+               + "; ".join(f"{r['model']}/{r['variant']}: {r['gate_failures']}" for r in failing)) if failing \
+        else "Every variant passes its gate."
     models = sorted({r["model"] for r in rows})
-    text = [
-        "# qwen-onnx report",
-        "",
-        f"Models: {', '.join(models)}. Accuracy is against PyTorch fp32 on the shipped evaluation text; "
-        "latency is ONNX Runtime on the CPU with the configured thread count.",
-        "",
-        markdown_table(rows),
-        "Column meanings: see `qwen_onnx.report` (units: MB = 10^6 bytes, ms, tokens/s, MiB, KL in nats).",
-        "",
+    intro = (f"Models: {', '.join(models)}. Accuracy is against PyTorch fp32 (`pytorch`) on the evaluation text; "
+             "latency is single-stream on the CPU, same thread count for every variant.")
+
+    md = ["# qwen-onnx report", "", intro, "", *[f"- {line}" for line in _machine_lines(machine)], "",
+          f"**{verdict}**", "", "## Summary", "", markdown_table(rows, SUMMARY), "## Accuracy", "",
+          markdown_table(rows, ACCURACY), "## Latency", "", markdown_table(rows, latency_columns(prompt_lengths)),
+          "## Ratios to PyTorch", "", markdown_table(rows, RATIOS)]
+    if profiles:
+        md += ["## Where the time goes (ONNX Runtime profiling, share of kernel time)", ""]
+        for (model, variant), prof in profiles.items():
+            ops = ", ".join(f"{o['op_type']} {o['pct']:.1f}%" for o in prof.get("ops", [])[:8])
+            md.append(f"- {model}/{variant}: {ops}")
+        md.append("")
+    md += ["## Columns", "", *[f"- `{c}`: {d}" for c, d in docs.items()], ""]
+    Path(markdown).write_text("\n".join(md), encoding="utf-8")
+
+    images = {name: base64.b64encode(Path(p).read_bytes()).decode() for name, p in plots.items()}
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>qwen-onnx report</title><style>",
+        "body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;margin:1em 0;font-size:13px}",
+        "td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}th{background:#f3f3f3}td:nth-child(-n+2){text-align:left}",
+        ".fail{background:#f8c9c4;font-weight:bold}.pass{background:#cdeccd}img{max-width:100%;margin:0.5em}",
+        "pre{white-space:pre-wrap;background:#f7f7f7;padding:4px;font-size:12px}",
+        "</style></head><body><h1>qwen-onnx report</h1>",
+        f"<p>{html.escape(intro)}</p><ul>", *[f"<li>{html.escape(x)}</li>" for x in _machine_lines(machine)],
+        f"</ul><p><b>{html.escape(verdict)}</b></p>",
+        "<h2>Summary</h2>", html_table(rows, SUMMARY),
+        "<h2>Figures</h2><div>",
+        *[f"<img alt='{name}' src='data:image/png;base64,{data}'>" for name, data in images.items()],
+        "</div><h2>Accuracy</h2>", html_table(rows, ACCURACY),
+        "<h2>Latency</h2>", html_table(rows, latency_columns(prompt_lengths)),
+        "<h2>Ratios to PyTorch</h2>", html_table(rows, RATIOS),
     ]
-    Path(markdown).write_text("\n".join(text), encoding="utf-8")
+    if profiles:
+        parts.append("<h2>Where the time goes (ONNX Runtime profiling)</h2>")
+        for (model, variant), prof in profiles.items():
+            parts.append(f"<h3>{html.escape(model)}/{html.escape(variant)}: {prof.get('total_ms', 0):.0f} ms kernel time</h3>")
+            parts.append(html_table([{"op": o["op_type"], "pct": o["pct"], "ms": o["ms"], "calls": o["calls"]}
+                                     for o in prof.get("ops", [])], ("op", "pct", "ms", "calls")))
+    if generations:
+        parts.append("<h2>Greedy generation against PyTorch (first prompt)</h2>")
+        for (model, variant), details in generations.items():
+            if details:
+                d = details[0]
+                parts.append(f"<h3>{html.escape(model)}/{html.escape(variant)}: {d['matched_tokens']}/"
+                             f"{d['pytorch_tokens']} tokens matched</h3><p>{html.escape(d['prompt'])}</p>"
+                             f"<pre>PyTorch: {html.escape(d['pytorch'])}</pre><pre>ONNX:    {html.escape(d['onnx'])}</pre>")
+    parts += ["<h2>Columns</h2><ul>", *[f"<li><code>{c}</code>: {html.escape(d)}</li>" for c, d in docs.items()],
+              "</ul></body></html>"]
+    Path(html_path).write_text("\n".join(parts), encoding="utf-8")
+
+
+def build_report(
+    models: Sequence[str],
+    variants: Sequence[str],
+    files: Mapping[str, Sequence[str | os.PathLike]],
+    machine_json: str | os.PathLike,
+    *,
+    prompt_lengths: Sequence[int] = (32, 128, 512),
+    **outputs: Any,
+) -> list[dict[str, Any]]:
+    """Read every report JSON (see :func:`collect_rows` for ``files``) and write the combined report.
+
+    ``outputs`` are :func:`write_report`'s ``markdown``, ``html_path``, ``csv_path``, ``json_path``
+    and ``plots``.
+    """
+    machine = read_json(machine_json)
+    rows = collect_rows(models, variants, files, machine, prompt_lengths)
+    keys = [(m, v) for m in models for v in variants]
+    profiles, generations = {}, {}
+    for key, latency_path, accuracy_path in zip(keys, files["latency"], files["accuracy"]):
+        latency = read_json(latency_path)
+        if "profile" in latency:
+            profiles[key] = latency["profile"]
+        generations[key] = read_json(accuracy_path).get("generation", [])
+    write_report(rows, machine, profiles=profiles, generations=generations, prompt_lengths=prompt_lengths, **outputs)
+    return rows

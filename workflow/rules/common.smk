@@ -4,13 +4,22 @@ import re
 from snakemake.utils import validate
 
 import qwen_onnx
+from qwen_onnx.gates import variant_kind
 
 validate(config, schema="../schemas/config.schema.yaml")
 
 VERSION = qwen_onnx.__version__
 RESULTS = config.get("results", "results")
 VARIANTS = ["fp32", "preprocessed", "int8-dynamic", "int8-static", "optimized"]
-STAGES = ["export", "preprocess", "quantize_dynamic", "quantize_static", "optimize", "evaluation", "latency"]
+STAGES = [
+    "export",
+    "preprocess",
+    "quantize_dynamic",
+    "quantize_static",
+    "optimize",
+    "evaluation",
+    "latency",
+]
 
 # Peak RSS per GB of fp32 weights, measured on Qwen2.5-Coder-0.5B (0.49 B parameters, 1.97 GB fp32):
 # resolve 3.8 GB, export 6.1 GB, quant_pre_process 8.2 GB, quantize_dynamic 7.9 GB,
@@ -25,7 +34,9 @@ MEM_PER_FP32_GB = {
     "inspect": 0.0,
     "accuracy": 3.5,
     "latency": 2.5,
+    "latency_pytorch": 2.0,
 }
+
 
 wildcard_constraints:
     model="|".join(re.escape(m) for m in config["models"]),
@@ -60,17 +71,26 @@ def get_mem_mb(stage):
     return mem_mb
 
 
-def get_latency_threads(wildcards):
-    """Every core given to Snakemake, so that no other job runs beside a latency measurement.
+def get_exclusive_threads(measured):
+    """Every core given to Snakemake, so that no other job runs beside a measurement.
 
-    The measured session itself uses `latency.threads` intra-op threads. On a cluster executor
-    (no meaningful local core count) the job asks for `latency.threads` only.
+    The measured code itself uses `measured` threads. On a cluster executor (no meaningful local
+    core count) the job asks for `measured` only.
     """
-    measured = get_settings(wildcards.model, "latency")["threads"]
     cores = workflow.cores
     if isinstance(cores, int) and 0 < cores < 1024:
         return max(measured, cores)
     return measured
+
+
+def get_latency_threads(wildcards):
+    return get_exclusive_threads(get_settings(wildcards.model, "latency")["threads"])
+
+
+def get_gate(wildcards):
+    """The accuracy gate ({figure: limit}) of the variant's kind for this model."""
+    gates = get_settings(wildcards.model, "gates")
+    return gates.get(variant_kind(wildcards.variant), {})
 
 
 def get_variant_dir(wildcards):
@@ -80,9 +100,16 @@ def get_variant_dir(wildcards):
 def get_report_inputs(kind):
     """Every (model, variant) report file of one kind: inspect, accuracy or latency."""
     return expand(
-        f"{RESULTS}/{{model}}/reports/{{variant}}.{kind}.json", model=get_models(), variant=VARIANTS
+        f"{RESULTS}/{{model}}/reports/{{variant}}.{kind}.json",
+        model=get_models(),
+        variant=VARIANTS,
     )
 
 
 def get_final_targets():
-    return [f"{RESULTS}/report.md", f"{RESULTS}/metrics.csv", f"{RESULTS}/metrics.json"]
+    return [
+        f"{RESULTS}/report.md",
+        f"{RESULTS}/report.html",
+        f"{RESULTS}/metrics.csv",
+        f"{RESULTS}/metrics.json",
+    ]

@@ -4,16 +4,18 @@ rule export:
         hf=f"{RESULTS}/{{model}}/hf",
     output:
         model_dir=directory(f"{RESULTS}/{{model}}/fp32"),
-    params:
-        settings=lambda wc: get_settings(wc.model, "export"),
-        version=VERSION,
     log:
         f"{RESULTS}/logs/{{model}}/export.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/export.tsv"
+    conda:
+        "../../envs/qwen-onnx.yaml"
     threads: 2
     resources:
         mem_mb=get_mem_mb("export"),
+    params:
+        settings=lambda wc: get_settings(wc.model, "export"),
+        version=VERSION,
     script:
         "../scripts/export.py"
 
@@ -24,15 +26,17 @@ rule preprocess:
         model_dir=f"{RESULTS}/{{model}}/fp32",
     output:
         model_dir=directory(f"{RESULTS}/{{model}}/preprocessed"),
-    params:
-        settings=lambda wc: get_settings(wc.model, "preprocess"),
-        version=VERSION,
     log:
         f"{RESULTS}/logs/{{model}}/preprocess.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/preprocess.tsv"
+    conda:
+        "../../envs/qwen-onnx.yaml"
     threads: 2
     resources:
         mem_mb=get_mem_mb("preprocess"),
+    params:
+        settings=lambda wc: get_settings(wc.model, "preprocess"),
+        version=VERSION,
     script:
         "../scripts/preprocess.py"

@@ -4,16 +4,18 @@ rule optimize:
         model_dir=f"{RESULTS}/{{model}}/fp32",
     output:
         model_dir=directory(f"{RESULTS}/{{model}}/optimized"),
-    params:
-        settings=lambda wc: get_settings(wc.model, "optimize"),
-        provider=lambda wc: get_settings(wc.model, "latency")["provider"],
-        version=VERSION,
     log:
         f"{RESULTS}/logs/{{model}}/optimize.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/optimize.tsv"
+    conda:
+        "../../envs/qwen-onnx.yaml"
     threads: 2
     resources:
         mem_mb=get_mem_mb("optimize"),
+    params:
+        settings=lambda wc: get_settings(wc.model, "optimize"),
+        provider=lambda wc: get_settings(wc.model, "latency")["provider"],
+        version=VERSION,
     script:
         "../scripts/optimize.py"

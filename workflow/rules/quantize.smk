@@ -4,16 +4,18 @@ rule quantize_dynamic:
         model_dir=f"{RESULTS}/{{model}}/preprocessed",
     output:
         model_dir=directory(f"{RESULTS}/{{model}}/int8-dynamic"),
-    params:
-        settings=lambda wc: get_settings(wc.model, "quantize_dynamic"),
-        version=VERSION,
     log:
         f"{RESULTS}/logs/{{model}}/quantize_dynamic.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/quantize_dynamic.tsv"
+    conda:
+        "../../envs/qwen-onnx.yaml"
     threads: 2
     resources:
         mem_mb=get_mem_mb("quantize_dynamic"),
+    params:
+        settings=lambda wc: get_settings(wc.model, "quantize_dynamic"),
+        version=VERSION,
     script:
         "../scripts/quantize_dynamic.py"
 
@@ -25,15 +27,17 @@ rule quantize_static:
         text=lambda wc: get_settings(wc.model, "quantize_static")["calibration_text"],
     output:
         model_dir=directory(f"{RESULTS}/{{model}}/int8-static"),
-    params:
-        settings=lambda wc: get_settings(wc.model, "quantize_static"),
-        version=VERSION,
     log:
         f"{RESULTS}/logs/{{model}}/quantize_static.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/quantize_static.tsv"
+    conda:
+        "../../envs/qwen-onnx.yaml"
     threads: 2
     resources:
         mem_mb=get_mem_mb("quantize_static"),
+    params:
+        settings=lambda wc: get_settings(wc.model, "quantize_static"),
+        version=VERSION,
     script:
         "../scripts/quantize_static.py"

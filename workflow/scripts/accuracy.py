@@ -1,4 +1,4 @@
-"""Snakemake wrapper: accuracy of one variant against PyTorch fp32."""
+"""Snakemake wrapper: accuracy, parity and gate of one variant against PyTorch fp32."""
 from qwen_onnx.accuracy import evaluate_accuracy
 from qwen_onnx.snakemake_support import logged
 
@@ -10,6 +10,10 @@ with logged(snakemake):
         snakemake.input.text,
         window=settings["window"],
         max_windows=settings["max_windows"],
+        kv_decode_steps=settings["kv_decode_steps"],
+        generation_tokens=settings["generation_tokens"],
         threads=snakemake.threads,
+        gate_limits=snakemake.params.gate,
+        fail_on_gate=snakemake.params.fail_on_gate,
         output=snakemake.output.json,
     )

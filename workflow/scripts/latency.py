@@ -1,17 +1,19 @@
-"""Snakemake wrapper: latency of one variant."""
+"""Snakemake wrapper: latency and ONNX Runtime profile of one variant."""
 from qwen_onnx.latency import measure_latency
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):
-    settings = snakemake.params.settings
+    s = snakemake.params.settings
     measure_latency(
         snakemake.input.model_dir,
         snakemake.input.text,
-        prompt_tokens=settings["prompt_tokens"],
-        new_tokens=settings["new_tokens"],
-        threads=settings["threads"],
-        provider=settings["provider"],
-        warmup=settings["warmup"],
-        repeats=settings["repeats"],
+        prompt_lengths=s["prompt_lengths"],
+        decode_prompt_tokens=s["decode_prompt_tokens"],
+        new_tokens=s["new_tokens"],
+        threads=s["threads"],
+        provider=s["provider"],
+        warmup=s["warmup"],
+        repeats=s["repeats"],
+        profile=s["profile"],
         output=snakemake.output.json,
     )

@@ -1,16 +1,18 @@
-"""Snakemake wrapper: the combined report (report.md, metrics.csv, metrics.json)."""
-import itertools
-
-from qwen_onnx.report import collect_rows, write_report
+"""Snakemake wrapper: the combined report (report.md, report.html, metrics.csv/json, plots)."""
+from qwen_onnx.report import build_report
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):
-    keys = list(itertools.product(snakemake.params.models, snakemake.params.variants))
-    entries = [
-        (model, variant, i, a, lat)
-        for (model, variant), i, a, lat in zip(
-            keys, snakemake.input.inspect, snakemake.input.accuracy, snakemake.input.latency
-        )
-    ]
-    rows = collect_rows(entries)
-    write_report(rows, snakemake.output.markdown, snakemake.output.csv, snakemake.output.json)
+    inp, out = snakemake.input, snakemake.output
+    build_report(
+        snakemake.params.models,
+        snakemake.params.variants,
+        {"inspect": inp.inspect, "accuracy": inp.accuracy, "latency": inp.latency, "pytorch": inp.pytorch},
+        inp.machine,
+        prompt_lengths=snakemake.params.prompt_lengths,
+        markdown=out.markdown,
+        html_path=out.html,
+        csv_path=out.csv,
+        json_path=out.json,
+        plots={"ppl_vs_size": out.ppl_vs_size, "decode_tok_s": out.decode_tok_s, "prefill_latency": out.prefill_latency},
+    )

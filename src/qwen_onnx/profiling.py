@@ -1,0 +1,48 @@
+"""ONNX Runtime profiling summarised per op type.
+
+ORT writes a Chrome-trace JSON when ``SessionOptions.enable_profiling`` is set
+(https://onnxruntime.ai/docs/performance/tune-performance/profiling-tools.html). Each executed
+node is an event with ``"cat": "Node"``, a name ending in ``_kernel_time``, ``dur`` in
+microseconds and ``args.op_name``. Shares are of the summed kernel time.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+from typing import Any
+
+
+def summarise_trace(path: str | os.PathLike, top: int | None = None) -> dict[str, Any]:
+    """Kernel time per op type from an ORT profile trace.
+
+    Returns:
+        ``total_ms`` (summed kernel time, ms), ``ops`` a list of ``{op_type, ms, pct, calls}``
+        sorted by time, largest first (``top`` entries at most, the rest summed as ``other``).
+    """
+    with open(path, encoding="utf-8") as f:
+        events = json.load(f)
+    duration: dict[str, float] = collections.defaultdict(float)
+    calls: dict[str, int] = collections.Counter()
+    for event in events:
+        if event.get("cat") != "Node" or not str(event.get("name", "")).endswith("_kernel_time"):
+            continue
+        op = event.get("args", {}).get("op_name", "unknown")
+        duration[op] += float(event.get("dur", 0.0))
+        calls[op] += 1
+    total = sum(duration.values())
+    ranked = sorted(duration.items(), key=lambda kv: kv[1], reverse=True)
+    ops = [
+        {"op_type": op, "ms": us / 1000.0, "pct": 100.0 * us / total if total else 0.0, "calls": calls[op]}
+        for op, us in ranked
+    ]
+    if top is not None and len(ops) > top:
+        rest = ops[top:]
+        ops = ops[:top] + [{
+            "op_type": "other",
+            "ms": sum(o["ms"] for o in rest),
+            "pct": sum(o["pct"] for o in rest),
+            "calls": sum(o["calls"] for o in rest),
+        }]
+    return {"total_ms": total / 1000.0, "ops": ops}

@@ -1,0 +1,112 @@
+rule inspect:
+    """Graph inspection of one variant: nodes, op-type histogram, inputs/outputs, bytes."""
+    input:
+        model_dir=get_variant_dir,
+    output:
+        json=f"{RESULTS}/{{model}}/reports/{{variant}}.inspect.json",
+        markdown=f"{RESULTS}/{{model}}/reports/{{variant}}.inspect.md",
+    log:
+        f"{RESULTS}/logs/{{model}}/inspect.{{variant}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/inspect.{{variant}}.tsv"
+    conda:
+        "../../envs/qwen-onnx.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+    params:
+        version=VERSION,
+    script:
+        "../scripts/inspect.py"
+
+
+rule accuracy:
+    """Perplexity, KL divergence, top-1 agreement, |Δlogit|, padded-batch / KV-cache / generation parity and the gate."""
+    input:
+        model_dir=get_variant_dir,
+        hf=f"{RESULTS}/{{model}}/hf",
+        text=lambda wc: get_settings(wc.model, "evaluation")["text"],
+    output:
+        json=f"{RESULTS}/{{model}}/reports/{{variant}}.accuracy.json",
+    log:
+        f"{RESULTS}/logs/{{model}}/accuracy.{{variant}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/accuracy.{{variant}}.tsv"
+    conda:
+        "../../envs/qwen-onnx.yaml"
+    threads: 2
+    resources:
+        mem_mb=get_mem_mb("accuracy"),
+    params:
+        settings=lambda wc: get_settings(wc.model, "evaluation"),
+        gate=get_gate,
+        fail_on_gate=lambda wc: get_settings(wc.model, "gates").get("fail_rule", False),
+        version=VERSION,
+    script:
+        "../scripts/accuracy.py"
+
+
+rule latency:
+    """Load time, prefill latency per prompt length, TTFT, decode tokens/s, peak RSS and ORT profile of one variant."""
+    input:
+        model_dir=get_variant_dir,
+        text=lambda wc: get_settings(wc.model, "evaluation")["text"],
+    output:
+        json=f"{RESULTS}/{{model}}/reports/{{variant}}.latency.json",
+    log:
+        f"{RESULTS}/logs/{{model}}/latency.{{variant}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/latency.{{variant}}.tsv"
+    conda:
+        "../../envs/qwen-onnx.yaml"
+    threads: get_latency_threads
+    resources:
+        mem_mb=get_mem_mb("latency"),
+    params:
+        settings=lambda wc: get_settings(wc.model, "latency"),
+        version=VERSION,
+    script:
+        "../scripts/latency.py"
+
+
+rule latency_pytorch:
+    """The same latency protocol for PyTorch eager fp32, the baseline of every ratio."""
+    input:
+        hf=f"{RESULTS}/{{model}}/hf",
+        text=lambda wc: get_settings(wc.model, "evaluation")["text"],
+    output:
+        json=f"{RESULTS}/{{model}}/reports/pytorch.latency.json",
+    log:
+        f"{RESULTS}/logs/{{model}}/latency.pytorch.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/latency.pytorch.tsv"
+    conda:
+        "../../envs/qwen-onnx.yaml"
+    threads: get_latency_threads
+    resources:
+        mem_mb=get_mem_mb("latency_pytorch"),
+    params:
+        settings=lambda wc: get_settings(wc.model, "latency"),
+        version=VERSION,
+    script:
+        "../scripts/latency_pytorch.py"
+
+
+rule machine:
+    """CPU model, cores, library versions and the memory bandwidth of decode's roofline, once per run."""
+    output:
+        json=f"{RESULTS}/machine.json",
+    log:
+        f"{RESULTS}/logs/machine.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/machine.tsv"
+    conda:
+        "../../envs/qwen-onnx.yaml"
+    threads: lambda wc: get_exclusive_threads(config["latency"]["threads"])
+    resources:
+        mem_mb=2500,
+    params:
+        threads=config["latency"]["threads"],
+        version=VERSION,
+    script:
+        "../scripts/machine.py"
