@@ -206,3 +206,16 @@ def test_inspect_reads_names_dtypes_and_symbolic_dims(pipeline):
     # embed_tokens and lm_head are 384 x 64 fp32 each
     assert info["initializers"]["bytes_per_dtype"]["float32"] >= 2 * 384 * 64 * 4
     assert info["bytes_on_disk"] == sum((pipeline["fp32"] / n).stat().st_size for n in (MODEL_FILE, DATA_FILE))
+
+
+def test_lazy_stages_leave_their_input_folder_untouched(pipeline, texts, tmp_path):
+    source = pipeline["preprocessed"]
+    before = sorted(p.name for p in source.iterdir())
+    mtime = source.stat().st_mtime_ns
+    quantize_static_variant(source, tmp_path / "static", texts["calibration"], StaticSettings(samples=2, sequence_length=16))
+    assert sorted(p.name for p in source.iterdir()) == before
+    assert source.stat().st_mtime_ns == mtime
+    # the output holds every weight itself, in one external data file
+    assert check_external_data(tmp_path / "static" / MODEL_FILE) == [DATA_FILE]
+    model = OnnxCausalLM(tmp_path / "static")
+    assert model.forward(ids(8))[0].shape == (1, 8, 384)

@@ -1,5 +1,9 @@
 """Accuracy of an ONNX variant against the PyTorch fp32 model on held-out text, with gates.
 
+PyTorch runs first (reference logits of every window go to a scratch ``.npy`` on disk, greedy
+outputs are kept), then is released before ONNX Runtime loads the variant, so the stage holds one
+model at a time.
+
 Token-level figures: the evaluation text is split into consecutive windows of ``window`` tokens;
 each window runs as one prefill through both models and every position except the last predicts
 the next token (perplexity, KL divergence, top-1 agreement, |Δlogit|; definitions in
@@ -10,9 +14,12 @@ KV-cache parity, and greedy generation against PyTorch on fixed chat prompts. Ga
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -28,6 +35,7 @@ from .parity import (
     kv_cache_parity,
     padded_batch_parity,
     shipped_prompts,
+    torch_generate,
 )
 from .runtime import OnnxCausalLM
 from .text import token_windows
@@ -105,23 +113,39 @@ def evaluate_accuracy(
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     available = token_windows(tokenizer, text_path, window)
     windows = available if max_windows is None else available[:max_windows]
-    reference = load_torch_model(hf_dir, threads)
-    variant = OnnxCausalLM(variant_dir, threads=threads)
-    acc = AccuracyAccumulator()
-    for ids in tqdm(windows, desc=f"accuracy {name}", unit="window"):
-        batch = ids.reshape(1, -1)
-        ref = torch_logits(reference, batch)[0, :-1]
-        got, _ = variant.forward(batch)
-        acc.add(ref, got[0, :-1], ids[1:])
-    result: dict[str, Any] = {**acc.summary(), "window": window, "windows": int(len(windows))}
-
     prompts = list(prompts) if prompts is not None else shipped_prompts()
     prompt_ids = chat_prompt_ids(tokenizer, prompts)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    eos = eos_token_ids(hf_dir)
+
+    with tempfile.TemporaryDirectory(prefix="qwen-onnx-accuracy-") as scratch:
+        reference_path = Path(scratch) / "reference_logits.npy"
+        reference = load_torch_model(hf_dir, threads)
+        logits_store = None
+        for i, ids in enumerate(tqdm(windows, desc=f"PyTorch reference for {name}", unit="window")):
+            ref = torch_logits(reference, ids.reshape(1, -1))[0, :-1]  # [window - 1, vocab]
+            if logits_store is None:
+                logits_store = np.lib.format.open_memmap(
+                    reference_path, mode="w+", dtype=np.float32, shape=(len(windows), *ref.shape))
+            logits_store[i] = ref
+        logits_store.flush()
+        del logits_store
+        references = [torch_generate(reference, ids, generation_tokens, eos, pad_id)
+                      for ids in tqdm(prompt_ids, desc="PyTorch greedy generation", unit="prompt")]
+        del reference
+        gc.collect()
+
+        variant = OnnxCausalLM(variant_dir, threads=threads)
+        stored = np.load(reference_path, mmap_mode="r")
+        acc = AccuracyAccumulator()
+        for i, ids in enumerate(tqdm(windows, desc=f"accuracy {name}", unit="window")):
+            got, _ = variant.forward(ids.reshape(1, -1))
+            acc.add(np.array(stored[i]), got[0, :-1], ids[1:])
+        del stored
+    result: dict[str, Any] = {**acc.summary(), "window": window, "windows": int(len(windows))}
     result.update(padded_batch_parity(variant, prompt_ids, pad_id))
     result.update(kv_cache_parity(variant, windows[0], min(kv_decode_steps, window - 1)))
-    eos = eos_token_ids(hf_dir)
-    result.update(generation_parity(variant, reference, tokenizer, prompts, prompt_ids, generation_tokens, eos, pad_id))
+    result.update(generation_parity(variant, tokenizer, prompts, prompt_ids, references, generation_tokens, eos))
     result["eos_token_ids"] = eos
 
     status, failures = check_gate(result, dict(gate_limits or {}))

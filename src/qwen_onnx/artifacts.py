@@ -72,7 +72,7 @@ def staged_dir(final: str | os.PathLike) -> Iterator[Path]:
     A stage that fails or is interrupted leaves only ``<final>.partial-*`` behind (removed on a
     Python exception), never a ``final`` folder that a later run could take as complete.
     """
-    final = Path(final)
+    final = Path(final).resolve()  # stages may change the working directory (lazy weight loading)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{final.name}.partial-", dir=final.parent))
     umask = os.umask(0)

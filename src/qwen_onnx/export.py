@@ -5,9 +5,11 @@ takes ``past_key_values.*`` and returns ``present.*``;
 https://huggingface.co/docs/optimum-onnx/onnx/usage_guides/export_a_model). Weights are written as
 one external data file ``model.onnx_data``.
 
-Pre-processing: onnxruntime's ``quant_pre_process`` (symbolic shape inference, ONNX shape
-inference and ORT basic graph optimization), the step ORT recommends before quantization
-(https://onnxruntime.ai/docs/performance/model-optimizations/quantization.html#pre-processing).
+Pre-processing: the three steps of onnxruntime's ``quant_pre_process`` (symbolic shape
+inference, ORT basic graph optimization, ONNX shape inference), the step ORT recommends before
+quantization (https://onnxruntime.ai/docs/performance/model-optimizations/quantization.html#pre-processing).
+They run on the graph without its weights (:func:`qwen_onnx.external.lazy_model`), so that memory
+stays near one copy of the weights (inside ONNX Runtime) even for models past 2 GiB.
 """
 
 from __future__ import annotations
@@ -27,11 +29,11 @@ from .artifacts import (
     copy_side_files,
     library_versions,
     model_path,
-    save_with_external_data,
     staged_dir,
     write_json,
 )
 from .errors import ArtifactError
+from .external import consolidate_external_data, lazy_model
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +82,9 @@ def export_onnx(
         exported = Path(scratch) / MODEL_FILE
         if not exported.is_file():
             raise ArtifactError(f"optimum wrote no {MODEL_FILE} in {scratch}: {sorted(os.listdir(scratch))}")
-        proto = onnx.load(str(exported), load_external_data=True)
-        save_with_external_data(proto, stage / MODEL_FILE)
-        del proto
+        consolidate_external_data(
+            onnx.load(str(exported), load_external_data=False), stage / MODEL_FILE, search=[scratch]
+        )
         copy_side_files(hf_dir, stage)
         info = {
             "task": task,
@@ -101,7 +103,12 @@ def preprocess(
     skip_symbolic_shape: bool = False,
     skip_optimization: bool = False,
 ) -> dict:
-    """Run onnxruntime's ``quant_pre_process`` on a variant folder, keeping external data.
+    """Pre-process a variant folder for quantization, keeping external data.
+
+    Steps, as in onnxruntime's ``quant_pre_process``: symbolic shape inference
+    (``SymbolicShapeInference.infer_shapes`` with ``auto_merge``), ONNX Runtime
+    ``ORT_ENABLE_BASIC`` optimization saved through ``optimized_model_filepath``, then ONNX shape
+    inference (``onnx.shape_inference.infer_shapes_path``).
 
     Args:
         input_dir: fp32 variant folder.
@@ -115,26 +122,37 @@ def preprocess(
     Raises:
         ArtifactError: the input model or its external data is missing.
     """
-    from onnxruntime.quantization.shape_inference import quant_pre_process
+    import onnxruntime as ort
 
-    source = model_path(input_dir)
+    input_dir = Path(input_dir).resolve()
+    model_path(input_dir)
     started = time.time()
-    with staged_dir(output_dir) as stage:
-        quant_pre_process(
-            str(source),
-            str(stage / MODEL_FILE),
-            skip_optimization=skip_optimization,
-            skip_onnx_shape=False,
-            skip_symbolic_shape=skip_symbolic_shape,
-            auto_merge=True,
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            external_data_location=DATA_FILE,
-            external_data_size_threshold=1024,
-        )
+    with staged_dir(output_dir) as stage, lazy_model(input_dir) as (proto, scratch):
+        if not skip_symbolic_shape:
+            from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+            proto = SymbolicShapeInference.infer_shapes(proto, 2**31 - 1, True, False, 0)
+        staged_input = scratch / "symbolic.onnx"
+        onnx.save_model(proto, str(staged_input))  # weights stay referenced in model.onnx_data
+        del proto
+        if skip_optimization:
+            consolidate_external_data(onnx.load(str(staged_input), load_external_data=False),
+                                      stage / MODEL_FILE, search=[input_dir])
+        else:
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            options.optimized_model_filepath = str(stage / MODEL_FILE)
+            options.add_session_config_entry("session.optimized_model_external_initializers_file_name", DATA_FILE)
+            options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+            options.log_severity_level = 3
+            ort.InferenceSession(str(staged_input), options, providers=["CPUExecutionProvider"])
+        onnx.shape_inference.infer_shapes_path(str(stage / MODEL_FILE), str(stage / MODEL_FILE))
         model_path(stage)
         copy_side_files(input_dir, stage)
         info = {
+            "steps": [s for s, skip in (("symbolic_shape_inference", skip_symbolic_shape),
+                                        ("ort_basic_optimization", skip_optimization),
+                                        ("onnx_shape_inference", False)) if not skip],
             "skip_symbolic_shape": skip_symbolic_shape,
             "skip_optimization": skip_optimization,
             "seconds": round(time.time() - started, 1),
@@ -144,11 +162,12 @@ def preprocess(
     return info
 
 
-def normalise_external_data(folder: Path) -> None:
+def normalise_external_data(folder: Path, search: list[Path] | None = None) -> None:
     """Rewrite ``folder/model.onnx`` so that all its weights live in ``model.onnx_data`` alone.
 
-    Quantizers name their external data after the model file (``model.onnx.data``); this keeps
-    every variant folder in the same layout. No-op when the layout is already right.
+    Quantizers name their external data after the model file (``model.onnx.data``) and may leave
+    tensors referencing the input's weights (found through ``search``); this keeps every variant
+    folder in the same layout, copying tensor bytes in chunks. Other data files are removed.
     """
     path = folder / MODEL_FILE
     proto = onnx.load(str(path), load_external_data=False)
@@ -156,16 +175,12 @@ def normalise_external_data(folder: Path) -> None:
     for tensor in proto.graph.initializer:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             locations.update(e.value for e in tensor.external_data if e.key == "location")
-    if locations == {DATA_FILE}:
+    big_inline = any(len(t.raw_data) >= 1024 for t in proto.graph.initializer)
+    if locations == {DATA_FILE} and not big_inline and (folder / DATA_FILE).is_file():
         return
-    del proto
-    full = onnx.load(str(path), load_external_data=True)
+    consolidate_external_data(proto, path, search=[folder, *(search or [])])
     for name in locations - {DATA_FILE}:
-        (folder / name).unlink()
-    save_with_external_data(full, path)
-    leftovers = [p.name for p in folder.iterdir() if p.name not in (MODEL_FILE, DATA_FILE) and p.suffix in ("", ".data")]
-    for name in leftovers:
-        if (folder / name).is_file() and name in locations:
+        if (folder / name).is_file():
             (folder / name).unlink()
 
 

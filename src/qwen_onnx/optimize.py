@@ -9,6 +9,9 @@
    ``model.onnx_data`` (session config ``session.optimized_model_external_initializers_file_name``;
    https://onnxruntime.ai/docs/performance/model-optimizations/graph-optimizations.html).
 
+Both steps run on the graph without its weights (:func:`qwen_onnx.external.lazy_model`): the fusions read only the constants they inspect, and
+ONNX Runtime holds the one in-memory copy of the weights.
+
 ORT_ENABLE_ALL output may contain execution-provider-specific operators; the graph is saved for the
 provider it was optimized with (``CPUExecutionProvider`` by default) and should be run with it.
 """
@@ -19,13 +22,13 @@ import collections
 import json
 import logging
 import os
-import tempfile
 import time
 from pathlib import Path
 
 import onnx
 
 from .artifacts import DATA_FILE, MODEL_FILE, copy_side_files, library_versions, model_path, staged_dir, write_json
+from .external import lazy_model
 
 log = logging.getLogger(__name__)
 
@@ -62,21 +65,21 @@ def optimize_variant(
     """
     import onnxruntime as ort
 
+    input_dir = Path(input_dir).resolve()
     source = model_path(input_dir)
-    config = json.loads((Path(input_dir) / "config.json").read_text())
+    config = json.loads((input_dir / "config.json").read_text())
     before = _op_histogram(source)
     started = time.time()
     fused: dict[str, int] = {}
-    with staged_dir(output_dir) as stage, tempfile.TemporaryDirectory(
-        prefix="qwen-onnx-optimize-", dir=Path(output_dir).parent
-    ) as scratch:
-        ort_input = source
+    with staged_dir(output_dir) as stage, lazy_model(input_dir) as (proto, scratch):
+        ort_input = scratch / "graph.onnx"
+        onnx.save_model(proto, str(ort_input))
         if fusions:
             from onnxruntime.transformers.fusion_options import FusionOptions
             from onnxruntime.transformers.optimizer import optimize_model
 
             optimized = optimize_model(
-                str(source),
+                proto,
                 model_type=model_type,
                 num_heads=int(config["num_attention_heads"]),
                 hidden_size=int(config["hidden_size"]),
@@ -86,9 +89,11 @@ def optimize_variant(
                 provider=provider,
             )
             fused = {k: int(v) for k, v in optimized.get_fused_operator_statistics().items() if v}
-            ort_input = Path(scratch) / MODEL_FILE
+            # unchanged weights stay references to model.onnx_data; new tensors go to the scratch file's .data
+            ort_input = scratch / "fused.onnx"
             optimized.save_model_to_file(str(ort_input), use_external_data_format=True, all_tensors_to_one_file=True)
             del optimized
+        del proto
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.optimized_model_filepath = str(stage / MODEL_FILE)

@@ -159,10 +159,10 @@ def matched_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def generation_parity(
-    model: OnnxCausalLM, torch_model, tokenizer, prompts: Sequence[str], prompt_ids: Sequence[np.ndarray],
-    max_new_tokens: int, eos_ids: Sequence[int], pad_id: int,
+    model: OnnxCausalLM, tokenizer, prompts: Sequence[str], prompt_ids: Sequence[np.ndarray],
+    references: Sequence[Sequence[int]], max_new_tokens: int, eos_ids: Sequence[int],
 ) -> dict[str, Any]:
-    """Greedy outputs of the variant and PyTorch for each prompt.
+    """Greedy outputs of the variant against PyTorch's (``references``, from :func:`torch_generate`).
 
     Returns:
         ``generation_match_pct`` (tokens matched before the first difference, percent of
@@ -170,8 +170,7 @@ def generation_parity(
         identical output), and ``generation`` (per prompt: the texts and matched count).
     """
     details, shares = [], []
-    for text, ids in zip(prompts, prompt_ids):
-        reference = torch_generate(torch_model, ids, max_new_tokens, eos_ids, pad_id)
+    for text, ids, reference in zip(prompts, prompt_ids, references):
         got = onnx_generate(model, ids, max_new_tokens, eos_ids)
         matched = matched_prefix(reference, got)
         shares.append(matched / max(len(reference), 1))

@@ -14,9 +14,10 @@ self-contained variant folder with one external data file.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ import onnx
 from .artifacts import MODEL_FILE, copy_side_files, library_versions, model_path, staged_dir, write_json
 from .errors import QwenOnnxError
 from .export import normalise_external_data
+from .external import ScratchFiles, lazy_model
 from .text import token_windows
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,53 @@ class StaticSettings:
     nodes_to_exclude: list[str] = field(default_factory=list)
 
 
+def _load_graph_with_shape_infer(model_path: Path) -> onnx.ModelProto:
+    """onnxruntime's ``load_model_with_shape_infer`` without loading weight data.
+
+    Weights stay external references, read one at a time by ``numpy_helper.to_array`` from the
+    working directory (see :func:`qwen_onnx.external.lazy_model`).
+    """
+    from onnxruntime.quantization.quant_utils import add_infer_metadata, generate_identified_filename
+
+    inferred = generate_identified_filename(Path(model_path), "-inferred")
+    onnx.shape_inference.infer_shapes_path(str(model_path), str(inferred))
+    model = onnx.load(str(inferred), load_external_data=False)
+    add_infer_metadata(model)
+    inferred.unlink()
+    return model
+
+
+@contextlib.contextmanager
+def lazy_quantization(input_dir: str | os.PathLike) -> Iterator[tuple[Path, ScratchFiles]]:
+    """Run onnxruntime's quantizers on ``input_dir`` without holding all weights in memory.
+
+    Yields the path of a graph-only copy of the model beside its weights, and the
+    :class:`~qwen_onnx.external.ScratchFiles` namer for other temporary files there (see
+    :func:`qwen_onnx.external.lazy_model`). While inside, onnxruntime.quantization loads models
+    without their data; each weight is read when the quantizer needs it. Quantized weights are new
+    tensors; the float weights it leaves untouched (embeddings, norms) stay references to
+    ``input_dir/model.onnx_data``, which :func:`qwen_onnx.export.normalise_external_data` copies
+    into the output (``search=[input_dir]``).
+    """
+    import importlib
+
+    modules = tuple(
+        importlib.import_module(f"onnxruntime.quantization.{name}") for name in ("quant_utils", "quantize", "calibrate")
+    )
+    saved = [m.load_model_with_shape_infer for m in modules]
+    with lazy_model(input_dir) as (proto, scratch):
+        graph_only = scratch / "input.onnx"
+        onnx.save_model(proto, str(graph_only))
+        del proto
+        for module in modules:
+            module.load_model_with_shape_infer = _load_graph_with_shape_infer
+        try:
+            yield graph_only, scratch
+        finally:
+            for module, original in zip(modules, saved):
+                module.load_model_with_shape_infer = original
+
+
 def _check_op_types(op_types: Sequence[str]) -> None:
     bad = sorted(set(op_types) & FLOAT_ONLY_OPS)
     if bad:
@@ -136,13 +185,14 @@ def quantize_dynamic_variant(
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    input_dir = Path(input_dir).resolve()
     source = model_path(input_dir)
     _check_op_types(settings.op_types)
     _check_excluded(source, settings.nodes_to_exclude)
     started = time.time()
-    with staged_dir(output_dir) as stage:
+    with staged_dir(output_dir) as stage, lazy_quantization(input_dir) as (graph_only, _):
         quantize_dynamic(
-            source,
+            graph_only,
             stage / MODEL_FILE,
             op_types_to_quantize=list(settings.op_types),
             per_channel=settings.per_channel,
@@ -152,7 +202,7 @@ def quantize_dynamic_variant(
             use_external_data_format=True,
             extra_options={"MatMulConstBOnly": True},
         )
-        normalise_external_data(stage)
+        normalise_external_data(stage, search=[input_dir])
         copy_side_files(input_dir, stage)
         info = {
             "kind": "dynamic",
@@ -169,8 +219,8 @@ class TextCalibrationReader:
 
     Each sample is one window of ``sequence_length`` tokens fed as a prefill: ``input_ids`` int64
     [1, sequence], ``attention_mask`` of ones, ``position_ids`` 0..sequence-1, and empty past
-    keys/values [1, kv_heads, 0, head_dim], with names and dtypes read from the graph's own
-    ``get_inputs()``.
+    keys/values [1, kv_heads, 0, head_dim], with names, shapes and dtypes read from the graph's own
+    inputs (what ``InferenceSession.get_inputs()`` would report, read without loading weights).
 
     Args:
         model_path: the ONNX model that calibration will run (the pre-processed graph).
@@ -178,11 +228,16 @@ class TextCalibrationReader:
     """
 
     def __init__(self, model_path: str | os.PathLike, windows: np.ndarray) -> None:
-        import onnxruntime as ort
-
-        session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
-        self._inputs = [(i.name, i.shape, i.type) for i in session.get_inputs()]
-        del session
+        graph = onnx.load(str(model_path), load_external_data=False).graph
+        initializers = {t.name for t in graph.initializer}
+        self._inputs = []
+        for value in graph.input:
+            if value.name in initializers:
+                continue
+            tensor = value.type.tensor_type
+            shape = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in tensor.shape.dim]
+            dtype = "tensor(float16)" if tensor.elem_type == onnx.TensorProto.FLOAT16 else "tensor(other)"
+            self._inputs.append((value.name, shape, dtype))
         self._windows = np.asarray(windows, dtype=np.int64)
         self._iter: Iterator[dict[str, np.ndarray]] | None = None
 
@@ -232,35 +287,54 @@ def quantize_static_variant(
             does not exist, or a calibration text too short for the requested samples.
     """
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
     from transformers import AutoTokenizer
 
     if settings.method not in CALIBRATION_METHODS:
         raise QwenOnnxError(f"calibration method {settings.method!r} unknown; use one of {', '.join(CALIBRATION_METHODS)}")
     _check_op_types(settings.op_types)
+    input_dir = Path(input_dir).resolve()
     source = model_path(input_dir)
     _check_excluded(source, settings.nodes_to_exclude)
     tokenizer = AutoTokenizer.from_pretrained(input_dir)
     windows = token_windows(tokenizer, calibration_text, settings.sequence_length, settings.samples)
     reader = TextCalibrationReader(source, windows)
+    method = getattr(CalibrationMethod, settings.method)
     excluded = list(settings.nodes_to_exclude)
     if settings.matmul_const_b_only:
         excluded += [name for name in activation_matmuls(source) if name not in excluded]
     started = time.time()
-    with staged_dir(output_dir) as stage, tempfile.TemporaryDirectory(
-        prefix="qwen-onnx-calib-", dir=Path(output_dir).parent
-    ) as scratch:
+    with staged_dir(output_dir) as stage, lazy_quantization(input_dir) as (graph_only, scratch):
+        # Calibration first, with its augmented model beside the weights (onnxruntime would put it
+        # in a system temporary folder, where the weights cannot be referenced); its ranges go to
+        # a calibration cache that quantize_static then reads instead of calibrating again.
+        cache = scratch / "calibration.json"
+        calibrator = create_calibrator(
+            graph_only,
+            list(settings.op_types),
+            augmented_model_path=str(scratch / "augmented.onnx"),
+            calibrate_method=method,
+            use_external_data_format=True,
+            providers=["CPUExecutionProvider"],
+            extra_options={"symmetric": settings.activation_symmetric},
+        )
+        calibrator.collect_data(reader)
+        save_tensors_data(calibrator.compute_data(), cache)
+        del calibrator
+        gc.collect()
         quantize_static(
-            source,
+            graph_only,
             stage / MODEL_FILE,
-            reader,
+            None,
             quant_format=QuantFormat.QDQ,
             op_types_to_quantize=list(settings.op_types),
             per_channel=settings.per_channel,
             activation_type=getattr(QuantType, settings.activation_type),
             weight_type=getattr(QuantType, settings.weight_type),
-            calibrate_method=getattr(CalibrationMethod, settings.method),
+            calibrate_method=method,
             nodes_to_exclude=excluded,
             use_external_data_format=True,
+            calibration_cache_path=str(cache),
             extra_options={
                 "MatMulConstBOnly": settings.matmul_const_b_only,
                 # Q/DQ only on the inputs of each quantized MatMul: its output, and the other
@@ -271,12 +345,9 @@ def quantize_static_variant(
                 "ActivationSymmetric": settings.activation_symmetric,
                 "WeightSymmetric": True,
                 "CalibTensorRangeSymmetric": settings.activation_symmetric,
-                # Not CalibMaxIntermediateOutputs: onnxruntime 1.32's MinMax calibrator clears the
-                # collected outputs at that count without merging them (calibrate.py collect_data).
-                "CalibTmpDir": scratch,
             },
         )
-        normalise_external_data(stage)
+        normalise_external_data(stage, search=[input_dir])
         copy_side_files(input_dir, stage)
         info = {
             "kind": "static",

@@ -1,0 +1,134 @@
+"""Latency protocol, ORT profile summary, decode roofline bytes and the combined report."""
+
+import csv
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from qwen_onnx.inspect_graph import decode_weight_bytes, initializer_bytes
+from qwen_onnx.latency import measure_latency, measure_torch_latency, percentile
+from qwen_onnx.machine import memory_bandwidth_gb_s
+from qwen_onnx.profiling import summarise_trace
+from qwen_onnx.report import build_report, columns
+
+VOCAB, HIDDEN = 384, 64
+SMALL = dict(prompt_lengths=(8, 16), decode_prompt_tokens=16, new_tokens=5, threads=1, warmup=0, repeats=3)
+
+
+def test_percentile_interpolates_like_numpy():
+    assert percentile([1.0, 2.0, 3.0, 4.0], 90) == pytest.approx(3.7)
+    assert percentile([5.0], 90) == 5.0
+
+
+def test_profile_summary_sums_kernel_time_per_op_type(tmp_path):
+    trace = [
+        {"cat": "Session", "name": "model_run", "dur": 999},
+        {"cat": "Node", "name": "a_kernel_time", "dur": 300, "args": {"op_name": "MatMul"}},
+        {"cat": "Node", "name": "b_kernel_time", "dur": 100, "args": {"op_name": "MatMul"}},
+        {"cat": "Node", "name": "c_kernel_time", "dur": 100, "args": {"op_name": "Softmax"}},
+        {"cat": "Node", "name": "c_fence_before", "dur": 50, "args": {"op_name": "Softmax"}},
+    ]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace))
+    summary = summarise_trace(path)
+    assert summary["total_ms"] == pytest.approx(0.5)
+    assert summary["ops"][0] == {"op_type": "MatMul", "ms": 0.4, "pct": 80.0, "calls": 2}
+    assert summary["ops"][1]["op_type"] == "Softmax" and summary["ops"][1]["pct"] == pytest.approx(20.0)
+    top = summarise_trace(path, top=1)
+    assert top["ops"][1] == {"op_type": "other", "ms": 0.1, "pct": 20.0, "calls": 1}
+
+
+def test_decode_weight_bytes_counts_one_embedding_row(pipeline):
+    proto = onnx.load(str(pipeline["fp32"] / "model.onnx"), load_external_data=False)
+    total = sum(initializer_bytes(t) for t in proto.graph.initializer)
+    embedding = VOCAB * HIDDEN * 4
+    assert decode_weight_bytes(proto) == total - embedding + HIDDEN * 4
+
+
+def test_bandwidth_is_a_plausible_figure():
+    figure = memory_bandwidth_gb_s(threads=1, mib_per_thread=32, repeats=2)
+    assert 0.1 < figure < 2000
+
+
+@pytest.mark.parametrize("variant", ["fp32", "int8-dynamic"])
+def test_latency_protocol_reports_every_figure(pipeline, texts, variant, tmp_path):
+    result = measure_latency(pipeline[variant], texts["evaluation"], output=tmp_path / "l.json", **SMALL)
+    for n in (8, 16):
+        assert result[f"prefill_ms_p90_{n}"] >= result[f"prefill_ms_p50_{n}"] > 0
+    assert result["ttft_ms"] > 0 and result["decode_tok_s"] > 0 and result["load_s"] > 0
+    assert result["peak_rss_mb"] > 50
+    ops = result["profile"]["ops"]
+    assert sum(o["pct"] for o in ops) == pytest.approx(100.0)
+    assert {"MatMul", "MatMulInteger", "DynamicQuantizeMatMul"} & {o["op_type"] for o in ops}
+    assert result["threads"] == 1 and result["prompt_lengths"] == [8, 16]
+    assert json.loads((tmp_path / "l.json").read_text())["decode_tok_s"] == result["decode_tok_s"]
+
+
+def test_pytorch_latency_uses_the_same_protocol(pipeline, texts):
+    result = measure_torch_latency(pipeline["hf"], texts["evaluation"], **SMALL)
+    assert result["runtime"] == "pytorch" and result["decode_tok_s"] > 0
+    assert result["prefill_ms_p50_16"] > 0
+    from transformers import AutoModelForCausalLM
+
+    parameters = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(pipeline["hf"]).parameters())
+    # every fp32 parameter except the embedding table, plus one embedding row
+    assert result["weight_bytes_per_token"] == 4 * parameters - VOCAB * HIDDEN * 4 + HIDDEN * 4
+
+
+def _fake_reports(tmp_path, variants):
+    files = {"inspect": [], "accuracy": [], "latency": [], "pytorch": []}
+    latency_base = {"load_s": 1.0, "prefill_ms_p50_8": 10.0, "prefill_ms_p90_8": 12.0, "ttft_ms": 20.0,
+                    "decode_tok_s": 10.0, "peak_rss_mb": 1000.0, "bytes_on_disk": 4_000_000,
+                    "weight_bytes_per_token": 1_000_000_000, "threads": 2, "provider": "x"}
+    torch_path = tmp_path / "pytorch.latency.json"
+    torch_path.write_text(json.dumps(latency_base))
+    files["pytorch"].append(torch_path)
+    for i, variant in enumerate(variants):
+        broken = variant == "int8-static"
+        accuracy = {"tokens": 100, "ppl": 80.0 if broken else 12.1, "ppl_reference": 12.0,
+                    "ppl_delta_pct": 566.7 if broken else 0.8, "kl_mean": 1.2 if broken else 0.01, "kl_median": 0.0,
+                    "kl_p99": 0.1, "top1_pct": 40.0 if broken else 99.0, "max_abs_logit_diff": 1.0,
+                    "mean_abs_logit_diff": 0.1, "padded_batch_max_abs_diff": 0.0, "padded_batch_nonfinite": 0,
+                    "kv_cache_max_abs_diff": 0.0, "generation_match_pct": 100.0,
+                    "gate": "FAIL" if broken else "PASS",
+                    "gate_failures": ["ppl_delta_pct 566.7 > 2"] if broken else [],
+                    "generation": [{"prompt": "p", "pytorch": "a", "onnx": "b", "matched_tokens": 0,
+                                    "pytorch_tokens": 1, "onnx_tokens": 1}]}
+        latency = {**latency_base, "decode_tok_s": 20.0 + i, "profile": {"total_ms": 1.0, "ops": [
+            {"op_type": "MatMul", "ms": 0.7, "pct": 70.0, "calls": 3}]}}
+        inspect = {"nodes": 10 + i, "quant_ops": {"QuantizeLinear": i}}
+        for kind, data in (("inspect", inspect), ("accuracy", accuracy), ("latency", latency)):
+            path = tmp_path / f"{variant}.{kind}.json"
+            path.write_text(json.dumps(data))
+            files[kind].append(path)
+    machine = tmp_path / "machine.json"
+    machine.write_text(json.dumps({"cpu_model": "test cpu", "memory_bandwidth_gb_s": 20.0, "logical_cores": 2}))
+    return files, machine
+
+
+def test_report_rows_ratios_roofline_and_gates(tmp_path):
+    variants = ["fp32", "int8-static"]
+    files, machine = _fake_reports(tmp_path, variants)
+    outputs = dict(markdown=tmp_path / "report.md", html_path=tmp_path / "report.html",
+                   csv_path=tmp_path / "metrics.csv", json_path=tmp_path / "metrics.json",
+                   plots={k: tmp_path / f"{k}.png" for k in ("ppl_vs_size", "decode_tok_s", "prefill_latency")})
+    rows = build_report(["m"], variants, files, machine, prompt_lengths=(8,), **outputs)
+    by_variant = {r["variant"]: r for r in rows}
+    assert list(by_variant) == ["pytorch", "fp32", "int8-static"]
+    assert by_variant["pytorch"]["ppl"] == 12.0 and by_variant["pytorch"]["gate"] == "reference"
+    assert by_variant["fp32"]["decode_speedup_vs_pytorch"] == pytest.approx(2.0)
+    assert by_variant["fp32"]["prefill_vs_pytorch"] == pytest.approx(1.0)
+    # 20 GB/s over 1 GB per token: 20 tokens/s bound; fp32 decodes 20 tokens/s
+    assert by_variant["fp32"]["roofline_tok_s"] == pytest.approx(20.0)
+    assert by_variant["fp32"]["roofline_pct"] == pytest.approx(100.0)
+    assert by_variant["int8-static"]["gate"] == "FAIL"
+    with open(tmp_path / "metrics.csv", newline="") as f:
+        header = next(csv.reader(f))
+    assert header == list(columns((8,)))
+    md = (tmp_path / "report.md").read_text()
+    assert "1 variant(s) FAIL their gate: m/int8-static: ppl_delta_pct 566.7 > 2" in md
+    page = (tmp_path / "report.html").read_text()
+    assert "class='fail'>FAIL" in page and page.count("data:image/png;base64,") == 3
+    assert np.isclose(json.loads((tmp_path / "metrics.json").read_text())[1]["decode_speedup_vs_pytorch"], 2.0)
