@@ -98,7 +98,8 @@ def _fake_reports(tmp_path, variants):
                                     "pytorch_tokens": 1, "onnx_tokens": 1}]}
         latency = {**latency_base, "decode_tok_s": 20.0 + i, "profile": {"total_ms": 1.0, "ops": [
             {"op_type": "MatMul", "ms": 0.7, "pct": 70.0, "calls": 3}]}}
-        inspect = {"nodes": 10 + i, "quant_ops": {"QuantizeLinear": i}}
+        inspect = {"nodes": 10 + i, "quant_ops": {"QuantizeLinear": i}, "initializers": {"count": 3},
+                   "bytes_on_disk": 4_000_000, "opsets": {"ai.onnx": 17}, "architecture": {"layers": 2}}
         for kind, data in (("inspect", inspect), ("accuracy", accuracy), ("latency", latency)):
             path = tmp_path / f"{variant}.{kind}.json"
             path.write_text(json.dumps(data))

@@ -26,9 +26,9 @@ VARIANTS = ("fp32", "preprocessed", "int8-dynamic", "int8-static", "optimized")
 pytestmark = pytest.mark.workflow
 
 
-def write_config(folder: Path, source, texts, **overrides) -> None:
+def write_config(folder: Path, source, texts, extra_models=None, **overrides) -> None:
     config = {
-        "models": {"tiny": {"source": source, "params_billion": 0.001}},
+        "models": {"tiny": {"source": source, "params_billion": 0.001}, **(extra_models or {})},
         "quantize_static": {"samples": 4, "sequence_length": 32, "calibration_text": str(texts["calibration"])},
         "evaluation": {"text": str(texts["evaluation"]), "window": 64, "max_windows": 2},
         "latency": {"prompt_lengths": [8, 16], "decode_prompt_tokens": 16, "new_tokens": 4, "warmup": 0,
@@ -60,9 +60,21 @@ def planned_jobs(result: subprocess.CompletedProcess) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory, tiny_qwen2, texts):
+def families(tmp_path_factory):
+    """Tiny Qwen1.5-style (as many KV heads as heads) and Qwen3 (q/k RMSNorm) checkpoints."""
+    from tiny_models import build_tiny_qwen
+
+    root = tmp_path_factory.mktemp("families")
+    return {
+        "tiny-qwen1.5": {"source": str(build_tiny_qwen(root / "qwen1.5", "qwen1.5")), "params_billion": 0.001},
+        "tiny-qwen3": {"source": str(build_tiny_qwen(root / "qwen3", "qwen3")), "params_billion": 0.001},
+    }
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, tiny_qwen2, texts, families):
     folder = tmp_path_factory.mktemp("workflow")
-    write_config(folder, str(tiny_qwen2), texts)
+    write_config(folder, str(tiny_qwen2), texts, extra_models=families)
     result = snakemake(folder)
     assert result.returncode == 0, result.stderr[-4000:]
     return folder
@@ -77,9 +89,16 @@ def test_full_run_writes_every_artifact(finished_run):
         assert (results / "tiny" / variant / "model.onnx_data").is_file()
         for kind in ("inspect.json", "inspect.md", "accuracy.json", "latency.json"):
             assert (results / "tiny" / "reports" / f"{variant}.{kind}").is_file()
+        if variant != "fp32":
+            assert json.loads((results / "tiny" / "reports" / f"{variant}.diff.json").read_text())["nodes"]["a"] > 0
     with open(results / "metrics.csv", newline="") as f:
-        rows = {r["variant"]: r for r in csv.DictReader(f)}
-    assert list(rows) == ["pytorch", *VARIANTS]
+        every = list(csv.DictReader(f))
+    assert [(r["model"], r["variant"]) for r in every] == [
+        (m, v) for m in ("tiny", "tiny-qwen1.5", "tiny-qwen3") for v in ("pytorch", *VARIANTS)]
+    for row in every:
+        if row["variant"] in ("fp32", "preprocessed", "optimized"):
+            assert row["gate"] == "PASS", (row["model"], row["variant"], row["gate_failures"])
+    rows = {r["variant"]: r for r in every if r["model"] == "tiny"}
     fp32 = rows["fp32"]
     assert float(fp32["max_abs_logit_diff"]) < 1e-3 and float(fp32["top1_pct"]) == 100.0
     assert int(fp32["eval_tokens"]) == 2 * 63
@@ -97,6 +116,8 @@ def test_full_run_writes_every_artifact(finished_run):
     assert json.loads((results / "metrics.json").read_text())[2]["variant"] == "preprocessed"
     report = (results / "report.md").read_text()
     assert "| tiny | int8-static |" in report and "## Columns" in report
+    assert "## Across models" in report and "| tiny-qwen3 |" in report
+    assert "## Graphs (inspection, and the change from fp32)" in report and "q/k norm" in report
     page = (results / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 3 and "http" not in page.replace("http-equiv", "")
     for plot in ("ppl_vs_size", "decode_tok_s", "prefill_latency"):
@@ -114,14 +135,35 @@ def test_nothing_to_do_after_a_full_run(finished_run):
 
 def test_calibration_change_reruns_only_the_static_variant(finished_run, texts):
     config = yaml.safe_load((finished_run / "config.yaml").read_text())
+    original = yaml.safe_dump(config)
     config["quantize_static"]["samples"] = 3
     (finished_run / "config.yaml").write_text(yaml.safe_dump(config))
     try:
-        jobs = planned_jobs(snakemake(finished_run, "-n"))
-    finally:
+        everywhere = planned_jobs(snakemake(finished_run, "-n"))
         config["quantize_static"]["samples"] = 4
+        config["models"]["tiny"]["quantize_static"] = {"samples": 3}  # one model's own override
         (finished_run / "config.yaml").write_text(yaml.safe_dump(config))
-    assert jobs == {"quantize_static": 1, "inspect": 1, "accuracy": 1, "latency": 1, "report": 1, "all": 1}
+        one_model = planned_jobs(snakemake(finished_run, "-n"))
+    finally:
+        (finished_run / "config.yaml").write_text(original)
+    per_model = {"quantize_static": 1, "inspect": 1, "diff": 1, "accuracy": 1, "latency": 1}
+    assert everywhere == {**{rule: 3 for rule in per_model}, "report": 1, "all": 1}
+    assert one_model == {**per_model, "report": 1, "all": 1}
+
+
+def test_adding_a_model_reruns_only_that_models_stages(finished_run, tiny_qwen2):
+    config = yaml.safe_load((finished_run / "config.yaml").read_text())
+    original = yaml.safe_dump(config)
+    config["models"]["tiny-copy"] = {"source": str(tiny_qwen2), "params_billion": 0.001}
+    (finished_run / "config.yaml").write_text(yaml.safe_dump(config))
+    try:
+        result = snakemake(finished_run, "-n")
+    finally:
+        (finished_run / "config.yaml").write_text(original)
+    assert planned_jobs(result) == {"resolve": 1, "export": 1, "preprocess": 1, "quantize_dynamic": 1, "quantize_static": 1,
+                    "optimize": 1, "inspect": 5, "diff": 4, "accuracy": 5, "latency": 5, "latency_pytorch": 1,
+                    "report": 1, "all": 1}
+
 
 
 def test_snakemake_report_with_captions(finished_run):

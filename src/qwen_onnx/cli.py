@@ -72,6 +72,23 @@ def _inspect(a):
     return None
 
 
+def _diff(a):
+    from .artifacts import write_json
+    from .inspect_graph import diff_markdown, diff_models
+
+    diff = diff_models(a.a, a.b)
+    if a.json:
+        write_json(a.json, diff)
+    print(diff_markdown(diff))
+    return None
+
+
+def _extract(a):
+    from .extract import extract_layer
+
+    return extract_layer(a.model, a.layer, a.output, picture=a.picture)
+
+
 def _accuracy(a):
     from .accuracy import evaluate_accuracy
 
@@ -144,6 +161,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", default=None)
     p.set_defaults(func=_inspect)
+
+    p = sub.add_parser("diff", help="what changed between two variants: ops, nodes, bytes, fusions, quantization")
+    p.add_argument("a", help="model.onnx or folder (for example fp32)")
+    p.add_argument("b", help="model.onnx or folder (for example int8-static)")
+    p.add_argument("--json", default=None)
+    p.set_defaults(func=_diff)
+
+    p = sub.add_parser("extract", help="one decoder layer as a standalone ONNX file plus a picture")
+    p.add_argument("model", help="model.onnx or its folder")
+    p.add_argument("--layer", type=int, required=True)
+    p.add_argument("-o", "--output", required=True, help="folder for layerN.onnx, layerN.svg/png, layerN.json")
+    p.add_argument("--picture", choices=["svg", "png"], default="svg")
+    p.set_defaults(func=_extract)
 
     p = sub.add_parser("accuracy", help="perplexity, KL, top-1 agreement, |Δlogit| against PyTorch fp32")
     p.add_argument("variant")

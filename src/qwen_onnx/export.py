@@ -33,7 +33,7 @@ from .artifacts import (
     write_json,
 )
 from .errors import ArtifactError
-from .external import consolidate_external_data, lazy_model
+from .external import consolidate_external_data, external_locations, has_large_inline_tensor, lazy_model
 
 log = logging.getLogger(__name__)
 
@@ -171,12 +171,8 @@ def normalise_external_data(folder: Path, search: list[Path] | None = None) -> N
     """
     path = folder / MODEL_FILE
     proto = onnx.load(str(path), load_external_data=False)
-    locations = set()
-    for tensor in proto.graph.initializer:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            locations.update(e.value for e in tensor.external_data if e.key == "location")
-    big_inline = any(len(t.raw_data) >= 1024 for t in proto.graph.initializer)
-    if locations == {DATA_FILE} and not big_inline and (folder / DATA_FILE).is_file():
+    locations = external_locations(proto)
+    if locations == {DATA_FILE} and not has_large_inline_tensor(proto) and (folder / DATA_FILE).is_file():
         return
     consolidate_external_data(proto, path, search=[folder, *(search or [])])
     for name in locations - {DATA_FILE}:

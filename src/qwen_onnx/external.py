@@ -83,14 +83,36 @@ def _location(tensor: onnx.TensorProto) -> dict[str, str]:
 
 
 def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor that can hold data: initializers and node attributes (``Constant`` values
+    included), in subgraphs too."""
     yield from graph.initializer
     for node in graph.node:
         for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                yield attr.t
+            elif attr.type == onnx.AttributeProto.TENSORS:
+                yield from attr.tensors
+            elif attr.type == onnx.AttributeProto.GRAPH:
                 yield from _tensors(attr.g)
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for sub in attr.graphs:
                     yield from _tensors(sub)
+
+
+def external_locations(proto: onnx.ModelProto) -> set[str]:
+    """The external data file names that ``proto``'s tensors reference."""
+    return {
+        entry.value
+        for tensor in _tensors(proto.graph)
+        if tensor.data_location == onnx.TensorProto.EXTERNAL
+        for entry in tensor.external_data
+        if entry.key == "location"
+    }
+
+
+def has_large_inline_tensor(proto: onnx.ModelProto) -> bool:
+    """Whether a tensor of 1 KiB or more is stored inside the graph file."""
+    return any(len(t.raw_data) >= _INLINE_BELOW for t in _tensors(proto.graph))
 
 
 def consolidate_external_data(
@@ -98,7 +120,10 @@ def consolidate_external_data(
     output: str | os.PathLike,
     search: Sequence[str | os.PathLike],
 ) -> None:
-    """Save ``proto`` at ``output`` with every initializer of 1 KiB or more in ``model.onnx_data``.
+    """Save ``proto`` at ``output`` with every tensor of 1 KiB or more in ``model.onnx_data``.
+
+    Tensors are initializers and node attributes (large ``Constant`` values are external in
+    optimum's exports of big models), in subgraphs too.
 
     Tensor bytes come from the tensor itself (``raw_data``) or from its current external file,
     found in the first folder of ``search`` that holds it; they are copied in 16 MiB chunks, so

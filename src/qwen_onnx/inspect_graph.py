@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,7 @@ def inspect_model(path: str | os.PathLike) -> dict[str, Any]:
     per_dtype: dict[str, int] = collections.Counter()
     for tensor in graph.initializer:
         per_dtype[helper.tensor_dtype_to_np_dtype(tensor.data_type).name] += initializer_bytes(tensor)
+    largest = sorted(graph.initializer, key=initializer_bytes, reverse=True)[:5]
     return {
         "path": str(path),
         "ir_version": proto.ir_version,
@@ -94,13 +96,119 @@ def inspect_model(path: str | os.PathLike) -> dict[str, Any]:
         "nodes": len(graph.node),
         "op_types": dict(ops.most_common()),
         "quant_ops": {k: v for k, v in ops.most_common() if k in QUANT_OPS},
+        "first_nodes": [_node_info(n) for n in graph.node[:5]],
+        "last_nodes": [_node_info(n) for n in graph.node[-5:]],
         "initializers": {
             "count": len(graph.initializer),
             "bytes": int(sum(per_dtype.values())),
             "bytes_per_dtype": dict(per_dtype),
+            "largest": [_tensor_info(t) for t in largest],
         },
+        "key_weights": key_weights(graph),
+        "architecture": architecture(graph),
         "bytes_on_disk": folder_bytes(path.parent, (path.name, DATA_FILE)),
     }
+
+
+def _node_info(node: onnx.NodeProto) -> dict[str, Any]:
+    return {"name": node.name, "op_type": node.op_type, "domain": node.domain or "ai.onnx"}
+
+
+def _tensor_info(tensor: onnx.TensorProto) -> dict[str, Any]:
+    return {
+        "name": tensor.name,
+        "dtype": helper.tensor_dtype_to_np_dtype(tensor.data_type).name,
+        "shape": [int(d) for d in tensor.dims],
+        "bytes": initializer_bytes(tensor),
+    }
+
+
+#: Key weights of a Qwen decoder, by the node-name prefix that optimum's export gives them.
+KEY_WEIGHTS = {
+    "embed_tokens": "/model/embed_tokens/",
+    "q_proj": "/model/layers.0/self_attn/q_proj/",
+    "k_proj": "/model/layers.0/self_attn/k_proj/",
+    "v_proj": "/model/layers.0/self_attn/v_proj/",
+    "o_proj": "/model/layers.0/self_attn/o_proj/",
+    "q_norm": "/model/layers.0/self_attn/q_norm/",
+    "k_norm": "/model/layers.0/self_attn/k_norm/",
+    "gate_proj": "/model/layers.0/mlp/gate_proj/",
+    "up_proj": "/model/layers.0/mlp/up_proj/",
+    "down_proj": "/model/layers.0/mlp/down_proj/",
+    "input_layernorm": "/model/layers.0/input_layernorm/",
+    "post_attention_layernorm": "/model/layers.0/post_attention_layernorm/",
+    "final_norm": "/model/norm/",
+    "lm_head": "/lm_head/",
+}
+_WEIGHT_OPS = {"MatMul", "Gemm", "Gather", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
+               "MatMulNBits", "Mul", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
+               "LayerNormalization"}
+
+
+def _weight_of(graph: onnx.GraphProto, prefix: str, producers: dict, initializers: dict) -> onnx.TensorProto | None:
+    """The largest initializer feeding a weight-bearing node under ``prefix`` (through a
+    DequantizeLinear for QDQ graphs); the layer's norm weight for norms."""
+    best = None
+    for node in graph.node:
+        if not node.name.startswith(prefix) or node.op_type not in _WEIGHT_OPS:
+            continue
+        for name in node.input:
+            tensor = initializers.get(name)
+            if tensor is None and name in producers and producers[name].op_type == "DequantizeLinear":
+                tensor = initializers.get(producers[name].input[0])
+            if tensor is not None and len(tensor.dims) >= 1 and (best is None or initializer_bytes(tensor) > initializer_bytes(best)):
+                best = tensor
+    return best
+
+
+def key_weights(graph: onnx.GraphProto) -> dict[str, dict[str, Any]]:
+    """Name, dtype, shape and bytes of the key weights (layer 0 for per-layer ones), found by node
+    name; a weight the graph does not have (``q_norm`` before Qwen3) is left out. MatMul weights are
+    stored [in_features, out_features]."""
+    initializers = {t.name: t for t in graph.initializer}
+    producers = {o: n for n in graph.node for o in n.output}
+    found = {}
+    for key, prefix in KEY_WEIGHTS.items():
+        tensor = _weight_of(graph, prefix, producers, initializers)
+        if tensor is not None:
+            found[key] = _tensor_info(tensor)
+    return found
+
+
+def architecture(graph: onnx.GraphProto) -> dict[str, Any]:
+    """The decoder's architecture read back from the graph alone (no config.json, no weight data).
+
+    Returns:
+        ``layers`` (``past_key_values`` inputs / 2, else distinct ``/layers.N/`` in node names),
+        ``hidden_size`` and ``vocab_size`` (embedding table [vocab, hidden]), ``kv_heads`` and
+        ``head_dim`` (``past_key_values.0.key`` is [batch, kv_heads, past, head_dim]),
+        ``attention_heads`` (q_proj's output features / head_dim), ``grouped_query_attention``,
+        ``intermediate_size`` (gate_proj's output features), ``tied_embeddings`` (lm_head reads the
+        embedding table), ``qk_norm`` (Qwen3's q/k RMSNorm), ``attention_bias`` (Qwen2's q/k/v bias).
+    """
+    weights = key_weights(graph)
+    pasts = [v for v in graph.input if v.name.startswith("past_key_values.")]
+    layer_ids = {int(m.group(1)) for n in graph.node for m in [re.search(r"/layers\.(\d+)/", n.name)] if m}
+    arch: dict[str, Any] = {"layers": len(pasts) // 2 if pasts else (max(layer_ids) + 1 if layer_ids else None)}
+    embed = weights.get("embed_tokens")
+    if embed and len(embed["shape"]) == 2:
+        arch["vocab_size"], arch["hidden_size"] = embed["shape"]
+    if pasts:
+        dims = [_dim(d) for d in pasts[0].type.tensor_type.shape.dim]
+        if len(dims) == 4 and isinstance(dims[1], int) and isinstance(dims[3], int):
+            arch["kv_heads"], arch["head_dim"] = dims[1], dims[3]
+    q = weights.get("q_proj")
+    if q and arch.get("head_dim") and len(q["shape"]) == 2:
+        arch["attention_heads"] = q["shape"][1] // arch["head_dim"]
+        arch["grouped_query_attention"] = arch["attention_heads"] != arch.get("kv_heads")
+    gate = weights.get("gate_proj")
+    if gate and len(gate["shape"]) == 2:
+        arch["intermediate_size"] = gate["shape"][1]
+    head = weights.get("lm_head")
+    arch["tied_embeddings"] = bool(head and embed and head["name"] == embed["name"]) or (head is None and embed is not None)
+    arch["qk_norm"] = "q_norm" in weights
+    arch["attention_bias"] = any(n.name.startswith(KEY_WEIGHTS["q_proj"]) and n.op_type == "Add" for n in graph.node)
+    return arch
 
 
 def to_markdown(info: dict[str, Any], top: int = 15) -> str:
@@ -121,6 +229,70 @@ def to_markdown(info: dict[str, Any], top: int = 15) -> str:
         lines.append(f"| … {len(info['inputs']) - 6} more | | |")
     lines += ["", "| op type | count |", "|---|---|"]
     lines += [f"| {op} | {n} |" for op, n in list(info["op_types"].items())[:top]]
+    if info.get("architecture"):
+        lines += ["", "Architecture read from the graph: "
+                  + ", ".join(f"{k} {v}" for k, v in info["architecture"].items())]
+    if info.get("key_weights"):
+        lines += ["", "| key weight | name | dtype | shape |", "|---|---|---|---|"]
+        lines += [f"| {k} | {w['name']} | {w['dtype']} | {w['shape']} |" for k, w in info["key_weights"].items()]
+    if info.get("first_nodes"):
+        lines += ["", "First nodes: " + ", ".join(f"{n['op_type']} {n['name']}" for n in info["first_nodes"]),
+                  "", "Last nodes: " + ", ".join(f"{n['op_type']} {n['name']}" for n in info["last_nodes"])]
+    return "\n".join(lines) + "\n"
+
+
+#: Op types that graph optimization fuses (onnxruntime contrib ops and ORT's own fusions).
+FUSED_OPS = frozenset(
+    {"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "SkipLayerNormalization",
+     "RotaryEmbedding", "GroupQueryAttention", "MultiHeadAttention", "Attention", "FusedMatMul", "FusedGemm",
+     "FastGelu", "BiasGelu", "QuickGelu", "MatMulNBits", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
+     "NhwcConv", "FusedConv"}
+)
+
+
+def diff_models(a: str | os.PathLike, b: str | os.PathLike) -> dict[str, Any]:
+    """What changed from model ``a`` to model ``b`` (for example fp32 to a quantized variant).
+
+    Returns:
+        ``nodes`` and ``bytes_on_disk`` of both and their change; ``op_types`` delta
+        (op type -> count change, non-zero only); ``fusions`` (fused op types that appear or grow
+        in ``b``); ``quantization_ops`` (quantization op types inserted in ``b``, with counts);
+        ``removed_op_types`` (op types present in ``a`` only).
+
+    Raises:
+        ArtifactError: see :func:`load_graph`.
+    """
+    ia, ib = inspect_model(a), inspect_model(b)
+    ops_a, ops_b = collections.Counter(ia["op_types"]), collections.Counter(ib["op_types"])
+    delta = {op: ops_b[op] - ops_a[op] for op in sorted(set(ops_a) | set(ops_b)) if ops_b[op] != ops_a[op]}
+    return {
+        "a": ia["path"],
+        "b": ib["path"],
+        "nodes": {"a": ia["nodes"], "b": ib["nodes"], "change": ib["nodes"] - ia["nodes"]},
+        "bytes_on_disk": {"a": ia["bytes_on_disk"], "b": ib["bytes_on_disk"],
+                          "change": ib["bytes_on_disk"] - ia["bytes_on_disk"]},
+        "op_types": dict(sorted(delta.items(), key=lambda kv: -abs(kv[1]))),
+        "fusions": {op: n for op, n in delta.items() if op in FUSED_OPS and n > 0},
+        "quantization_ops": {op: n for op, n in delta.items() if op in QUANT_OPS and n > 0},
+        "removed_op_types": sorted(op for op in ops_a if op not in ops_b),
+    }
+
+
+def diff_markdown(diff: dict[str, Any], top: int = 12) -> str:
+    """A short Markdown rendering of :func:`diff_models`'s result."""
+    lines = [
+        f"# {diff['a']} → {diff['b']}",
+        "",
+        f"- nodes {diff['nodes']['a']} → {diff['nodes']['b']} ({diff['nodes']['change']:+d})",
+        f"- bytes on disk {diff['bytes_on_disk']['a'] / 1e6:.1f} MB → {diff['bytes_on_disk']['b'] / 1e6:.1f} MB",
+        f"- fusions: {diff['fusions'] or 'none'}",
+        f"- quantization ops inserted: {diff['quantization_ops'] or 'none'}",
+        f"- op types removed: {', '.join(diff['removed_op_types']) or 'none'}",
+        "",
+        "| op type | change |",
+        "|---|---|",
+    ]
+    lines += [f"| {op} | {n:+d} |" for op, n in list(diff["op_types"].items())[:top]]
     return "\n".join(lines) + "\n"
 
 

@@ -196,10 +196,12 @@ def _fmt(value: Any, column: str) -> str:
             return f"{value:+.2f}"
         if column.startswith(("kl_", "max_abs", "mean_abs", "padded_batch_max", "kv_cache")):
             return f"{value:.3g}"
+        if column.endswith("ppl_delta_pct"):
+            return f"{value:+.2f}"
         if column.endswith("_vs_pytorch"):
             return f"{value:.2f}×"
         return f"{value:.2f}" if abs(value) < 1000 else f"{value:.0f}"
-    if column in ("bytes_on_disk", "weight_bytes_per_token") and isinstance(value, int):
+    if column in ("bytes_on_disk", "weight_bytes_per_token", "bytes_pytorch") and isinstance(value, int):
         return f"{value / 1e6:.1f} MB"
     return str(value)
 
@@ -227,6 +229,25 @@ def html_table(rows: Sequence[Mapping], columns: Iterable[str]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
+def cross_model_rows(rows: Sequence[Mapping]) -> tuple[list[dict[str, Any]], list[str]]:
+    """One row per model comparing sizes: PyTorch perplexity, then per variant its perplexity
+    change (%) and decode tokens/s. Returns the rows and their columns."""
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    out = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine = {r["variant"]: r for r in rows if r["model"] == model}
+        row: dict[str, Any] = {"model": model, "ppl_pytorch": mine.get("pytorch", {}).get("ppl"),
+                               "bytes_pytorch": mine.get("pytorch", {}).get("bytes_on_disk")}
+        for variant in variants:
+            r = mine.get(variant, {})
+            if variant != "pytorch":
+                row[f"{variant} ppl_delta_pct"] = r.get("ppl_delta_pct")
+            row[f"{variant} decode_tok_s"] = r.get("decode_tok_s")
+        out.append(row)
+    columns = list(out[0]) if out else []
+    return out, columns
+
+
 def _machine_lines(machine: Mapping) -> list[str]:
     versions = ", ".join(f"{k} {v}" for k, v in machine.get("library_versions", {}).items() if v)
     return [
@@ -250,6 +271,7 @@ def write_report(
     profiles: Mapping[tuple[str, str], Mapping] | None = None,
     generations: Mapping[tuple[str, str], list] | None = None,
     prompt_lengths: Sequence[int] = (32, 128, 512),
+    graphs: Sequence[Mapping[str, Any]] | None = None,
 ) -> None:
     """Write the CSV, JSON, Markdown and HTML reports and the three plots.
 
@@ -287,6 +309,11 @@ def write_report(
           f"**{verdict}**", "", "## Summary", "", markdown_table(rows, SUMMARY), "## Accuracy", "",
           markdown_table(rows, ACCURACY), "## Latency", "", markdown_table(rows, latency_columns(prompt_lengths)),
           "## Ratios to PyTorch", "", markdown_table(rows, RATIOS)]
+    across, across_columns = cross_model_rows(rows)
+    if len(across) > 1:
+        md += ["## Across models", "", markdown_table(across, across_columns)]
+    if graphs:
+        md += ["## Graphs (inspection, and the change from fp32)", "", markdown_table(graphs, GRAPH_COLUMNS)]
     if profiles:
         md += ["## Where the time goes (ONNX Runtime profiling, share of kernel time)", ""]
         for (model, variant), prof in profiles.items():
@@ -313,6 +340,10 @@ def write_report(
         "<h2>Latency</h2>", html_table(rows, latency_columns(prompt_lengths)),
         "<h2>Ratios to PyTorch</h2>", html_table(rows, RATIOS),
     ]
+    if len(across) > 1:
+        parts += ["<h2>Across models</h2>", html_table(across, across_columns)]
+    if graphs:
+        parts += ["<h2>Graphs (inspection, and the change from fp32)</h2>", html_table(graphs, GRAPH_COLUMNS)]
     if profiles:
         parts.append("<h2>Where the time goes (ONNX Runtime profiling)</h2>")
         for (model, variant), prof in profiles.items():
@@ -355,5 +386,45 @@ def build_report(
         if "profile" in latency:
             profiles[key] = latency["profile"]
         generations[key] = read_json(accuracy_path).get("generation", [])
-    write_report(rows, machine, profiles=profiles, generations=generations, prompt_lengths=prompt_lengths, **outputs)
+    graphs = graph_rows(models, variants, files)
+    write_report(rows, machine, profiles=profiles, generations=generations, prompt_lengths=prompt_lengths,
+                 graphs=graphs, **outputs)
     return rows
+
+
+GRAPH_COLUMNS = ("model", "variant", "nodes", "initializers", "bytes_on_disk", "opset", "quant_ops",
+                 "nodes_vs_fp32", "fusions_vs_fp32", "quantization_ops_vs_fp32", "architecture")
+
+
+def graph_rows(models: Sequence[str], variants: Sequence[str], files: Mapping[str, Sequence]) -> list[dict[str, Any]]:
+    """The inspection table: per (model, variant) its graph figures and its diff against fp32.
+
+    ``files["diff"]`` holds the diff JSON of every variant except fp32, in (model, variant) order.
+    """
+    keys = [(m, v) for m in models for v in variants]
+    inspect = dict(zip(keys, files["inspect"]))
+    diffs = dict(zip([(m, v) for m in models for v in variants if v != "fp32"], files.get("diff", [])))
+    out = []
+    for key in keys:
+        info = read_json(inspect[key])
+        diff = read_json(diffs[key]) if key in diffs else None
+        arch = info.get("architecture", {})
+        out.append({
+            "model": key[0],
+            "variant": key[1],
+            "nodes": info["nodes"],
+            "initializers": info["initializers"]["count"],
+            "bytes_on_disk": info["bytes_on_disk"],
+            "opset": info["opsets"].get("ai.onnx"),
+            "quant_ops": ", ".join(f"{k} {v}" for k, v in info.get("quant_ops", {}).items()) or "–",
+            "nodes_vs_fp32": f"{diff['nodes']['change']:+d}" if diff else "–",
+            "fusions_vs_fp32": ", ".join(f"{k} {v}" for k, v in diff["fusions"].items()) if diff and diff["fusions"] else "–",
+            "quantization_ops_vs_fp32": ", ".join(f"{k} {v}" for k, v in diff["quantization_ops"].items())
+            if diff and diff["quantization_ops"] else "–",
+            "architecture": (f"{arch.get('layers')} layers, hidden {arch.get('hidden_size')}, "
+                             f"{arch.get('attention_heads')} heads / {arch.get('kv_heads')} KV heads, "
+                             f"head {arch.get('head_dim')}, vocab {arch.get('vocab_size')}, "
+                             f"{'tied' if arch.get('tied_embeddings') else 'untied'}"
+                             f"{', q/k norm' if arch.get('qk_norm') else ''}") if arch else "–",
+        })
+    return out

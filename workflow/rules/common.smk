@@ -106,6 +106,15 @@ def get_report_inputs(kind):
     )
 
 
+def get_diff_inputs():
+    """The diff against fp32 of every other variant of every model."""
+    return expand(
+        f"{RESULTS}/{{model}}/reports/{{variant}}.diff.json",
+        model=get_models(),
+        variant=[v for v in VARIANTS if v != "fp32"],
+    )
+
+
 def get_final_targets():
     return [
         f"{RESULTS}/report.md",

@@ -20,6 +20,29 @@ rule inspect:
         "../scripts/inspect.py"
 
 
+rule diff:
+    """What changed from fp32 to one variant: op histogram delta, nodes, bytes, fusions, quantization ops."""
+    input:
+        fp32=f"{RESULTS}/{{model}}/fp32",
+        model_dir=get_variant_dir,
+    output:
+        json=f"{RESULTS}/{{model}}/reports/{{variant}}.diff.json",
+        markdown=f"{RESULTS}/{{model}}/reports/{{variant}}.diff.md",
+    log:
+        f"{RESULTS}/logs/{{model}}/diff.{{variant}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/diff.{{variant}}.tsv"
+    conda:
+        "../../envs/qwen-onnx.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+    params:
+        version=VERSION,
+    script:
+        "../scripts/diff.py"
+
+
 rule accuracy:
     """Perplexity, KL divergence, top-1 agreement, |Δlogit|, padded-batch / KV-cache / generation parity and the gate."""
     input:

@@ -4,6 +4,7 @@ rule report:
         inspect=get_report_inputs("inspect"),
         accuracy=get_report_inputs("accuracy"),
         latency=get_report_inputs("latency"),
+        diff=get_diff_inputs(),
         pytorch=expand(
             f"{RESULTS}/{{model}}/reports/pytorch.latency.json", model=get_models()
         ),

@@ -7,7 +7,13 @@ with logged(snakemake):
     build_report(
         snakemake.params.models,
         snakemake.params.variants,
-        {"inspect": inp.inspect, "accuracy": inp.accuracy, "latency": inp.latency, "pytorch": inp.pytorch},
+        {
+            "inspect": inp.inspect,
+            "accuracy": inp.accuracy,
+            "latency": inp.latency,
+            "pytorch": inp.pytorch,
+            "diff": inp.diff,
+        },
         inp.machine,
         prompt_lengths=snakemake.params.prompt_lengths,
         markdown=out.markdown,
