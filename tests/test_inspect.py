@@ -3,7 +3,6 @@
 import json
 import shutil
 
-import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest

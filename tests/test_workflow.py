@@ -30,7 +30,8 @@ def write_config(folder: Path, source, texts, extra_models=None, **overrides) ->
     config = {
         "models": {"tiny": {"source": source, "params_billion": 0.001}, **(extra_models or {})},
         "quantize_static": {"samples": 4, "sequence_length": 32, "calibration_text": str(texts["calibration"])},
-        "evaluation": {"text": str(texts["evaluation"]), "window": 64, "max_windows": 2},
+        "evaluation": {"text": str(texts["evaluation"]), "window": 64, "max_windows": 2, "kv_decode_steps": 4,
+                       "generation_tokens": 6},
         "latency": {"prompt_lengths": [8, 16], "decode_prompt_tokens": 16, "new_tokens": 4, "warmup": 0,
                     "repeats": 2, "threads": 1},
     }
@@ -45,7 +46,7 @@ def snakemake(folder: Path, *args: str, env: dict | None = None) -> subprocess.C
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},
-        timeout=900,
+        timeout=2400,
     )
 
 

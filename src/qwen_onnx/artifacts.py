@@ -149,7 +149,7 @@ def check_external_data(path: str | os.PathLike) -> list[str]:
     except Exception as exc:  # onnx raises DecodeError or its own errors depending on the damage
         raise ArtifactError(f"{path} is not a readable ONNX model: {exc}") from exc
     locations = set()
-    for tensor in _all_initializers(proto.graph):
+    for tensor in all_tensors(proto.graph):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             for entry in tensor.external_data:
                 if entry.key == "location":
@@ -163,7 +163,9 @@ def check_external_data(path: str | os.PathLike) -> list[str]:
     return sorted(locations)
 
 
-def _all_initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+def all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor that can hold data: initializers and node attributes (``Constant`` values
+    included), in subgraphs too."""
     yield from graph.initializer
     for node in graph.node:
         for attr in node.attribute:
@@ -172,10 +174,28 @@ def _all_initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
             elif attr.type == onnx.AttributeProto.TENSORS:
                 yield from attr.tensors
             elif attr.type == onnx.AttributeProto.GRAPH:
-                yield from _all_initializers(attr.g)
+                yield from all_tensors(attr.g)
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for sub in attr.graphs:
-                    yield from _all_initializers(sub)
+                    yield from all_tensors(sub)
+
+
+def ort_optimize_to_file(
+    source: str | os.PathLike, output: str | os.PathLike, level: str, provider: str = "CPUExecutionProvider"
+) -> None:
+    """Let ONNX Runtime optimize ``source`` at ``level`` (``ORT_ENABLE_BASIC``/``ORT_ENABLE_ALL``) and
+    save the result at ``output`` through ``optimized_model_filepath``, tensors of 1 KiB or more in
+    ``model.onnx_data`` beside it (session config ``session.optimized_model_external_initializers_*``,
+    https://onnxruntime.ai/docs/performance/model-optimizations/graph-optimizations.html)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    options.optimized_model_filepath = str(output)
+    options.add_session_config_entry("session.optimized_model_external_initializers_file_name", DATA_FILE)
+    options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    options.log_severity_level = 3
+    ort.InferenceSession(str(source), options, providers=[provider])
 
 
 def save_with_external_data(proto: onnx.ModelProto, path: str | os.PathLike) -> None:

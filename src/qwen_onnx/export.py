@@ -29,6 +29,7 @@ from .artifacts import (
     copy_side_files,
     library_versions,
     model_path,
+    ort_optimize_to_file,
     staged_dir,
     write_json,
 )
@@ -122,8 +123,6 @@ def preprocess(
     Raises:
         ArtifactError: the input model or its external data is missing.
     """
-    import onnxruntime as ort
-
     input_dir = Path(input_dir).resolve()
     model_path(input_dir)
     started = time.time()
@@ -139,13 +138,7 @@ def preprocess(
             consolidate_external_data(onnx.load(str(staged_input), load_external_data=False),
                                       stage / MODEL_FILE, search=[input_dir])
         else:
-            options = ort.SessionOptions()
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-            options.optimized_model_filepath = str(stage / MODEL_FILE)
-            options.add_session_config_entry("session.optimized_model_external_initializers_file_name", DATA_FILE)
-            options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
-            options.log_severity_level = 3
-            ort.InferenceSession(str(staged_input), options, providers=["CPUExecutionProvider"])
+            ort_optimize_to_file(staged_input, stage / MODEL_FILE, "ORT_ENABLE_BASIC")
         onnx.shape_inference.infer_shapes_path(str(stage / MODEL_FILE), str(stage / MODEL_FILE))
         model_path(stage)
         copy_side_files(input_dir, stage)

@@ -23,7 +23,7 @@ from typing import Iterator, Sequence
 
 import onnx
 
-from .artifacts import DATA_FILE, MODEL_FILE
+from .artifacts import DATA_FILE, MODEL_FILE, all_tensors
 from .errors import ArtifactError
 
 log = logging.getLogger(__name__)
@@ -82,28 +82,11 @@ def _location(tensor: onnx.TensorProto) -> dict[str, str]:
     return {entry.key: entry.value for entry in tensor.external_data}
 
 
-def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    """Every tensor that can hold data: initializers and node attributes (``Constant`` values
-    included), in subgraphs too."""
-    yield from graph.initializer
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.TENSOR:
-                yield attr.t
-            elif attr.type == onnx.AttributeProto.TENSORS:
-                yield from attr.tensors
-            elif attr.type == onnx.AttributeProto.GRAPH:
-                yield from _tensors(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _tensors(sub)
-
-
 def external_locations(proto: onnx.ModelProto) -> set[str]:
     """The external data file names that ``proto``'s tensors reference."""
     return {
         entry.value
-        for tensor in _tensors(proto.graph)
+        for tensor in all_tensors(proto.graph)
         if tensor.data_location == onnx.TensorProto.EXTERNAL
         for entry in tensor.external_data
         if entry.key == "location"
@@ -112,7 +95,7 @@ def external_locations(proto: onnx.ModelProto) -> set[str]:
 
 def has_large_inline_tensor(proto: onnx.ModelProto) -> bool:
     """Whether a tensor of 1 KiB or more is stored inside the graph file."""
-    return any(len(t.raw_data) >= _INLINE_BELOW for t in _tensors(proto.graph))
+    return any(len(t.raw_data) >= _INLINE_BELOW for t in all_tensors(proto.graph))
 
 
 def consolidate_external_data(
@@ -138,7 +121,7 @@ def consolidate_external_data(
     handles: dict[Path, object] = {}
     try:
         with open(tmp_data, "wb") as out:
-            for tensor in _tensors(proto.graph):
+            for tensor in all_tensors(proto.graph):
                 if tensor.data_location == onnx.TensorProto.EXTERNAL:
                     info = _location(tensor)
                     src = _find(info["location"], search)

@@ -27,7 +27,15 @@ from pathlib import Path
 
 import onnx
 
-from .artifacts import DATA_FILE, MODEL_FILE, copy_side_files, library_versions, model_path, staged_dir, write_json
+from .artifacts import (
+    MODEL_FILE,
+    copy_side_files,
+    library_versions,
+    model_path,
+    ort_optimize_to_file,
+    staged_dir,
+    write_json,
+)
 from .external import lazy_model
 
 log = logging.getLogger(__name__)
@@ -63,8 +71,6 @@ def optimize_variant(
     Raises:
         ArtifactError: the input model or its external data is missing.
     """
-    import onnxruntime as ort
-
     input_dir = Path(input_dir).resolve()
     source = model_path(input_dir)
     config = json.loads((input_dir / "config.json").read_text())
@@ -94,14 +100,7 @@ def optimize_variant(
             optimized.save_model_to_file(str(ort_input), use_external_data_format=True, all_tensors_to_one_file=True)
             del optimized
         del proto
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.optimized_model_filepath = str(stage / MODEL_FILE)
-        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", DATA_FILE)
-        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
-        options.log_severity_level = 3
-        session = ort.InferenceSession(str(ort_input), options, providers=[provider])
-        del session
+        ort_optimize_to_file(ort_input, stage / MODEL_FILE, "ORT_ENABLE_ALL", provider)
         model_path(stage)
         copy_side_files(input_dir, stage)
         after = _op_histogram(stage / MODEL_FILE)

@@ -6,6 +6,10 @@ from snakemake.utils import validate
 import qwen_onnx
 from qwen_onnx.gates import variant_kind
 
+# A model's own stage sections override the global ones key by key; keep them as written, since
+# validation fills schema defaults into them too (which would override the global values).
+MODEL_OVERRIDES = copy.deepcopy(config.get("models", {}))
+
 validate(config, schema="../schemas/config.schema.yaml")
 
 VERSION = qwen_onnx.__version__
@@ -58,7 +62,7 @@ def get_models():
 def get_settings(model, section):
     """The global `section` of the config with the model's own override merged over it."""
     merged = copy.deepcopy(config.get(section, {}))
-    merged.update(config["models"][model].get(section, {}))
+    merged.update(MODEL_OVERRIDES.get(model, {}).get(section, {}))
     return merged
 
 
