@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -171,8 +170,3 @@ def normalise_external_data(folder: Path, search: list[Path] | None = None) -> N
     for name in locations - {DATA_FILE}:
         if (folder / name).is_file():
             (folder / name).unlink()
-
-
-def copy_variant(src: str | os.PathLike, dst: str | os.PathLike) -> None:
-    """Copy a whole variant folder (used by tests and by users who want a scratch copy)."""
-    shutil.copytree(src, dst)
