@@ -68,7 +68,8 @@ def families(tmp_path_factory):
     root = tmp_path_factory.mktemp("families")
     return {
         "tiny-qwen1.5": {"source": str(build_tiny_qwen(root / "qwen1.5", "qwen1.5")), "params_billion": 0.001},
-        "tiny-qwen3": {"source": str(build_tiny_qwen(root / "qwen3", "qwen3")), "params_billion": 0.001},
+        "tiny-qwen3": {"source": str(build_tiny_qwen(root / "qwen3", "qwen3")), "params_billion": 0.001,
+                       "quantize_static": {"sensitive": {"max_nodes": 2, "scheme": "blockwise"}, "block_size": 16}},
     }
 
 
@@ -119,6 +120,14 @@ def test_full_run_writes_every_artifact(finished_run):
     assert "| tiny | int8-static |" in report and "## Columns" in report
     assert "## Across models" in report and "| tiny-qwen3 |" in report
     assert "## Graphs (inspection, and the change from fp32)" in report and "q/k norm" in report
+    assert "## INT8 sensitivity per MatMul role" in report and "| tiny-qwen3 | down_proj | 2 |" in report
+    sensitivity = json.loads((results / "tiny" / "reports" / "sensitivity.json").read_text())
+    assert len(sensitivity["nodes"]) == 2 * 7 + 1 and (results / "tiny" / "reports" / "sensitivity.md").is_file()
+    # the static variant of tiny-qwen3 keeps its 2 most sensitive MatMuls blockwise (config override)
+    info = json.loads((results / "tiny-qwen3" / "int8-static" / "quantize.json").read_text())
+    assert [n["name"] for n in info["sensitive_nodes"]] == json.loads(
+        (results / "tiny-qwen3" / "reports" / "sensitivity.json").read_text())["rank_static"][:2]
+    assert "MatMulNBits" in json.loads((results / "tiny-qwen3" / "reports" / "int8-static.inspect.json").read_text())["op_types"]
     page = (results / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 3 and "http" not in page.replace("http-equiv", "")
     for plot in ("ppl_vs_size", "decode_tok_s", "prefill_latency"):
@@ -161,7 +170,8 @@ def test_adding_a_model_reruns_only_that_models_stages(finished_run, tiny_qwen2)
         result = snakemake(finished_run, "-n")
     finally:
         (finished_run / "config.yaml").write_text(original)
-    assert planned_jobs(result) == {"resolve": 1, "export": 1, "preprocess": 1, "quantize_dynamic": 1, "quantize_static": 1,
+    assert planned_jobs(result) == {"resolve": 1, "export": 1, "preprocess": 1, "sensitivity": 1, "quantize_dynamic": 1,
+                                    "quantize_static": 1,
                     "optimize": 1, "inspect": 5, "diff": 4, "accuracy": 5, "latency": 5, "latency_pytorch": 1,
                     "report": 1, "all": 1}
 

@@ -36,8 +36,12 @@ def _preprocess(a):
 def _dynamic(a):
     from .quantize import DynamicSettings, quantize_dynamic_variant
 
-    settings = DynamicSettings(op_types=a.op_types, per_channel=a.per_channel, nodes_to_exclude=a.exclude)
-    return quantize_dynamic_variant(a.input, a.output, settings)
+    settings = DynamicSettings(
+        scheme=a.scheme, op_types=a.op_types, per_channel=a.per_channel, nodes_to_exclude=a.exclude,
+        sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
+        sensitive_scheme=a.sensitive_scheme, block_size=a.block_size,
+    )
+    return quantize_dynamic_variant(a.input, a.output, settings, sensitivity=a.sensitivity)
 
 
 def _static(a):
@@ -47,8 +51,22 @@ def _static(a):
         op_types=a.op_types, per_channel=a.per_channel, method=a.method, samples=a.samples,
         sequence_length=a.sequence_length, activation_type=a.activation_type, weight_type=a.weight_type,
         activation_symmetric=a.activation_symmetric, nodes_to_exclude=a.exclude,
+        sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
+        sensitive_scheme=a.sensitive_scheme, block_size=a.block_size,
     )
-    return quantize_static_variant(a.input, a.output, a.calibration_text, settings)
+    return quantize_static_variant(a.input, a.output, a.calibration_text, settings, sensitivity=a.sensitivity)
+
+
+def _sensitivity(a):
+    from .sensitivity import analyse_sensitivity
+
+    result = analyse_sensitivity(
+        a.input, a.calibration_text, samples=a.samples, sequence_length=a.sequence_length,
+        per_channel=a.per_channel, static_symmetric=a.activation_symmetric, threads=a.threads,
+        output=a.output, markdown=a.markdown,
+    )
+    print(f"lowest SQNR first (dynamic): {', '.join(result['rank_dynamic'][:8])}")
+    return None
 
 
 def _optimize(a):
@@ -139,7 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--op-types", nargs="+", default=["MatMul"])
         p.add_argument("--per-channel", action=argparse.BooleanOptionalAction, default=True)
         p.add_argument("--exclude", nargs="*", default=[], metavar="NODE", help="node names kept float")
+        p.add_argument("--sensitivity", default=None, help="sensitivity report JSON (qwen-onnx sensitivity)")
+        p.add_argument("--sensitive-max-nodes", type=int, default=0,
+                       help="treat this many of the most sensitive MatMuls apart (needs --sensitivity)")
+        p.add_argument("--sensitive-below-sqnr-db", type=float, default=None,
+                       help="only sensitive MatMuls whose simulated SQNR is under this (dB)")
+        p.add_argument("--sensitive-scheme", choices=["float", "blockwise"], default="float",
+                       help="float, or INT8 with per-block scales (MatMulNBits 8-bit, accuracy_level 4)")
+        p.add_argument("--block-size", type=int, default=32, help="block length of the blockwise scheme")
         p.set_defaults(func=func)
+        if name == "quantize-dynamic":
+            p.add_argument("--scheme", choices=["per_tensor", "blockwise"], default="per_tensor",
+                           help="per_tensor: quantize_dynamic; blockwise: MatMulNBits 8-bit, accuracy_level 4")
         if name == "quantize-static":
             p.add_argument("--calibration-text", default=str(shipped_text(CALIBRATION_TEXT)))
             p.add_argument("--method", choices=["MinMax", "Entropy", "Percentile"], default="MinMax")
@@ -148,6 +177,18 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--activation-type", choices=["QUInt8", "QInt8"], default="QUInt8")
             p.add_argument("--weight-type", choices=["QInt8", "QUInt8"], default="QInt8")
             p.add_argument("--activation-symmetric", action=argparse.BooleanOptionalAction, default=False)
+
+    p = sub.add_parser("sensitivity", help="per-MatMul INT8 error (SQNR) on calibration text, lowest first")
+    p.add_argument("input", help="pre-processed variant folder")
+    p.add_argument("-o", "--output", required=True, help="JSON report")
+    p.add_argument("--markdown", default=None, help="Markdown report")
+    p.add_argument("--calibration-text", default=str(shipped_text(CALIBRATION_TEXT)))
+    p.add_argument("--samples", type=int, default=4)
+    p.add_argument("--sequence-length", type=int, default=128)
+    p.add_argument("--per-channel", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--activation-symmetric", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument("--threads", type=int, default=2)
+    p.set_defaults(func=_sensitivity)
 
     p = sub.add_parser("optimize", help="transformer fusions + ORT_ENABLE_ALL, saved with external data")
     p.add_argument("input", help="fp32 variant folder")

@@ -18,10 +18,11 @@ import contextlib
 import gc
 import logging
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -44,19 +45,43 @@ CALIBRATION_METHODS = ("MinMax", "Entropy", "Percentile")
 
 @dataclass
 class DynamicSettings:
-    """Settings of ``quantize_dynamic``.
+    """Settings of the dynamic INT8 variant (weights INT8 offline, activations quantized at run time).
 
     Attributes:
-        op_types: op types to quantize (default ``["MatMul"]``).
-        per_channel: one scale per output channel of each weight instead of one per tensor.
-        reduce_range: 7-bit weights, for CPUs without VNNI (ORT docs).
+        scheme: ``per_tensor``: onnxruntime ``quantize_dynamic`` (DynamicQuantizeMatMul: one
+            activation scale per tensor, computed at each call; QInt8 weights per channel or per
+            tensor); ``blockwise``: every weight MatMul becomes MatMulNBits 8-bit with
+            ``accuracy_level=4`` (INT8 weights with one scale per ``block_size`` inputs; the
+            activation is quantized per token and block at each call).
+        op_types: op types to quantize with ``per_tensor`` (default ``["MatMul"]``).
+        per_channel: ``per_tensor`` scheme: one weight scale per output channel instead of one per tensor.
+        reduce_range: ``per_tensor`` scheme: 7-bit weights, for CPUs without VNNI (ORT docs).
         nodes_to_exclude: node names kept float.
+        sensitive_max_nodes: treat up to this many MatMuls apart, the most sensitive first (from
+            the report of :func:`qwen_onnx.sensitivity.analyse_sensitivity`); 0: none.
+        sensitive_below_sqnr_db: of those, only the ones whose simulated SQNR is under this (dB);
+            None: all ``sensitive_max_nodes``.
+        sensitive_scheme: what the sensitive MatMuls get: ``float`` (left unquantized) or
+            ``blockwise`` (INT8 weights with one scale per ``block_size`` inputs, run as
+            MatMulNBits 8-bit with ``accuracy_level=4``, which quantizes the activation per token
+            and block at run time; onnxruntime contrib op MatMulNBits).
+        block_size: block length of the ``blockwise`` scheme (a power of 2, 16 to 256).
     """
 
+    scheme: str = "per_tensor"
     op_types: list[str] = field(default_factory=lambda: ["MatMul"])
     per_channel: bool = True
     reduce_range: bool = False
     nodes_to_exclude: list[str] = field(default_factory=list)
+    sensitive_max_nodes: int = 0
+    sensitive_below_sqnr_db: float | None = None
+    sensitive_scheme: str = "float"
+    block_size: int = 32
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any]) -> "DynamicSettings":
+        """From a config section, whose ``sensitive: {max_nodes, below_sqnr_db, scheme, block_size}`` is nested."""
+        return cls(**_flatten_sensitive(section))
 
 
 @dataclass
@@ -74,6 +99,15 @@ class StaticSettings:
         activation_symmetric: symmetric activation ranges.
         matmul_const_b_only: quantize only MatMuls whose second input is a constant weight.
         nodes_to_exclude: node names kept float.
+        sensitive_max_nodes: treat up to this many MatMuls apart, the most sensitive first (from
+            the report of :func:`qwen_onnx.sensitivity.analyse_sensitivity`); 0: none.
+        sensitive_below_sqnr_db: of those, only the ones whose simulated SQNR is under this (dB);
+            None: all ``sensitive_max_nodes``.
+        sensitive_scheme: what the sensitive MatMuls get: ``float`` (left unquantized) or
+            ``blockwise`` (INT8 weights with one scale per ``block_size`` inputs, run as
+            MatMulNBits 8-bit with ``accuracy_level=4``, which quantizes the activation per token
+            and block at run time; onnxruntime contrib op MatMulNBits).
+        block_size: block length of the ``blockwise`` scheme (a power of 2, 16 to 256).
     """
 
     op_types: list[str] = field(default_factory=lambda: ["MatMul"])
@@ -86,6 +120,72 @@ class StaticSettings:
     activation_symmetric: bool = False
     matmul_const_b_only: bool = True
     nodes_to_exclude: list[str] = field(default_factory=list)
+    sensitive_max_nodes: int = 0
+    sensitive_below_sqnr_db: float | None = None
+    sensitive_scheme: str = "float"
+    block_size: int = 32
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any]) -> "StaticSettings":
+        """From a config section (``calibration_text`` is left out; it is a rule input)."""
+        return cls(**{k: v for k, v in _flatten_sensitive(section).items() if k != "calibration_text"})
+
+
+SENSITIVE_SCHEMES = ("float", "blockwise")
+DYNAMIC_SCHEMES = ("per_tensor", "blockwise")
+
+
+def weight_matmul_names(path: str | os.PathLike) -> list[str]:
+    """Names of the MatMul nodes whose second input is a 2-D float initializer (the weights)."""
+    from .sensitivity import weight_matmuls
+
+    return [node.name for node, _ in weight_matmuls(onnx.load(str(path), load_external_data=False).graph)]
+
+
+def _flatten_sensitive(section: Mapping[str, Any]) -> dict[str, Any]:
+    values = dict(section)
+    sensitive = values.pop("sensitive", None) or {}
+    values["sensitive_max_nodes"] = int(sensitive.get("max_nodes", 0))
+    values["sensitive_below_sqnr_db"] = sensitive.get("below_sqnr_db")
+    values["sensitive_scheme"] = sensitive.get("scheme", "float")
+    return values
+
+
+def sensitive_nodes(
+    settings: DynamicSettings | StaticSettings,
+    kind: str,
+    sensitivity: str | os.PathLike | Mapping[str, Any] | None,
+) -> list[dict[str, Any]]:
+    """The sensitivity-chosen MatMuls to treat apart, each ``{name, role, layer, sqnr_db}``.
+
+    Raises:
+        QwenOnnxError: ``sensitive_max_nodes`` is set but no sensitivity report is given, or the
+            scheme or block size is unknown.
+    """
+    from .artifacts import read_json
+    from .sensitivity import choose_float_nodes
+
+    if settings.sensitive_scheme not in SENSITIVE_SCHEMES:
+        raise QwenOnnxError(
+            f"sensitive scheme {settings.sensitive_scheme!r} unknown; use one of {', '.join(SENSITIVE_SCHEMES)}"
+        )
+    if settings.block_size < 16 or settings.block_size > 256 or settings.block_size & (settings.block_size - 1):
+        raise QwenOnnxError(f"block_size must be a power of 2 from 16 to 256 (MatMulNBits), got {settings.block_size}")
+    if settings.sensitive_max_nodes <= 0:
+        return []
+    if sensitivity is None:
+        raise QwenOnnxError(
+            "sensitive.max_nodes needs the sensitivity report of the pre-processed model: run "
+            "`qwen-onnx sensitivity PREPROCESSED -o sensitivity.json` and pass it with --sensitivity "
+            "(the workflow's sensitivity rule does this)"
+        )
+    report = read_json(sensitivity) if isinstance(sensitivity, (str, os.PathLike)) else sensitivity
+    rows = {r["name"]: r for r in report["nodes"]}
+    names = choose_float_nodes(report, kind, settings.sensitive_max_nodes, settings.sensitive_below_sqnr_db)
+    return [
+        {"name": n, "role": rows[n]["role"], "layer": rows[n]["layer"], "sqnr_db": rows[n][f"sqnr_{kind}_db"]}
+        for n in names
+    ]
 
 
 def _load_graph_with_shape_infer(model_path: Path) -> onnx.ModelProto:
@@ -172,15 +272,23 @@ def _check_excluded(path: Path, names: Sequence[str]) -> None:
 
 
 def quantize_dynamic_variant(
-    input_dir: str | os.PathLike, output_dir: str | os.PathLike, settings: DynamicSettings
+    input_dir: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    settings: DynamicSettings,
+    sensitivity: str | os.PathLike | Mapping[str, Any] | None = None,
 ) -> dict:
     """Dynamic INT8 quantization of the pre-processed variant at ``input_dir``.
 
+    Args:
+        sensitivity: the sensitivity report (JSON path or dict) of ``input_dir``, needed when
+            ``settings.sensitive_max_nodes`` is set.
+
     Returns:
-        Provenance written to ``output_dir/quantize.json``.
+        Provenance written to ``output_dir/quantize.json``, with the sensitive nodes and their scheme.
 
     Raises:
-        QwenOnnxError: a float-only op type is requested or an excluded node does not exist.
+        QwenOnnxError: a float-only op type is requested, an excluded node does not exist, or
+            sensitive nodes are asked for without a sensitivity report.
         ArtifactError: the input model or its external data is missing.
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -188,30 +296,83 @@ def quantize_dynamic_variant(
     input_dir = Path(input_dir).resolve()
     source = model_path(input_dir)
     _check_op_types(settings.op_types)
-    _check_excluded(source, settings.nodes_to_exclude)
+    sensitive = sensitive_nodes(settings, "dynamic", sensitivity)
+    names = [n["name"] for n in sensitive]
+    excluded = list(dict.fromkeys([*settings.nodes_to_exclude, *names]))
+    _check_excluded(source, excluded)
+    if settings.scheme not in DYNAMIC_SCHEMES:
+        raise QwenOnnxError(f"dynamic scheme {settings.scheme!r} unknown; use one of {', '.join(DYNAMIC_SCHEMES)}")
     started = time.time()
-    with staged_dir(output_dir) as stage, lazy_quantization(input_dir) as (graph_only, _):
-        quantize_dynamic(
-            graph_only,
-            stage / MODEL_FILE,
-            op_types_to_quantize=list(settings.op_types),
-            per_channel=settings.per_channel,
-            reduce_range=settings.reduce_range,
-            weight_type=QuantType.QInt8,
-            nodes_to_exclude=list(settings.nodes_to_exclude),
-            use_external_data_format=True,
-            extra_options={"MatMulConstBOnly": True},
-        )
+    with staged_dir(output_dir) as stage, lazy_quantization(input_dir) as (graph_only, scratch):
+        if settings.scheme == "blockwise":
+            float_names = set(settings.nodes_to_exclude) | (set(names) if settings.sensitive_scheme == "float" else set())
+            blockwise = [n for n in weight_matmul_names(graph_only) if n not in float_names]
+            graph_only = blockwise_int8(graph_only, blockwise, settings.block_size, scratch)
+            shutil.copyfile(graph_only, stage / MODEL_FILE)
+        else:
+            if settings.sensitive_scheme == "blockwise" and names:
+                graph_only = blockwise_int8(graph_only, names, settings.block_size, scratch)
+            quantize_dynamic(
+                graph_only,
+                stage / MODEL_FILE,
+                op_types_to_quantize=list(settings.op_types),
+                per_channel=settings.per_channel,
+                reduce_range=settings.reduce_range,
+                weight_type=QuantType.QInt8,
+                nodes_to_exclude=excluded,
+                use_external_data_format=True,
+                extra_options={"MatMulConstBOnly": True},
+            )
         normalise_external_data(stage, search=[input_dir])
         copy_side_files(input_dir, stage)
         info = {
             "kind": "dynamic",
             "settings": asdict(settings),
+            "nodes_excluded": excluded,
+            "sensitive_nodes": sensitive,
+            "sensitive_scheme": settings.sensitive_scheme,
             "seconds": round(time.time() - started, 1),
             "library_versions": library_versions(),
         }
         write_json(stage / "quantize.json", info)
     return info
+
+
+def blockwise_int8(graph_only: Path, names: Sequence[str], block_size: int, scratch: ScratchFiles) -> Path:
+    """Turn the MatMuls ``names`` of ``graph_only`` into MatMulNBits with 8-bit blockwise weights.
+
+    Weights: INT8 symmetric, one scale per ``block_size`` rows of each output column;
+    ``accuracy_level=4``: ONNX Runtime quantizes the activation to INT8 per token and block at run
+    time and accumulates in integers (onnxruntime contrib op MatMulNBits,
+    ``onnxruntime.quantization.matmul_nbits_quantizer``). Outliers then cost only their own block.
+
+    Runs inside :func:`lazy_quantization`: weights are read one at a time from the model's folder,
+    and the new INT8 weights go to a scratch data file there.
+
+    Returns:
+        The path of the new graph (``scratch / "blockwise.onnx"``).
+    """
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    proto = onnx.load(str(graph_only), load_external_data=False)
+    wanted = set(names)
+    others = [n.name for n in proto.graph.node if n.op_type == "MatMul" and n.name not in wanted]
+    # nodes_to_include only adds to op_types_to_quantize; nodes_to_exclude is what restricts
+    quantizer = MatMulNBitsQuantizer(
+        proto, bits=8, block_size=block_size, is_symmetric=True, accuracy_level=4, nodes_to_exclude=others,
+        op_types_to_quantize=("MatMul",),
+    )
+    quantizer.process()
+    converted = sum(n.op_type == "MatMulNBits" for n in quantizer.model.model.graph.node)
+    if converted != len(names):
+        raise QwenOnnxError(f"MatMulNBits converted {converted} of the {len(names)} sensitive MatMuls")
+    output = scratch / "blockwise.onnx"
+    onnx.external_data_helper.convert_model_to_external_data(
+        quantizer.model.model, all_tensors_to_one_file=True, location=(scratch / "blockwise.data").name,
+        size_threshold=1024,
+    )
+    onnx.save_model(quantizer.model.model, str(output))
+    return output
 
 
 class TextCalibrationReader:
@@ -262,6 +423,10 @@ class TextCalibrationReader:
     def __len__(self) -> int:
         return len(self._windows)
 
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        """Every window's feeds, from the first (what ``CalibrationDataReader.__iter__`` yields)."""
+        return (self.feeds(w) for w in self._windows)
+
     def get_next(self) -> dict[str, np.ndarray] | None:
         if self._iter is None:
             self._iter = (self.feeds(w) for w in self._windows)
@@ -276,15 +441,22 @@ def quantize_static_variant(
     output_dir: str | os.PathLike,
     calibration_text: str | os.PathLike,
     settings: StaticSettings,
+    sensitivity: str | os.PathLike | Mapping[str, Any] | None = None,
 ) -> dict:
     """Static INT8 QDQ quantization of the pre-processed variant, calibrated on ``calibration_text``.
 
+    Args:
+        sensitivity: the sensitivity report (JSON path or dict) of ``input_dir``, needed when
+            ``settings.sensitive_max_nodes`` is set.
+
     Returns:
-        Provenance written to ``output_dir/quantize.json``, including the calibration token count.
+        Provenance written to ``output_dir/quantize.json``, including the calibration token count
+        and the sensitive nodes with their scheme.
 
     Raises:
         QwenOnnxError: an unknown calibration method, a float-only op type, an excluded node that
-            does not exist, or a calibration text too short for the requested samples.
+            does not exist, a calibration text too short for the requested samples, or sensitive
+            nodes asked for without a sensitivity report.
     """
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
@@ -295,12 +467,14 @@ def quantize_static_variant(
     _check_op_types(settings.op_types)
     input_dir = Path(input_dir).resolve()
     source = model_path(input_dir)
-    _check_excluded(source, settings.nodes_to_exclude)
+    sensitive = sensitive_nodes(settings, "static", sensitivity)
+    names = [n["name"] for n in sensitive]
+    excluded = list(dict.fromkeys([*settings.nodes_to_exclude, *names]))
+    _check_excluded(source, excluded)
     tokenizer = AutoTokenizer.from_pretrained(input_dir)
     windows = token_windows(tokenizer, calibration_text, settings.sequence_length, settings.samples)
     reader = TextCalibrationReader(source, windows)
     method = getattr(CalibrationMethod, settings.method)
-    excluded = list(settings.nodes_to_exclude)
     if settings.matmul_const_b_only:
         excluded += [name for name in activation_matmuls(source) if name not in excluded]
     started = time.time()
@@ -322,6 +496,8 @@ def quantize_static_variant(
         save_tensors_data(calibrator.compute_data(), cache)
         del calibrator
         gc.collect()
+        if settings.sensitive_scheme == "blockwise" and names:
+            graph_only = blockwise_int8(graph_only, names, settings.block_size, scratch)
         quantize_static(
             graph_only,
             stage / MODEL_FILE,
@@ -356,6 +532,8 @@ def quantize_static_variant(
             "calibration_text": str(calibration_text),
             "calibration_tokens": int(windows.size),
             "nodes_excluded": excluded,
+            "sensitive_nodes": sensitive,
+            "sensitive_scheme": settings.sensitive_scheme,
             "seconds": round(time.time() - started, 1),
             "library_versions": library_versions(),
         }

@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+import numpy as np
+
 from .artifacts import read_json, write_json
 
 #: Column name -> description (units in the text). Order is the CSV's; the prefill columns
@@ -272,6 +274,7 @@ def write_report(
     generations: Mapping[tuple[str, str], list] | None = None,
     prompt_lengths: Sequence[int] = (32, 128, 512),
     graphs: Sequence[Mapping[str, Any]] | None = None,
+    sensitivity: Sequence[Mapping[str, Any]] | None = None,
 ) -> None:
     """Write the CSV, JSON, Markdown and HTML reports and the three plots.
 
@@ -281,6 +284,8 @@ def write_report(
         plots: paths for ``ppl_vs_size``, ``decode_tok_s`` and ``prefill_latency`` PNGs.
         profiles: per (model, variant), the ``profile`` of its latency JSON.
         generations: per (model, variant), the ``generation`` details of its accuracy JSON.
+        graphs: from :func:`graph_rows`.
+        sensitivity: from :func:`sensitivity_rows`.
     """
     from .plots import plot_decode_speed, plot_ppl_vs_size, plot_prefill
 
@@ -314,6 +319,9 @@ def write_report(
         md += ["## Across models", "", markdown_table(across, across_columns)]
     if graphs:
         md += ["## Graphs (inspection, and the change from fp32)", "", markdown_table(graphs, GRAPH_COLUMNS)]
+    if sensitivity:
+        md += [f"## INT8 sensitivity per MatMul role ({SENSITIVITY_NOTE})", "",
+               markdown_table(sensitivity, SENSITIVITY_COLUMNS)]
     if profiles:
         md += ["## Where the time goes (ONNX Runtime profiling, share of kernel time)", ""]
         for (model, variant), prof in profiles.items():
@@ -344,6 +352,9 @@ def write_report(
         parts += ["<h2>Across models</h2>", html_table(across, across_columns)]
     if graphs:
         parts += ["<h2>Graphs (inspection, and the change from fp32)</h2>", html_table(graphs, GRAPH_COLUMNS)]
+    if sensitivity:
+        parts += [f"<h2>INT8 sensitivity per MatMul role</h2><p>{html.escape(SENSITIVITY_NOTE)}</p>",
+                  html_table(sensitivity, SENSITIVITY_COLUMNS)]
     if profiles:
         parts.append("<h2>Where the time goes (ONNX Runtime profiling)</h2>")
         for (model, variant), prof in profiles.items():
@@ -387,8 +398,9 @@ def build_report(
             profiles[key] = latency["profile"]
         generations[key] = read_json(accuracy_path).get("generation", [])
     graphs = graph_rows(models, variants, files)
+    sensitivity = sensitivity_rows(models, files.get("sensitivity", []))
     write_report(rows, machine, profiles=profiles, generations=generations, prompt_lengths=prompt_lengths,
-                 graphs=graphs, **outputs)
+                 graphs=graphs, sensitivity=sensitivity, **outputs)
     return rows
 
 
@@ -427,4 +439,31 @@ def graph_rows(models: Sequence[str], variants: Sequence[str], files: Mapping[st
                              f"{'tied' if arch.get('tied_embeddings') else 'untied'}"
                              f"{', q/k norm' if arch.get('qk_norm') else ''}") if arch else "–",
         })
+    return out
+
+
+SENSITIVITY_COLUMNS = ("model", "role", "nodes", "sqnr_dynamic_db", "sqnr_static_db", "sqnr_blockwise_db",
+                       "sqnr_weight_only_db", "worst_node", "worst_sqnr_dynamic_db")
+SENSITIVITY_NOTE = ("median SQNR in dB of the INT8 product against the float one on calibration text, higher is "
+                    "better; per node in results/MODEL/reports/sensitivity.md")
+
+
+def sensitivity_rows(models: Sequence[str], paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
+    """Per model and MatMul role: the median simulated SQNR of each INT8 scheme and the worst node.
+
+    ``paths`` are the models' sensitivity JSON files (:func:`qwen_onnx.sensitivity.analyse_sensitivity`),
+    in ``models`` order.
+    """
+    out = []
+    for model, path in zip(models, paths):
+        nodes = read_json(path)["nodes"]
+        for role in dict.fromkeys(r["role"] for r in nodes):
+            group = [r for r in nodes if r["role"] == role]
+            worst = min(group, key=lambda r: r["sqnr_dynamic_db"])
+            row: dict[str, Any] = {"model": model, "role": role, "nodes": len(group)}
+            for key in ("sqnr_dynamic_db", "sqnr_static_db", "sqnr_blockwise_db", "sqnr_weight_only_db"):
+                row[key] = round(float(np.median([r[key] for r in group])), 1) if key in group[0] else None
+            row["worst_node"] = worst["name"]
+            row["worst_sqnr_dynamic_db"] = round(worst["sqnr_dynamic_db"], 1)
+            out.append(row)
     return out

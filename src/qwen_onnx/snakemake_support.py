@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import resource
 import sys
 import warnings
 from typing import Iterator
@@ -15,6 +16,8 @@ from .errors import QwenOnnxError
 @contextlib.contextmanager
 def logged(snakemake) -> Iterator[None]:
     """Send logging, warnings and the process's stdout/stderr (C libraries included) to ``snakemake.log[0]``.
+
+    The log ends with the job's peak RSS (``getrusage`` high-water mark).
 
     A :class:`~qwen_onnx.errors.QwenOnnxError` is written to the log and, as one line, to the
     original stderr (so the Snakemake console shows it), then the job exits with status 1.
@@ -41,5 +44,12 @@ def logged(snakemake) -> Iterator[None]:
             os.write(saved_stderr, f"qwen-onnx error in rule {snakemake.rule}: {exc}\n".encode())
             sys.exit(1)
         finally:
+            # The kernel's high-water mark, exact where the benchmark file's periodic samples can
+            # miss a short peak (getrusage ru_maxrss is in KiB on Linux).
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+            logging.getLogger("qwen_onnx").info(
+                "peak RSS of rule %s: %.0f MiB (largest child process: %.0f MiB)", snakemake.rule, peak, children
+            )
             sys.stdout.flush()
             sys.stderr.flush()

@@ -20,6 +20,7 @@ STAGES = [
     "preprocess",
     "quantize_dynamic",
     "quantize_static",
+    "sensitivity",
     "optimize",
     "evaluation",
     "latency",
@@ -36,6 +37,7 @@ MEM_PER_FP32_GB = {
     "preprocess": 1.8,
     "quantize_dynamic": 1.3,
     "quantize_static": 2.2,
+    "sensitivity": 1.8,
     "optimize": 1.8,
     "accuracy": 2.5,
     "latency": 1.8,
@@ -74,6 +76,18 @@ def get_mem_mb(stage):
         return int(1000 + 1024 * MEM_PER_FP32_GB[stage] * fp32_gb)
 
     return mem_mb
+
+
+def get_sensitivity_input(section):
+    """The model's sensitivity report, when the quantization `section` picks sensitive nodes from it."""
+
+    def sensitivity(wildcards):
+        sensitive = get_settings(wildcards.model, section).get("sensitive") or {}
+        if int(sensitive.get("max_nodes", 0)) > 0:
+            return f"{RESULTS}/{wildcards.model}/reports/sensitivity.json"
+        return []
+
+    return sensitivity
 
 
 def get_exclusive_threads(measured):

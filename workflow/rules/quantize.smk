@@ -1,7 +1,36 @@
+rule sensitivity:
+    """Per-MatMul INT8 sensitivity of the pre-processed graph on calibration text (SQNR, lowest first)."""
+    input:
+        model_dir=f"{RESULTS}/{{model}}/preprocessed",
+        text=lambda wc: get_settings(wc.model, "quantize_static")["calibration_text"],
+    output:
+        json=f"{RESULTS}/{{model}}/reports/sensitivity.json",
+        markdown=f"{RESULTS}/{{model}}/reports/sensitivity.md",
+    log:
+        f"{RESULTS}/logs/{{model}}/sensitivity.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/sensitivity.tsv"
+    conda:
+        "../../envs/qwen-onnx.yaml"
+    threads: 2
+    resources:
+        mem_mb=get_mem_mb("sensitivity"),
+    params:
+        settings=lambda wc: get_settings(wc.model, "sensitivity"),
+        per_channel=lambda wc: get_settings(wc.model, "quantize_static")["per_channel"],
+        static_symmetric=lambda wc: get_settings(wc.model, "quantize_static")[
+            "activation_symmetric"
+        ],
+        version=VERSION,
+    script:
+        "../scripts/sensitivity.py"
+
+
 rule quantize_dynamic:
     """INT8 dynamic quantization (QInt8 weights, activations quantized at run time)."""
     input:
         model_dir=f"{RESULTS}/{{model}}/preprocessed",
+        sensitivity=get_sensitivity_input("quantize_dynamic"),
     output:
         model_dir=directory(f"{RESULTS}/{{model}}/int8-dynamic"),
     log:
@@ -25,6 +54,7 @@ rule quantize_static:
     input:
         model_dir=f"{RESULTS}/{{model}}/preprocessed",
         text=lambda wc: get_settings(wc.model, "quantize_static")["calibration_text"],
+        sensitivity=get_sensitivity_input("quantize_static"),
     output:
         model_dir=directory(f"{RESULTS}/{{model}}/int8-static"),
     log:

@@ -5,6 +5,9 @@ rule report:
         accuracy=get_report_inputs("accuracy"),
         latency=get_report_inputs("latency"),
         diff=get_diff_inputs(),
+        sensitivity=expand(
+            f"{RESULTS}/{{model}}/reports/sensitivity.json", model=get_models()
+        ),
         pytorch=expand(
             f"{RESULTS}/{{model}}/reports/pytorch.latency.json", model=get_models()
         ),

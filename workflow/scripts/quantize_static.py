@@ -3,7 +3,10 @@ from qwen_onnx.quantize import StaticSettings, quantize_static_variant
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):
-    values = {k: v for k, v in snakemake.params.settings.items() if k != "calibration_text"}
     quantize_static_variant(
-        snakemake.input.model_dir, snakemake.output.model_dir, snakemake.input.text, StaticSettings(**values)
+        snakemake.input.model_dir,
+        snakemake.output.model_dir,
+        snakemake.input.text,
+        StaticSettings.from_config(snakemake.params.settings),
+        sensitivity=snakemake.input.get("sensitivity") or None,
     )

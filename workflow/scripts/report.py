@@ -13,6 +13,7 @@ with logged(snakemake):
             "latency": inp.latency,
             "pytorch": inp.pytorch,
             "diff": inp.diff,
+            "sensitivity": inp.sensitivity,
         },
         inp.machine,
         prompt_lengths=snakemake.params.prompt_lengths,
