@@ -99,15 +99,9 @@ class StaticSettings:
         activation_symmetric: symmetric activation ranges.
         matmul_const_b_only: quantize only MatMuls whose second input is a constant weight.
         nodes_to_exclude: node names kept float.
-        sensitive_max_nodes: treat up to this many MatMuls apart, the most sensitive first (from
-            the report of :func:`qwen_onnx.sensitivity.analyse_sensitivity`); 0: none.
-        sensitive_below_sqnr_db: of those, only the ones whose simulated SQNR is under this (dB);
-            None: all ``sensitive_max_nodes``.
-        sensitive_scheme: what the sensitive MatMuls get: ``float`` (left unquantized) or
-            ``blockwise`` (INT8 weights with one scale per ``block_size`` inputs, run as
-            MatMulNBits 8-bit with ``accuracy_level=4``, which quantizes the activation per token
-            and block at run time; onnxruntime contrib op MatMulNBits).
-        block_size: block length of the ``blockwise`` scheme (a power of 2, 16 to 256).
+        sensitive_max_nodes, sensitive_below_sqnr_db, sensitive_scheme, block_size: the most
+            sensitive MatMuls and what they get, as in :class:`DynamicSettings` (ranked by their
+            static SQNR).
     """
 
     op_types: list[str] = field(default_factory=lambda: ["MatMul"])
