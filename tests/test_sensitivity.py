@@ -192,9 +192,8 @@ def test_sensitive_nodes_kept_float_or_blockwise(pipeline, texts, sensitivity, t
         out = tmp_path / f"{kind}-{scheme}"
         sensitive = {"sensitive": {"max_nodes": 3, "scheme": scheme}, "block_size": 16}
         if kind == "dynamic":
-            info = quantize_dynamic_variant(
-                pipeline["preprocessed"], out, DynamicSettings.from_config(sensitive), sensitivity=folder / "sensitivity.json"
-            )
+            settings = DynamicSettings.from_config({"scheme": "per_tensor", **sensitive})
+            info = quantize_dynamic_variant(pipeline["preprocessed"], out, settings, sensitivity=folder / "sensitivity.json")
         else:
             settings = StaticSettings.from_config({"samples": 2, "sequence_length": 32, **sensitive})
             info = quantize_static_variant(

@@ -128,6 +128,9 @@ def test_full_run_writes_every_artifact(finished_run):
     assert [n["name"] for n in info["sensitive_nodes"]] == json.loads(
         (results / "tiny-qwen3" / "reports" / "sensitivity.json").read_text())["rank_static"][:2]
     assert "MatMulNBits" in json.loads((results / "tiny-qwen3" / "reports" / "int8-static.inspect.json").read_text())["op_types"]
+    # the default dynamic recipe: every weight MatMul blockwise
+    dynamic_ops = json.loads((results / "tiny" / "reports" / "int8-dynamic.inspect.json").read_text())["op_types"]
+    assert dynamic_ops["MatMulNBits"] == 2 * 7 + 1 and "DynamicQuantizeMatMul" not in dynamic_ops
     page = (results / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 3 and "http" not in page.replace("http-equiv", "")
     for plot in ("ppl_vs_size", "decode_tok_s", "prefill_latency"):

@@ -164,10 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="only sensitive MatMuls whose simulated SQNR is under this (dB)")
         p.add_argument("--sensitive-scheme", choices=["float", "blockwise"], default="float",
                        help="float, or INT8 with per-block scales (MatMulNBits 8-bit, accuracy_level 4)")
-        p.add_argument("--block-size", type=int, default=32, help="block length of the blockwise scheme")
+        p.add_argument("--block-size", type=int, default=128, help="block length of the blockwise scheme")
         p.set_defaults(func=func)
         if name == "quantize-dynamic":
-            p.add_argument("--scheme", choices=["per_tensor", "blockwise"], default="per_tensor",
+            p.add_argument("--scheme", choices=["per_tensor", "blockwise"], default="blockwise",
                            help="per_tensor: quantize_dynamic; blockwise: MatMulNBits 8-bit, accuracy_level 4")
         if name == "quantize-static":
             p.add_argument("--calibration-text", default=str(shipped_text(CALIBRATION_TEXT)))

@@ -65,10 +65,11 @@ class DynamicSettings:
             ``blockwise`` (INT8 weights with one scale per ``block_size`` inputs, run as
             MatMulNBits 8-bit with ``accuracy_level=4``, which quantizes the activation per token
             and block at run time; onnxruntime contrib op MatMulNBits).
-        block_size: block length of the ``blockwise`` scheme (a power of 2, 16 to 256).
+        block_size: block length of the ``blockwise`` scheme (a power of 2, 16 to 256; 128 measured
+            best on Qwen2.5-Coder 0.5B for speed at +0.45% perplexity, README "INT8 recipes").
     """
 
-    scheme: str = "per_tensor"
+    scheme: str = "blockwise"
     op_types: list[str] = field(default_factory=lambda: ["MatMul"])
     per_channel: bool = True
     reduce_range: bool = False
@@ -76,11 +77,11 @@ class DynamicSettings:
     sensitive_max_nodes: int = 0
     sensitive_below_sqnr_db: float | None = None
     sensitive_scheme: str = "float"
-    block_size: int = 32
+    block_size: int = 128
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any]) -> "DynamicSettings":
-        """From a config section, whose ``sensitive: {max_nodes, below_sqnr_db, scheme, block_size}`` is nested."""
+        """From a config section, whose ``sensitive: {max_nodes, below_sqnr_db, scheme}`` is nested."""
         return cls(**_flatten_sensitive(section))
 
 
@@ -117,7 +118,7 @@ class StaticSettings:
     sensitive_max_nodes: int = 0
     sensitive_below_sqnr_db: float | None = None
     sensitive_scheme: str = "float"
-    block_size: int = 32
+    block_size: int = 128
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any]) -> "StaticSettings":
