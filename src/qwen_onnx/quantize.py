@@ -27,7 +27,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 import onnx
 
-from .artifacts import MODEL_FILE, copy_side_files, library_versions, model_path, staged_dir, write_json
+from .artifacts import MODEL_FILE, copy_side_files, library_versions, model_path, read_json, staged_dir, write_json
 from .errors import QwenOnnxError
 from .export import normalise_external_data
 from .external import ScratchFiles, lazy_model
@@ -157,7 +157,6 @@ def sensitive_nodes(
         QwenOnnxError: ``sensitive_max_nodes`` is set but no sensitivity report is given, or the
             scheme or block size is unknown.
     """
-    from .artifacts import read_json
     from .sensitivity import choose_float_nodes
 
     if settings.sensitive_scheme not in SENSITIVE_SCHEMES:
@@ -360,7 +359,7 @@ def blockwise_int8(graph_only: Path, names: Sequence[str], block_size: int, scra
     quantizer.process()
     converted = sum(n.op_type == "MatMulNBits" for n in quantizer.model.model.graph.node)
     if converted != len(names):
-        raise QwenOnnxError(f"MatMulNBits converted {converted} of the {len(names)} sensitive MatMuls")
+        raise QwenOnnxError(f"MatMulNBits converted {converted} of the {len(names)} MatMuls asked for")
     output = scratch / "blockwise.onnx"
     onnx.external_data_helper.convert_model_to_external_data(
         quantizer.model.model, all_tensors_to_one_file=True, location=(scratch / "blockwise.data").name,
