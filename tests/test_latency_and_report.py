@@ -66,6 +66,20 @@ def test_latency_protocol_reports_every_figure(pipeline, texts, variant, tmp_pat
     assert json.loads((tmp_path / "l.json").read_text())["decode_tok_s"] == result["decode_tok_s"]
 
 
+def test_latency_command_line_passes_the_protocol(pipeline, texts, tmp_path):
+    from qwen_onnx.cli import main
+
+    out = tmp_path / "cli.json"
+    argv = ["latency", str(pipeline["fp32"]), "--text", str(texts["evaluation"]), "--prompt-lengths", "8", "12",
+            "--decode-prompt-tokens", "8", "--new-tokens", "3", "--threads", "1", "--warmup", "0", "--repeats", "1",
+            "--no-profile", "-o", str(out)]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["prompt_lengths"] == [8, 12] and result["threads"] == 1
+    assert result["prefill_ms_p50_12"] > 0 and result["decode_tok_s"] > 0
+    assert "profile" not in result
+
+
 def test_pytorch_latency_uses_the_same_protocol(pipeline, texts):
     result = measure_torch_latency(pipeline["hf"], texts["evaluation"], **SMALL)
     assert result["runtime"] == "pytorch" and result["decode_tok_s"] > 0

@@ -52,7 +52,7 @@ def _static(a):
         sequence_length=a.sequence_length, activation_type=a.activation_type, weight_type=a.weight_type,
         activation_symmetric=a.activation_symmetric, nodes_to_exclude=a.exclude,
         sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
-        sensitive_scheme=a.sensitive_scheme, block_size=a.block_size,
+        sensitive_scheme=a.sensitive_scheme, block_size=a.block_size, quant_format=a.quant_format,
     )
     return quantize_static_variant(a.input, a.output, a.calibration_text, settings, sensitivity=a.sensitivity)
 
@@ -66,6 +66,26 @@ def _sensitivity(a):
         output=a.output, markdown=a.markdown,
     )
     print(f"lowest SQNR first (dynamic): {', '.join(result['rank_dynamic'][:8])}")
+    return None
+
+
+def _recipes(a):
+    from .recipes import recipes_markdown, run_recipes, select_recipes
+
+    recipes = select_recipes(a.only)
+    if a.list:
+        for recipe in recipes:
+            print(f"{recipe.name}\t{recipe.description}")
+        return None
+    if a.input is None or a.work_dir is None:
+        raise QwenOnnxError("recipes needs PREPROCESSED_DIR and --work-dir (or --list to see the recipes)")
+    rows = run_recipes(
+        a.input, a.work_dir, recipes, calibration_text=a.calibration_text, evaluation_text=a.evaluation_text,
+        sensitivity=a.sensitivity, windows=a.windows, window_tokens=a.window_tokens, threads=a.threads,
+        prompt_tokens=a.prompt_tokens, decode_tokens=a.decode_tokens, keep=a.keep, force=a.force,
+        markdown=f"{a.work_dir}/recipes.md",
+    )
+    print(recipes_markdown(rows), end="")
     return None
 
 
@@ -119,8 +139,9 @@ def _latency(a):
     from .latency import measure_latency
 
     return measure_latency(
-        a.variant, a.text, prompt_tokens=a.prompt_tokens, new_tokens=a.new_tokens, threads=a.threads,
-        warmup=a.warmup, repeats=a.repeats, output=a.output,
+        a.variant, a.text, prompt_lengths=a.prompt_lengths, decode_prompt_tokens=a.decode_prompt_tokens,
+        new_tokens=a.new_tokens, threads=a.threads, warmup=a.warmup, repeats=a.repeats, profile=not a.no_profile,
+        output=a.output,
     )
 
 
@@ -177,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--activation-type", choices=["QUInt8", "QInt8"], default="QUInt8")
             p.add_argument("--weight-type", choices=["QInt8", "QUInt8"], default="QInt8")
             p.add_argument("--activation-symmetric", action=argparse.BooleanOptionalAction, default=False)
+            p.add_argument("--quant-format", choices=["QDQ", "QOperator"], default="QDQ",
+                           help="QDQ: Q/DQ pairs fused by ORT at load; QOperator: QLinearMatMul in the graph")
 
     p = sub.add_parser("sensitivity", help="per-MatMul INT8 error (SQNR) on calibration text, lowest first")
     p.add_argument("input", help="pre-processed variant folder")
@@ -189,6 +212,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--activation-symmetric", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--threads", type=int, default=2)
     p.set_defaults(func=_sensitivity)
+
+    p = sub.add_parser("recipes", help="benchmark INT8 recipes: accuracy against fp32, MB, decode and prefill speed")
+    p.add_argument("input", nargs="?", default=None, metavar="PREPROCESSED_DIR", help="pre-processed variant folder")
+    p.add_argument("--work-dir", default=None,
+                   help="folder of recipes.jsonl, recipes.md, the fp32 reference logits and the variants")
+    p.add_argument("--sensitivity", default=None,
+                   help="sensitivity report JSON (qwen-onnx sensitivity), needed by the sensitive-MatMul recipes")
+    p.add_argument("--only", default=None, metavar="NAME,NAME", help="run only these recipes (see --list)")
+    p.add_argument("--list", action="store_true", help="print the recipe names and descriptions, then stop")
+    p.add_argument("--calibration-text", default=str(shipped_text(CALIBRATION_TEXT)))
+    p.add_argument("--evaluation-text", default=str(shipped_text(EVALUATION_TEXT)))
+    p.add_argument("--windows", type=int, default=4, help="evaluation windows")
+    p.add_argument("--window-tokens", type=int, default=256, help="tokens per evaluation window")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--prompt-tokens", type=int, default=128, help="prompt of the prefill and decode timings")
+    p.add_argument("--decode-tokens", type=int, default=48, help="timed greedy decode steps")
+    p.add_argument("--keep", action="store_true", help="keep each variant folder after measuring it")
+    p.add_argument("--force", action="store_true", help="measure again the recipes already in recipes.jsonl")
+    p.set_defaults(func=_recipes)
 
     p = sub.add_parser("optimize", help="transformer fusions + ORT_ENABLE_ALL, saved with external data")
     p.add_argument("input", help="fp32 variant folder")
@@ -229,8 +271,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("latency", help="load, prefill/TTFT and KV-cache decode tokens/s")
     p.add_argument("variant")
     p.add_argument("--text", default=str(shipped_text(EVALUATION_TEXT)))
-    p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--prompt-lengths", type=int, nargs="+", default=[32, 128, 512],
+                   help="prefill prompt lengths in tokens (default: 32 128 512)")
+    p.add_argument("--decode-prompt-tokens", type=int, default=128, help="prompt length before decode (tokens)")
+    p.add_argument("--new-tokens", type=int, default=128, help="decoded tokens with the KV cache")
+    p.add_argument("--no-profile", action="store_true", help="skip the ONNX Runtime per-op profile")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)

@@ -1,4 +1,4 @@
-"""INT8 dynamic and static (QDQ) quantization with onnxruntime.quantization, and calibration data.
+"""INT8 dynamic and static (QDQ or QOperator) quantization with onnxruntime.quantization, and calibration data.
 
 Both take the pre-processed graph (ORT's recommended input,
 https://onnxruntime.ai/docs/performance/model-optimizations/quantization.html) and write a
@@ -6,10 +6,14 @@ self-contained variant folder with one external data file.
 
 - Dynamic: weights quantized offline (QInt8, per-channel or per-tensor), activations quantized at
   run time per batch (``quantize_dynamic``).
-- Static: QDQ (QuantizeLinear/DequantizeLinear pairs around each quantized op) with activation
-  ranges from calibration on real text (``quantize_static``), MinMax, Entropy or Percentile.
-  Only MatMuls with a constant weight are quantized by default (``MatMulConstBOnly``), so the
-  attention score and context products, normalisation and Softmax stay float.
+- Static: activation ranges from calibration on real text (``quantize_static``), MinMax, Entropy
+  or Percentile, in one of two formats (onnxruntime ``QuantFormat``): QDQ (QuantizeLinear /
+  DequantizeLinear pairs around each quantized op, which ORT fuses into integer kernels when it
+  loads the model; the default) or QOperator (the quantized ops written out: QLinearMatMul with
+  INT8 weights, activations quantized by QuantizeLinear before it and its UINT8 output
+  dequantized after it). Only MatMuls with a constant weight are quantized by default
+  (``MatMulConstBOnly``), so the attention score and context products, normalisation and Softmax
+  stay float.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ FLOAT_ONLY_OPS = frozenset(
      "SkipLayerNormalization", "RMSNormalization", "ReduceMean", "Pow", "Sqrt", "Div"}
 )
 CALIBRATION_METHODS = ("MinMax", "Entropy", "Percentile")
+#: onnxruntime ``QuantFormat`` names of the static variant.
+QUANT_FORMATS = ("QDQ", "QOperator")
 
 
 @dataclass
@@ -87,9 +93,12 @@ class DynamicSettings:
 
 @dataclass
 class StaticSettings:
-    """Settings of ``quantize_static`` with QDQ format.
+    """Settings of ``quantize_static``.
 
     Attributes:
+        quant_format: ``QDQ`` (QuantizeLinear/DequantizeLinear pairs that ORT fuses at load time;
+            recommended by ORT for CPU since 1.11) or ``QOperator`` (QLinearMatMul written into the
+            graph, its output quantized too); onnxruntime ``QuantFormat``.
         op_types: op types to quantize (normalisation and Softmax are refused).
         per_channel: per-channel weight scales.
         method: calibration method, one of ``MinMax``, ``Entropy``, ``Percentile``.
@@ -105,6 +114,7 @@ class StaticSettings:
             static SQNR).
     """
 
+    quant_format: str = "QDQ"
     op_types: list[str] = field(default_factory=lambda: ["MatMul"])
     per_channel: bool = True
     method: str = "MinMax"
@@ -430,6 +440,32 @@ class TextCalibrationReader:
         self._iter = None
 
 
+def _static_extra_options(settings: StaticSettings) -> dict[str, Any]:
+    """``quantize_static`` extra options for ``settings.quant_format``.
+
+    Options read by both quantizers (``base_quantizer`` / ``onnx_quantizer`` in onnxruntime 1.32):
+    ``MatMulConstBOnly``, ``ActivationSymmetric``, ``WeightSymmetric``; ``CalibTensorRangeSymmetric``
+    is a calibration option (read where the ranges are computed). The QDQ quantizer alone reads
+    ``OpTypesToExcludeOutputQuantization`` and ``DedicatedQDQPair`` (``qdq_quantizer``), so
+    QOperator does not get them: its QLinearMatMul always has a quantized output.
+    """
+    options: dict[str, Any] = {
+        "MatMulConstBOnly": settings.matmul_const_b_only,
+        "ActivationSymmetric": settings.activation_symmetric,
+        "WeightSymmetric": True,
+        "CalibTensorRangeSymmetric": settings.activation_symmetric,
+    }
+    if settings.quant_format == "QDQ":
+        options.update({
+            # Q/DQ only on the inputs of each quantized MatMul: its output, and the other
+            # consumers of its input (residual Add, Shape), stay float. ORT then runs the
+            # DQ -> MatMul pattern as an integer MatMul with float output.
+            "OpTypesToExcludeOutputQuantization": ["MatMul"],
+            "DedicatedQDQPair": True,
+        })
+    return options
+
+
 def quantize_static_variant(
     input_dir: str | os.PathLike,
     output_dir: str | os.PathLike,
@@ -437,7 +473,7 @@ def quantize_static_variant(
     settings: StaticSettings,
     sensitivity: str | os.PathLike | Mapping[str, Any] | None = None,
 ) -> dict:
-    """Static INT8 QDQ quantization of the pre-processed variant, calibrated on ``calibration_text``.
+    """Static INT8 quantization (QDQ or QOperator) of the pre-processed variant, calibrated on ``calibration_text``.
 
     Args:
         sensitivity: the sensitivity report (JSON path or dict) of ``input_dir``, needed when
@@ -448,8 +484,8 @@ def quantize_static_variant(
         and the sensitive nodes with their scheme.
 
     Raises:
-        QwenOnnxError: an unknown calibration method, a float-only op type, an excluded node that
-            does not exist, a calibration text too short for the requested samples, or sensitive
+        QwenOnnxError: an unknown calibration method or format, a float-only op type, an excluded
+            node that does not exist, a calibration text too short for the requested samples, or sensitive
             nodes asked for without a sensitivity report.
     """
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
@@ -458,6 +494,10 @@ def quantize_static_variant(
 
     if settings.method not in CALIBRATION_METHODS:
         raise QwenOnnxError(f"calibration method {settings.method!r} unknown; use one of {', '.join(CALIBRATION_METHODS)}")
+    if settings.quant_format not in QUANT_FORMATS:
+        raise QwenOnnxError(
+            f"quantization format {settings.quant_format!r} unknown; use one of {', '.join(QUANT_FORMATS)}"
+        )
     _check_op_types(settings.op_types)
     input_dir = Path(input_dir).resolve()
     source = model_path(input_dir)
@@ -496,7 +536,7 @@ def quantize_static_variant(
             graph_only,
             stage / MODEL_FILE,
             None,
-            quant_format=QuantFormat.QDQ,
+            quant_format=getattr(QuantFormat, settings.quant_format),
             op_types_to_quantize=list(settings.op_types),
             per_channel=settings.per_channel,
             activation_type=getattr(QuantType, settings.activation_type),
@@ -505,23 +545,13 @@ def quantize_static_variant(
             nodes_to_exclude=excluded,
             use_external_data_format=True,
             calibration_cache_path=str(cache),
-            extra_options={
-                "MatMulConstBOnly": settings.matmul_const_b_only,
-                # Q/DQ only on the inputs of each quantized MatMul: its output, and the other
-                # consumers of its input (residual Add, Shape), stay float. ORT then runs the
-                # DQ -> MatMul pattern as an integer MatMul with float output.
-                "OpTypesToExcludeOutputQuantization": ["MatMul"],
-                "DedicatedQDQPair": True,
-                "ActivationSymmetric": settings.activation_symmetric,
-                "WeightSymmetric": True,
-                "CalibTensorRangeSymmetric": settings.activation_symmetric,
-            },
+            extra_options=_static_extra_options(settings),
         )
         normalise_external_data(stage, search=[input_dir])
         copy_side_files(input_dir, stage)
         info = {
             "kind": "static",
-            "format": "QDQ",
+            "format": settings.quant_format,
             "settings": asdict(settings),
             "calibration_text": str(calibration_text),
             "calibration_tokens": int(windows.size),
