@@ -40,6 +40,17 @@ def test_architecture_read_from_the_graph_matches_the_config(pipeline, variant):
     assert arch["qk_norm"] is False and arch["attention_bias"] is True
 
 
+def test_architecture_of_a_blockwise_variant(pipeline, tmp_path):
+    # MatMulNBits packs its weight as uint8 [N, blocks, blob bytes]: the features come from attributes
+    from qwen_onnx.quantize import DynamicSettings, quantize_dynamic_variant
+
+    quantize_dynamic_variant(pipeline["preprocessed"], tmp_path / "bw", DynamicSettings(scheme="blockwise", block_size=16))
+    info = inspect_model(tmp_path / "bw")
+    assert info["op_types"]["MatMulNBits"] > 0
+    for key, value in expected_architecture(pipeline["hf"]).items():
+        assert info["architecture"][key] == value, key
+
+
 @pytest.fixture(scope="module")
 def other_families(tmp_path_factory):
     from tiny_models import build_tiny_qwen

@@ -80,6 +80,25 @@ def test_latency_command_line_passes_the_protocol(pipeline, texts, tmp_path):
     assert "profile" not in result
 
 
+def test_compare_decode_measures_every_variant_in_turns(pipeline, texts, tmp_path):
+    from qwen_onnx.cli import main
+    from qwen_onnx.errors import QwenOnnxError
+    from qwen_onnx.latency import compare_decode
+
+    result = compare_decode([pipeline["fp32"], pipeline["int8-dynamic"]], texts["evaluation"], prompt_tokens_count=8,
+                            new_tokens=4, rounds=3, threads=1, output=tmp_path / "ab.json")
+    first, second = result["variants"]
+    assert len(first["rounds_tok_s"]) == len(second["rounds_tok_s"]) == 3
+    assert first["ratio_to_first"] == 1.0
+    assert second["decode_tok_s"] == pytest.approx(float(np.median(second["rounds_tok_s"])))
+    assert second["ratio_to_first"] == pytest.approx(second["decode_tok_s"] / first["decode_tok_s"])
+    assert json.loads((tmp_path / "ab.json").read_text())["rounds"] == 3
+    with pytest.raises(QwenOnnxError, match="at least 1 variant, 1 round"):
+        compare_decode([pipeline["fp32"]], texts["evaluation"], rounds=0)
+    assert main(["compare-decode", str(pipeline["fp32"]), "--text", str(texts["evaluation"]), "--prompt-tokens", "8",
+                 "--new-tokens", "3", "--rounds", "1", "--threads", "1"]) == 0
+
+
 def test_pytorch_latency_uses_the_same_protocol(pipeline, texts):
     result = measure_torch_latency(pipeline["hf"], texts["evaluation"], **SMALL)
     assert result["runtime"] == "pytorch" and result["decode_tok_s"] > 0

@@ -145,6 +145,13 @@ def _latency(a):
     )
 
 
+def _compare_decode(a):
+    from .latency import compare_decode
+
+    return compare_decode(a.variants, a.text, prompt_tokens_count=a.prompt_tokens, new_tokens=a.new_tokens,
+                          rounds=a.rounds, threads=a.threads, output=a.output)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qwen-onnx", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -281,6 +288,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("-o", "--output", default=None)
     p.set_defaults(func=_latency)
+
+    p = sub.add_parser("compare-decode", help="decode tokens/s of several variants measured in turns (A/B)")
+    p.add_argument("variants", nargs="+", help="variant folders; the first is the baseline")
+    p.add_argument("--text", default=str(shipped_text(EVALUATION_TEXT)))
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("-o", "--output", default=None)
+    p.set_defaults(func=_compare_decode)
     return parser
 
 

@@ -175,6 +175,19 @@ def key_weights(graph: onnx.GraphProto) -> dict[str, dict[str, Any]]:
     return found
 
 
+def _out_features(graph: onnx.GraphProto, weights: dict[str, dict[str, Any]], key: str) -> int | None:
+    """Output features of a key weight MatMul: the weight's second dim ([in, out]), or, for
+    MatMulNBits (weight packed as uint8 [N, blocks, blob bytes]), its ``N`` attribute
+    (onnxruntime contrib op MatMulNBits)."""
+    weight = weights.get(key)
+    if weight and len(weight["shape"]) == 2:
+        return weight["shape"][1]
+    for node in graph.node:
+        if node.op_type == "MatMulNBits" and node.name.startswith(KEY_WEIGHTS[key]):
+            return next((int(a.i) for a in node.attribute if a.name == "N"), None)
+    return None
+
+
 def architecture(graph: onnx.GraphProto) -> dict[str, Any]:
     """The decoder's architecture read back from the graph alone (no config.json, no weight data).
 
@@ -183,7 +196,7 @@ def architecture(graph: onnx.GraphProto) -> dict[str, Any]:
         ``hidden_size`` and ``vocab_size`` (embedding table [vocab, hidden]), ``kv_heads`` and
         ``head_dim`` (``past_key_values.0.key`` is [batch, kv_heads, past, head_dim]),
         ``attention_heads`` (q_proj's output features / head_dim), ``grouped_query_attention``,
-        ``intermediate_size`` (gate_proj's output features), ``tied_embeddings`` (lm_head reads the
+        ``intermediate_size`` (gate_proj's output features; for MatMulNBits, its ``N`` attribute), ``tied_embeddings`` (lm_head reads the
         embedding table), ``qk_norm`` (Qwen3's q/k RMSNorm), ``attention_bias`` (Qwen2's q/k/v bias).
     """
     weights = key_weights(graph)
@@ -197,13 +210,13 @@ def architecture(graph: onnx.GraphProto) -> dict[str, Any]:
         dims = [_dim(d) for d in pasts[0].type.tensor_type.shape.dim]
         if len(dims) == 4 and isinstance(dims[1], int) and isinstance(dims[3], int):
             arch["kv_heads"], arch["head_dim"] = dims[1], dims[3]
-    q = weights.get("q_proj")
-    if q and arch.get("head_dim") and len(q["shape"]) == 2:
-        arch["attention_heads"] = q["shape"][1] // arch["head_dim"]
+    q_features = _out_features(graph, weights, "q_proj")
+    if q_features and arch.get("head_dim"):
+        arch["attention_heads"] = q_features // arch["head_dim"]
         arch["grouped_query_attention"] = arch["attention_heads"] != arch.get("kv_heads")
-    gate = weights.get("gate_proj")
-    if gate and len(gate["shape"]) == 2:
-        arch["intermediate_size"] = gate["shape"][1]
+    intermediate = _out_features(graph, weights, "gate_proj")
+    if intermediate:
+        arch["intermediate_size"] = intermediate
     head = weights.get("lm_head")
     arch["tied_embeddings"] = bool(head and embed and head["name"] == embed["name"]) or (head is None and embed is not None)
     arch["qk_norm"] = "q_norm" in weights

@@ -172,6 +172,83 @@ def measure_latency(
     return result
 
 
+def _decode_tok_s(variant_dir: str, prompt: np.ndarray, new_tokens: int, threads: int, provider: str) -> float:
+    """One fresh session: an untimed warm-up decode, then one over the median step of a timed decode."""
+    model = OnnxCausalLM(variant_dir, threads=threads, provider=provider)
+    model.greedy(prompt, 8)
+    steps: list[float] = []
+    model.greedy(prompt, new_tokens, timings=steps)
+    return 1.0 / statistics.median(steps)
+
+
+def compare_decode(
+    variant_dirs: Sequence[str | os.PathLike],
+    text_path: str | os.PathLike,
+    *,
+    prompt_tokens_count: int = 128,
+    new_tokens: int = 64,
+    rounds: int = 5,
+    threads: int = 2,
+    provider: str = "CPUExecutionProvider",
+    output: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Decode speed of several ONNX variants measured in turns, for a fair A/B on a noisy machine.
+
+    Each round measures every variant once, the order rotating by one each round, so a slow spell
+    of a shared machine falls on all variants alike. Each measurement runs in a fresh process
+    (``spawn``): one session, an untimed warm-up decode, then ``new_tokens`` greedy tokens with the
+    KV cache after the same ``prompt_tokens_count``-token prompt. Sessions sharing one process are
+    not comparable: there, the first session created decoded 12% slower than a second session of
+    the same model (measured on Qwen2.5-Coder-0.5B, onnxruntime 1.32). A round's figure is one
+    over the median step time; a variant's figure is the median of its rounds.
+
+    Args:
+        variant_dirs: ONNX variant folders; the first is the baseline of ``ratio_to_first``.
+        text_path: UTF-8 text whose first tokens are the prompt.
+        rounds: timed rounds (at least 1).
+
+    Returns:
+        ``variants``: per variant (in the given order) ``path``, ``decode_tok_s`` (median of the
+        rounds), ``rounds_tok_s`` (one figure per round), ``ratio_to_first``; and the settings.
+
+    Raises:
+        QwenOnnxError: no variant, fewer than one round or fewer than two new tokens.
+        ArtifactError: a variant folder without a model (raised from the measuring process).
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from transformers import AutoTokenizer
+
+    from .errors import QwenOnnxError
+
+    if rounds < 1 or not variant_dirs or new_tokens < 2:
+        raise QwenOnnxError(f"need at least 1 variant, 1 round and 2 new tokens; got {len(variant_dirs)}, "
+                            f"{rounds}, {new_tokens}")
+    prompt = prompt_tokens(AutoTokenizer.from_pretrained(variant_dirs[0]), text_path, prompt_tokens_count)
+    context = multiprocessing.get_context("spawn")
+    per_round: list[list[float]] = [[] for _ in variant_dirs]
+    for r in range(rounds):
+        for k in range(len(variant_dirs)):
+            i = (r + k) % len(variant_dirs)
+            with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+                figure = pool.submit(_decode_tok_s, os.fspath(variant_dirs[i]), prompt, new_tokens, threads, provider)
+                per_round[i].append(figure.result())
+            log.info("round %d: %s %.2f tok/s", r + 1, variant_dirs[i], per_round[i][-1])
+    medians = [statistics.median(v) for v in per_round]
+    result = {
+        "variants": [
+            {"path": os.fspath(d), "decode_tok_s": m, "rounds_tok_s": v, "ratio_to_first": m / medians[0]}
+            for d, m, v in zip(variant_dirs, medians, per_round)
+        ],
+        "prompt_tokens": prompt_tokens_count, "new_tokens": new_tokens, "rounds": rounds, "threads": threads,
+        "provider": provider, "process_per_measurement": True, "library_versions": library_versions(),
+    }
+    if output is not None:
+        write_json(output, result)
+    return result
+
+
 def profile_ops(variant_dir, prompt: np.ndarray, threads: int, provider: str, decode_steps: int = 16) -> dict[str, Any]:
     """Per-op-type share of ONNX Runtime kernel time over one prefill and ``decode_steps`` decode steps."""
     with tempfile.TemporaryDirectory(prefix="qwen-onnx-profile-") as scratch:
