@@ -99,6 +99,23 @@ def test_compare_decode_measures_every_variant_in_turns(pipeline, texts, tmp_pat
                  "--new-tokens", "3", "--rounds", "1", "--threads", "1"]) == 0
 
 
+def test_a_missing_folder_is_named_before_anything_loads(pipeline, texts, tmp_path, capsys):
+    # without the check, the tokenizer takes the path for a hub ID and retries the network
+    from qwen_onnx.cli import main
+    from qwen_onnx.errors import ArtifactError
+    from qwen_onnx.latency import compare_decode
+
+    missing = tmp_path / "nope"
+    with pytest.raises(ArtifactError, match="no ONNX model at .*nope"):
+        compare_decode([pipeline["fp32"], missing], texts["evaluation"])
+    with pytest.raises(ArtifactError, match="no ONNX model at .*nope"):
+        measure_latency(missing, texts["evaluation"])
+    with pytest.raises(ArtifactError, match="no Hugging Face folder at .*nope"):
+        measure_torch_latency(missing, texts["evaluation"])
+    assert main(["compare-decode", str(missing), str(pipeline["fp32"])]) == 2
+    assert "no ONNX model at" in capsys.readouterr().err
+
+
 def test_pytorch_latency_uses_the_same_protocol(pipeline, texts):
     result = measure_torch_latency(pipeline["hf"], texts["evaluation"], **SMALL)
     assert result["runtime"] == "pytorch" and result["decode_tok_s"] > 0

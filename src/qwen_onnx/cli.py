@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_preprocess)
 
     for name, func, help_text in (
-        ("quantize-dynamic", _dynamic, "INT8 dynamic quantization (QInt8 weights)"),
+        ("quantize-dynamic", _dynamic, "INT8 weights, activations quantized at run time (default: blockwise MatMulNBits 8-bit)"),
         ("quantize-static", _static, "INT8 static QDQ quantization calibrated on text"),
     ):
         p = sub.add_parser(name, help=help_text)
@@ -196,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         if name == "quantize-dynamic":
             p.add_argument("--scheme", choices=["per_tensor", "blockwise"], default="blockwise",
-                           help="per_tensor: quantize_dynamic; blockwise: MatMulNBits 8-bit, accuracy_level 4")
+                           help="blockwise (default): MatMulNBits 8-bit, accuracy_level 4, one scale per block; per_tensor: onnxruntime quantize_dynamic")
         if name == "quantize-static":
             p.add_argument("--calibration-text", default=str(shipped_text(CALIBRATION_TEXT)))
             p.add_argument("--method", choices=["MinMax", "Entropy", "Percentile"], default="MinMax")

@@ -31,7 +31,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .artifacts import MODEL_FILE, folder_bytes, library_versions, write_json
+from .artifacts import MODEL_FILE, folder_bytes, library_versions, model_path, write_json
+from .errors import ArtifactError
 from .inspect_graph import decode_weight_bytes, load_graph
 from .profiling import summarise_trace
 from .runtime import OnnxCausalLM
@@ -145,6 +146,7 @@ def measure_latency(
 
     if new_tokens < 2 or repeats < 1:
         raise ValueError(f"need new_tokens >= 2 and repeats >= 1, got {new_tokens} and {repeats}")
+    model_path(variant_dir)  # a missing folder is named here, not taken for a hub ID by the tokenizer
     tokenizer = AutoTokenizer.from_pretrained(variant_dir)
     tokens = prompt_tokens(tokenizer, text_path, max([*prompt_lengths, decode_prompt_tokens]))
     model = OnnxCausalLM(variant_dir, threads=threads, provider=provider)
@@ -225,6 +227,8 @@ def compare_decode(
     if rounds < 1 or not variant_dirs or new_tokens < 2:
         raise QwenOnnxError(f"need at least 1 variant, 1 round and 2 new tokens; got {len(variant_dirs)}, "
                             f"{rounds}, {new_tokens}")
+    for variant_dir in variant_dirs:  # every folder checked before anything is measured
+        model_path(variant_dir)
     prompt = prompt_tokens(AutoTokenizer.from_pretrained(variant_dirs[0]), text_path, prompt_tokens_count)
     context = multiprocessing.get_context("spawn")
     per_round: list[list[float]] = [[] for _ in variant_dirs]
@@ -286,10 +290,15 @@ def measure_torch_latency(
 
     Returns:
         The same keys as :func:`measure_latency` (no ``profile``), ``runtime`` = ``pytorch``.
+
+    Raises:
+        ArtifactError: ``hf_dir`` is not a Hugging Face folder (no ``config.json``).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if not Path(hf_dir, "config.json").is_file():
+        raise ArtifactError(f"no Hugging Face folder at {hf_dir} (config.json missing): run the resolve stage first")
     torch.set_num_threads(int(threads))
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     tokens = prompt_tokens(tokenizer, text_path, max([*prompt_lengths, decode_prompt_tokens]))

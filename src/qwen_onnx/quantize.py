@@ -366,7 +366,14 @@ def blockwise_int8(graph_only: Path, names: Sequence[str], block_size: int, scra
         proto, bits=8, block_size=block_size, is_symmetric=True, accuracy_level=4, nodes_to_exclude=others,
         op_types_to_quantize=("MatMul",),
     )
-    quantizer.process()
+    # the quantizer logs one INFO line per MatMul it leaves alone (thousands on a real model)
+    quiet = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
+    level = quiet.level
+    quiet.setLevel(max(level, logging.WARNING))
+    try:
+        quantizer.process()
+    finally:
+        quiet.setLevel(level)
     converted = sum(n.op_type == "MatMulNBits" for n in quantizer.model.model.graph.node)
     if converted != len(names):
         raise QwenOnnxError(f"MatMulNBits converted {converted} of the {len(names)} MatMuls asked for")
