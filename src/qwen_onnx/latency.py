@@ -174,13 +174,19 @@ def measure_latency(
     return result
 
 
-def _decode_tok_s(variant_dir: str, prompt: np.ndarray, new_tokens: int, threads: int, provider: str) -> float:
-    """One fresh session: an untimed warm-up decode, then one over the median step of a timed decode."""
-    model = OnnxCausalLM(variant_dir, threads=threads, provider=provider)
-    model.greedy(prompt, 8)
+def median_decode_step(model: OnnxCausalLM, prompt: np.ndarray, new_tokens: int, warmup_tokens: int = 8) -> float:
+    """Median seconds of one KV-cache decode step: an untimed greedy decode of ``warmup_tokens``,
+    then a timed one of ``new_tokens`` (``new_tokens - 1`` single-token steps) after ``prompt``
+    (int64 [prompt])."""
+    model.greedy(prompt, warmup_tokens)
     steps: list[float] = []
     model.greedy(prompt, new_tokens, timings=steps)
-    return 1.0 / statistics.median(steps)
+    return statistics.median(steps)
+
+
+def _decode_tok_s(variant_dir: str, prompt: np.ndarray, new_tokens: int, threads: int, provider: str) -> float:
+    """One fresh session: one over :func:`median_decode_step`."""
+    return 1.0 / median_decode_step(OnnxCausalLM(variant_dir, threads=threads, provider=provider), prompt, new_tokens)
 
 
 def compare_decode(

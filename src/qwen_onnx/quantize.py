@@ -50,7 +50,24 @@ QUANT_FORMATS = ("QDQ", "QOperator")
 
 
 @dataclass
-class DynamicSettings:
+class _SensitiveSettings:
+    """The fields both variants share: the most sensitive MatMuls and what they get (documented in
+    :class:`DynamicSettings`), and reading a config section."""
+
+    sensitive_max_nodes: int = 0
+    sensitive_below_sqnr_db: float | None = None
+    sensitive_scheme: str = "float"
+    block_size: int = 128
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any]):
+        """From a config section, whose ``sensitive: {max_nodes, below_sqnr_db, scheme}`` is nested
+        (``calibration_text`` is left out; it is a rule input)."""
+        return cls(**{k: v for k, v in _flatten_sensitive(section).items() if k != "calibration_text"})
+
+
+@dataclass
+class DynamicSettings(_SensitiveSettings):
     """Settings of the dynamic INT8 variant (weights INT8 offline, activations quantized at run time).
 
     Attributes:
@@ -80,19 +97,10 @@ class DynamicSettings:
     per_channel: bool = True
     reduce_range: bool = False
     nodes_to_exclude: list[str] = field(default_factory=list)
-    sensitive_max_nodes: int = 0
-    sensitive_below_sqnr_db: float | None = None
-    sensitive_scheme: str = "float"
-    block_size: int = 128
-
-    @classmethod
-    def from_config(cls, section: Mapping[str, Any]) -> "DynamicSettings":
-        """From a config section, whose ``sensitive: {max_nodes, below_sqnr_db, scheme}`` is nested."""
-        return cls(**_flatten_sensitive(section))
 
 
 @dataclass
-class StaticSettings:
+class StaticSettings(_SensitiveSettings):
     """Settings of ``quantize_static``.
 
     Attributes:
@@ -125,15 +133,6 @@ class StaticSettings:
     activation_symmetric: bool = False
     matmul_const_b_only: bool = True
     nodes_to_exclude: list[str] = field(default_factory=list)
-    sensitive_max_nodes: int = 0
-    sensitive_below_sqnr_db: float | None = None
-    sensitive_scheme: str = "float"
-    block_size: int = 128
-
-    @classmethod
-    def from_config(cls, section: Mapping[str, Any]) -> "StaticSettings":
-        """From a config section (``calibration_text`` is left out; it is a rule input)."""
-        return cls(**{k: v for k, v in _flatten_sensitive(section).items() if k != "calibration_text"})
 
 
 SENSITIVE_SCHEMES = ("float", "blockwise")

@@ -330,6 +330,7 @@ def measure_variant(
         (10^6 bytes), ``load_s``, ``prefill_ms`` (median), ``decode_ms_per_token`` (median) and
         ``decode_tok_s``.
     """
+    from .latency import median_decode_step
     from .runtime import OnnxCausalLM
 
     model = OnnxCausalLM(variant_dir, threads=threads)
@@ -343,10 +344,7 @@ def measure_variant(
         started = time.perf_counter()
         model.forward(prompt)
         prefill.append(time.perf_counter() - started)
-    model.greedy(prompt, min(decode_tokens, 8) + 1)  # warm-up of the decode path
-    steps: list[float] = []
-    model.greedy(prompt, decode_tokens + 1, timings=steps)
-    step = statistics.median(steps)
+    step = median_decode_step(model, prompt, decode_tokens + 1, warmup_tokens=min(decode_tokens, 8) + 1)
     bytes_on_disk = folder_bytes(variant_dir)
     result = {
         **acc.summary(),
