@@ -1,34 +1,55 @@
-"""Graph optimization: onnxruntime's transformer fusions, then ORT_ENABLE_ALL saved offline.
+"""Graph optimization: a fused decoder graph with GroupQueryAttention for ONNX Runtime.
 
-1. ``onnxruntime.transformers.optimizer.optimize_model`` (Python pattern fusions, ``opt_level=0``
-   so that ORT itself does not run yet): for Qwen it fuses RMSNorm into
-   ``SimplifiedLayerNormalization`` / ``SkipSimplifiedLayerNormalization`` and, where the pattern
-   matches, attention and rotary embedding.
-2. An ``InferenceSession`` with ``GraphOptimizationLevel.ORT_ENABLE_ALL`` and
-   ``optimized_model_filepath`` writes the graph after ORT's own fusions, with initializers in
-   ``model.onnx_data`` (session config ``session.optimized_model_external_initializers_file_name``;
-   https://onnxruntime.ai/docs/performance/model-optimizations/graph-optimizations.html).
+Two methods, chosen by ``optimize.method``:
 
-Both steps run on the graph without its weights (:func:`qwen_onnx.external.lazy_model`): the fusions read only the constants they inspect, and
-ONNX Runtime holds the one in-memory copy of the weights.
+``builder`` (default)
+    onnxruntime-genai's model builder (``onnxruntime_genai.models.builder.create_model``,
+    https://onnxruntime.ai/docs/genai/howto/build-model.html) writes the decoder from the
+    Hugging Face checkpoint directly with ONNX Runtime's fused CPU kernels: ``GroupQueryAttention``
+    (packed QKV input, rotary embedding inside, ``do_rotary=1``), ``SkipSimplifiedLayerNormalization``
+    / ``SimplifiedLayerNormalization`` for RMSNorm, and plain ``MatMul`` weight projections with
+    constant initializers (so the weight-only quantizers still apply). Qwen3's q_norm/k_norm stay
+    ``SimplifiedLayerNormalization`` on separate q/k/v projections (no packed QKV there).
 
-ORT_ENABLE_ALL output may contain execution-provider-specific operators; the graph is saved for the
-provider it was optimized with (``CPUExecutionProvider`` by default) and should be run with it.
+    The builder's graph derives ``seqlens_k`` from ``ReduceSum(attention_mask) - 1``, which the
+    ``GroupQueryAttention`` kernel reads as the valid *prefix* of each row (right padding, per the
+    contrib op spec: ``seqlens_k`` is "total_sequence_lengths - 1" and the kernel attends to key
+    positions ``[0, seqlens_k]``). A left-padded batch then attends to its padding and drops its last
+    tokens. :func:`left_padding_support` rewrites that subgraph so that every row counts
+    ``total_sequence_length`` tokens and the padding is masked by ``attention_bias`` (a
+    ``GroupQueryAttention`` input, additive, [batch, 1, sequence, total_sequence]) built from
+    ``attention_mask``. Rotary positions then count from the first (pad) column; rotary attention
+    scores depend only on position differences (RoFormer, Su et al. 2021, eq. 16), so the real
+    tokens' logits equal the unpadded ones up to float rounding.
+
+``transformers`` (the earlier route)
+    ``onnxruntime.transformers.optimizer.optimize_model`` on the fp32 export, then ORT_ENABLE_ALL
+    saved offline. On optimum's TorchScript export this fuses RMSNorm and rotary but no attention.
+
+The output is a variant folder like any other: ``model.onnx`` + ``model.onnx_data``, the Hugging Face
+side files, ``optimize.json`` provenance and, for ``builder``, the builder's ``genai_config.json``.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import onnx
+from onnx import TensorProto, helper, numpy_helper
 
 from .artifacts import (
+    DATA_FILE,
     MODEL_FILE,
+    all_tensors,
     copy_side_files,
     library_versions,
     model_path,
@@ -36,16 +57,265 @@ from .artifacts import (
     staged_dir,
     write_json,
 )
+from .errors import ArtifactError
 from .external import lazy_model
 
 log = logging.getLogger(__name__)
+
+METHODS = ("builder", "transformers")
+
+#: Fused operators counted in ``optimize.json`` and by ``qwen-onnx inspect``/``diff``.
+FUSED_OPS = (
+    "GroupQueryAttention",
+    "MultiHeadAttention",
+    "Attention",
+    "RotaryEmbedding",
+    "SkipSimplifiedLayerNormalization",
+    "SimplifiedLayerNormalization",
+    "MatMul",
+    "MatMulNBits",
+)
+
+#: Additive bias on the attention scores of padded key positions. Finite (not -inf) so that a padding
+#: query row, whose keys are all padding, softmaxes to a uniform row instead of NaN; large enough
+#: that exp(bias) underflows to exactly 0 in float32 next to any real score.
+PAD_BIAS = -1.0e9
+
+# GroupQueryAttention input slots (com.microsoft contrib op spec, onnxruntime ContribOperators.md)
+_GQA_SEQLENS_K, _GQA_TOTAL_SEQUENCE, _GQA_ATTENTION_BIAS = 5, 6, 10
 
 
 def _op_histogram(path: Path) -> collections.Counter:
     return collections.Counter(n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node)
 
 
+def fused_op_counts(graph: onnx.GraphProto) -> dict[str, int]:
+    """Counts of the fused operators in ``graph`` (every :data:`FUSED_OPS` entry, zeros included).
+
+    Also ``packed_qkv``: ``GroupQueryAttention`` nodes fed one packed QKV tensor (empty ``key``
+    input), and ``rotary_in_attention``: attention nodes with ``do_rotary=1``.
+    """
+    ops = collections.Counter(n.op_type for n in graph.node)
+    counts = {name: int(ops.get(name, 0)) for name in FUSED_OPS}
+    attention = [n for n in graph.node if n.op_type in ("GroupQueryAttention", "MultiHeadAttention")]
+    counts["packed_qkv"] = sum(
+        1 for n in attention if n.op_type == "GroupQueryAttention" and (len(n.input) < 2 or not n.input[1])
+    )
+    counts["rotary_in_attention"] = sum(
+        1 for n in attention if any(a.name == "do_rotary" and a.i == 1 for a in n.attribute)
+    )
+    return counts
+
+
+def _remove_dead_nodes(graph: onnx.GraphProto) -> int:
+    """Drop nodes none of whose outputs is read; returns how many were dropped."""
+    dropped = 0
+    while True:
+        used = {name for n in graph.node for name in n.input} | {o.name for o in graph.output}
+        dead = [n for n in graph.node if not any(o in used for o in n.output if o)]
+        if not dead:
+            return dropped
+        for n in dead:
+            graph.node.remove(n)
+        dropped += len(dead)
+
+
+def left_padding_support(model: onnx.ModelProto) -> int:
+    """Make the builder's ``GroupQueryAttention`` graph exact for left-padded batches, in place.
+
+    Replaces every attention node's ``seqlens_k`` (the builder's ``ReduceSum(attention_mask) - 1``)
+    by ``total_sequence_length - 1`` for every row, int32 [batch], and feeds ``attention_bias``
+    float [batch, 1, sequence, total_sequence] = ``(attention_mask - 1) * 1e9`` (0 for real tokens,
+    :data:`PAD_BIAS` for padding). For a batch without padding both inputs are what the builder's
+    graph computes (bias all zeros).
+
+    Returns:
+        The number of attention nodes rewritten.
+
+    Raises:
+        ArtifactError: the graph has no ``input_ids`` or ``attention_mask`` input, or an attention node already has
+            an ``attention_bias`` or no ``total_sequence_length``.
+    """
+    graph = model.graph
+    names = {i.name for i in graph.input}
+    if not {"attention_mask", "input_ids"} <= names:
+        raise ArtifactError(f"left padding support needs input_ids and attention_mask graph inputs, got {sorted(names)}")
+    attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    if not attention:
+        return 0
+    total = attention[0].input[_GQA_TOTAL_SEQUENCE]
+    for n in attention:
+        if len(n.input) > _GQA_ATTENTION_BIAS and n.input[_GQA_ATTENTION_BIAS]:
+            raise ArtifactError(f"{n.name} already has an attention_bias input")
+        if n.input[_GQA_TOTAL_SEQUENCE] != total or not total:
+            raise ArtifactError(f"{n.name}: expected one shared total_sequence_length input, got {n.input}")
+    past = next((i for i in graph.input if i.name.startswith("past_key_values.")), None)
+    bias_type = past.type.tensor_type.elem_type if past is not None else TensorProto.FLOAT
+    bias_dtype = helper.tensor_dtype_to_np_dtype(bias_type)
+    prefix = "/qwen_onnx/left_padding"
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([0], dtype=np.int64), f"{prefix}/zero_1d"),
+            numpy_helper.from_array(np.array([1], dtype=np.int64), f"{prefix}/one_1d"),
+            numpy_helper.from_array(np.array([1, 2], dtype=np.int64), f"{prefix}/axes_1_2"),
+            numpy_helper.from_array(np.array(1, dtype=np.int32), f"{prefix}/one_i32"),
+            numpy_helper.from_array(np.array(1, dtype=bias_dtype), f"{prefix}/one"),
+            numpy_helper.from_array(np.array(-PAD_BIAS, dtype=bias_dtype), f"{prefix}/pad_bias"),
+        ]
+    )
+    seqlens, bias = f"{prefix}/seqlens_k", f"{prefix}/attention_bias"
+    nodes = [
+        # batch: Shape(attention_mask)[0:1], int64 [1]
+        helper.make_node("Shape", ["attention_mask"], [f"{prefix}/mask_shape"], name=f"{prefix}/Shape"),
+        helper.make_node(
+            "Gather", [f"{prefix}/mask_shape", f"{prefix}/zero_1d"], [f"{prefix}/batch"], name=f"{prefix}/Gather", axis=0
+        ),
+        # seqlens_k = total_sequence_length - 1 for every row: int32 [batch]
+        helper.make_node("Sub", [total, f"{prefix}/one_i32"], [f"{prefix}/total_minus_1"], name=f"{prefix}/Sub_total"),
+        helper.make_node("Expand", [f"{prefix}/total_minus_1", f"{prefix}/batch"], [seqlens], name=f"{prefix}/Expand"),
+        # attention_bias = (mask - 1) * 1e9: [batch, total] -> [batch, 1, 1, total] -> [batch, 1, sequence, total]
+        # (the kernel wants the sequence axis in full, not broadcast)
+        helper.make_node("Cast", ["attention_mask"], [f"{prefix}/mask_float"], name=f"{prefix}/Cast", to=bias_type),
+        helper.make_node("Sub", [f"{prefix}/mask_float", f"{prefix}/one"], [f"{prefix}/mask_minus_1"], name=f"{prefix}/Sub_mask"),
+        helper.make_node("Mul", [f"{prefix}/mask_minus_1", f"{prefix}/pad_bias"], [f"{prefix}/bias_2d"], name=f"{prefix}/Mul"),
+        helper.make_node("Unsqueeze", [f"{prefix}/bias_2d", f"{prefix}/axes_1_2"], [f"{prefix}/bias_4d"], name=f"{prefix}/Unsqueeze"),
+        helper.make_node("Shape", ["input_ids"], [f"{prefix}/ids_shape"], name=f"{prefix}/Shape_ids"),
+        helper.make_node(
+            "Gather", [f"{prefix}/ids_shape", f"{prefix}/one_1d"], [f"{prefix}/sequence"], name=f"{prefix}/Gather_seq", axis=0
+        ),
+        helper.make_node(
+            "Concat",
+            [f"{prefix}/one_1d", f"{prefix}/one_1d", f"{prefix}/sequence", f"{prefix}/one_1d"],
+            [f"{prefix}/bias_shape"],
+            name=f"{prefix}/Concat",
+            axis=0,
+        ),
+        helper.make_node("Expand", [f"{prefix}/bias_4d", f"{prefix}/bias_shape"], [bias], name=f"{prefix}/Expand_bias"),
+    ]
+    first = list(graph.node).index(attention[0])
+    for offset, node in enumerate(nodes):
+        graph.node.insert(first + offset, node)
+    for n in attention:
+        inputs = list(n.input) + [""] * max(0, _GQA_ATTENTION_BIAS + 1 - len(n.input))
+        inputs[_GQA_SEQLENS_K] = seqlens
+        inputs[_GQA_ATTENTION_BIAS] = bias
+        del n.input[:]
+        n.input.extend(inputs)
+    dropped = _remove_dead_nodes(graph)
+    log.info("left padding: %d attention nodes take seqlens_k = total - 1 and attention_bias; %d nodes dropped", len(attention), dropped)
+    return len(attention)
+
+
+def _relocate_external_data(model: onnx.ModelProto, location: str) -> int:
+    """Point every external tensor of ``model`` at ``location``; returns how many were changed."""
+    changed = 0
+    for tensor in all_tensors(model.graph):
+        if tensor.data_location == TensorProto.EXTERNAL:
+            for entry in tensor.external_data:
+                if entry.key == "location" and entry.value != location:
+                    entry.value = location
+                    changed += 1
+    return changed
+
+
+def _builder_optimize(hf_dir: Path, output_dir: Path, *, left_padding: bool) -> dict:
+    """onnxruntime-genai's model builder, fp32 for the CPU provider, into a variant folder."""
+    from onnxruntime_genai.models.builder import create_model
+
+    if not (hf_dir / "config.json").is_file():
+        # create_model takes any other string for a hub ID: never let it reach the hub
+        raise ArtifactError(f"{hf_dir} has no config.json: the builder method needs the resolved Hugging Face folder")
+    started = time.time()
+    with staged_dir(output_dir) as stage, tempfile.TemporaryDirectory(prefix="qwen-onnx-builder-", dir=stage.parent) as tmp:
+        built, cache = Path(tmp) / "built", Path(tmp) / "cache"
+        with contextlib.redirect_stdout(_LogWriter()):
+            create_model("", str(hf_dir), str(built), "fp32", "cpu", str(cache), hf_remote=False)
+        proto = onnx.load(str(built / MODEL_FILE), load_external_data=False)
+        locations = {e.value for t in all_tensors(proto.graph) if t.data_location == TensorProto.EXTERNAL for e in t.external_data if e.key == "location"}
+        if len(locations) != 1:
+            raise ArtifactError(f"builder wrote external data to {sorted(locations)}, expected one file")
+        rewritten = left_padding_support(proto) if left_padding else 0
+        _relocate_external_data(proto, DATA_FILE)
+        os.replace(built / locations.pop(), stage / DATA_FILE)
+        onnx.save_model(proto, str(stage / MODEL_FILE))
+        shutil.copy2(built / "genai_config.json", stage / "genai_config.json")
+        copy_side_files(hf_dir, stage)
+        model_path(stage)
+        counts = fused_op_counts(proto.graph)
+        info = {
+            "method": "builder",
+            "fused_ops": counts,
+            "op_types": dict(sorted(collections.Counter(n.op_type for n in proto.graph.node).items())),
+            "nodes_after": len(proto.graph.node),
+            "left_padding_rewrite": rewritten,
+            "builder": {"precision": "fp32", "execution_provider": "cpu", "extra_options": {"hf_remote": False}},
+            "seconds": round(time.time() - started, 1),
+            "library_versions": {**library_versions(), "onnxruntime-genai": _version("onnxruntime-genai")},
+        }
+        write_json(stage / "optimize.json", info)
+    log.info("builder graph: %s", counts)
+    return info
+
+
+class _LogWriter:
+    """File-like sink that sends the builder's print() output to the log at DEBUG level."""
+
+    def write(self, text: str) -> int:
+        if text.strip():
+            log.debug("builder: %s", text.rstrip())
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _version(distribution: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
 def optimize_variant(
+    input_dir: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    *,
+    method: str = "builder",
+    left_padding: bool = True,
+    fusions: bool = True,
+    provider: str = "CPUExecutionProvider",
+    model_type: str = "gpt2",
+) -> dict:
+    """Build the optimized variant at ``output_dir``.
+
+    Args:
+        input_dir: for ``method="builder"`` the resolved Hugging Face folder (``results/{model}/hf``);
+            for ``"transformers"`` the fp32 variant folder.
+        output_dir: variant folder to create (``model.onnx`` + ``model.onnx_data`` + side files).
+        method: ``builder`` (onnxruntime-genai's model builder: GroupQueryAttention) or
+            ``transformers`` (onnxruntime.transformers fusions plus ORT_ENABLE_ALL).
+        left_padding: ``builder`` only: apply :func:`left_padding_support`.
+        fusions: ``transformers`` only: run the transformer optimizer's fusions before ORT's pass.
+        provider: ``transformers`` only: execution provider the ORT_ENABLE_ALL graph is saved for.
+        model_type: ``transformers`` only: ``onnxruntime.transformers`` model type.
+
+    Returns:
+        The provenance written to ``output_dir/optimize.json`` (``fused_ops`` counts, see
+        :func:`fused_op_counts`; seconds; versions).
+
+    Raises:
+        ArtifactError: unknown method, or the input folder is not what the method needs.
+    """
+    if method == "builder":
+        return _builder_optimize(Path(input_dir).resolve(), Path(output_dir), left_padding=left_padding)
+    if method == "transformers":
+        return _transformers_optimize(input_dir, output_dir, fusions=fusions, provider=provider, model_type=model_type)
+    raise ArtifactError(f"unknown optimize method {method!r}: expected one of {METHODS}")
+
+
+def _transformers_optimize(
     input_dir: str | os.PathLike,
     output_dir: str | os.PathLike,
     *,
@@ -53,7 +323,7 @@ def optimize_variant(
     provider: str = "CPUExecutionProvider",
     model_type: str = "gpt2",
 ) -> dict:
-    """Optimize the fp32 variant at ``input_dir`` into ``output_dir``.
+    """onnxruntime.transformers fusions plus ORT_ENABLE_ALL on the fp32 variant at ``input_dir``.
 
     Args:
         input_dir: fp32 variant folder (with ``config.json`` giving heads and hidden size).
@@ -105,6 +375,8 @@ def optimize_variant(
         copy_side_files(input_dir, stage)
         after = _op_histogram(stage / MODEL_FILE)
         info = {
+            "method": "transformers",
+            "fused_ops": fused_op_counts(onnx.load(str(stage / MODEL_FILE), load_external_data=False).graph),
             "fusions": fused,
             "op_types_added": {k: after[k] - before.get(k, 0) for k in after if after[k] > before.get(k, 0)},
             "op_types_removed": {k: before[k] - after.get(k, 0) for k in before if before[k] > after.get(k, 0)},
