@@ -68,5 +68,5 @@ def pipeline(tmp_path_factory, tiny_qwen2, texts) -> dict[str, Path]:
     quantize_static_variant(
         dirs["preprocessed"], dirs["int8-static"], texts["calibration"], StaticSettings(samples=4, sequence_length=32)
     )
-    optimize_variant(dirs["fp32"], dirs["optimized"])
+    optimize_variant(dirs["hf"], dirs["optimized"])
     return dirs

@@ -140,6 +140,12 @@ KEY_WEIGHTS = {
     "final_norm": "/model/norm/",
     "lm_head": "/lm_head/",
 }
+#: The same weights under onnxruntime-genai's model builder names (the optimized variant), which
+#: packs q/k/v into one ``qkv_proj`` where it can (Qwen2); tried when the optimum name is absent.
+BUILDER_KEY_WEIGHTS = {
+    **{key: prefix.replace("/self_attn/", "/attn/") for key, prefix in KEY_WEIGHTS.items()},
+    "qkv_proj": "/model/layers.0/attn/qkv_proj/",
+}
 _WEIGHT_OPS = {"MatMul", "Gemm", "Gather", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
                "MatMulNBits", "Mul", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
                "LayerNormalization"}
@@ -168,8 +174,10 @@ def key_weights(graph: onnx.GraphProto) -> dict[str, dict[str, Any]]:
     initializers = {t.name: t for t in graph.initializer}
     producers = {o: n for n in graph.node for o in n.output}
     found = {}
-    for key, prefix in KEY_WEIGHTS.items():
-        tensor = _weight_of(graph, prefix, producers, initializers)
+    for key, prefix in BUILDER_KEY_WEIGHTS.items():
+        tensor = _weight_of(graph, KEY_WEIGHTS[key], producers, initializers) if key in KEY_WEIGHTS else None
+        if tensor is None:
+            tensor = _weight_of(graph, prefix, producers, initializers)
         if tensor is not None:
             found[key] = _tensor_info(tensor)
     return found
@@ -183,7 +191,7 @@ def _out_features(graph: onnx.GraphProto, weights: dict[str, dict[str, Any]], ke
     if weight and len(weight["shape"]) == 2:
         return weight["shape"][1]
     for node in graph.node:
-        if node.op_type == "MatMulNBits" and node.name.startswith(KEY_WEIGHTS[key]):
+        if node.op_type == "MatMulNBits" and node.name.startswith((KEY_WEIGHTS[key], BUILDER_KEY_WEIGHTS[key])):
             return next((int(a.i) for a in node.attribute if a.name == "N"), None)
     return None
 
@@ -211,8 +219,12 @@ def architecture(graph: onnx.GraphProto) -> dict[str, Any]:
         if len(dims) == 4 and isinstance(dims[1], int) and isinstance(dims[3], int):
             arch["kv_heads"], arch["head_dim"] = dims[1], dims[3]
     q_features = _out_features(graph, weights, "q_proj")
+    attention = next((n for n in graph.node if n.op_type == "GroupQueryAttention"), None)
     if q_features and arch.get("head_dim"):
         arch["attention_heads"] = q_features // arch["head_dim"]
+    elif attention is not None:  # packed qkv_proj: the fused node names its heads
+        arch["attention_heads"] = next((int(a.i) for a in attention.attribute if a.name == "num_heads"), None)
+    if arch.get("attention_heads"):
         arch["grouped_query_attention"] = arch["attention_heads"] != arch.get("kv_heads")
     intermediate = _out_features(graph, weights, "gate_proj")
     if intermediate:
@@ -220,7 +232,8 @@ def architecture(graph: onnx.GraphProto) -> dict[str, Any]:
     head = weights.get("lm_head")
     arch["tied_embeddings"] = bool(head and embed and head["name"] == embed["name"]) or (head is None and embed is not None)
     arch["qk_norm"] = "q_norm" in weights
-    arch["attention_bias"] = any(n.name.startswith(KEY_WEIGHTS["q_proj"]) and n.op_type == "Add" for n in graph.node)
+    bias_prefixes = (KEY_WEIGHTS["q_proj"], BUILDER_KEY_WEIGHTS["q_proj"], BUILDER_KEY_WEIGHTS["qkv_proj"])
+    arch["attention_bias"] = any(n.name.startswith(bias_prefixes) and n.op_type == "Add" for n in graph.node)
     return arch
 
 

@@ -80,6 +80,12 @@ def get_mem_mb(stage):
     return mem_mb
 
 
+def get_optimize_input(wildcards):
+    """The optimize rule's input: the hf folder for the builder method, the fp32 variant otherwise."""
+    method = get_settings(wildcards.model, "optimize").get("method", "builder")
+    return f"{RESULTS}/{wildcards.model}/{'hf' if method == 'builder' else 'fp32'}"
+
+
 def get_sensitivity_input(section):
     """The model's sensitivity report, when the quantization `section` picks sensitive nodes from it."""
 

@@ -1,7 +1,7 @@
 rule optimize:
-    """Transformer fusions plus ORT_ENABLE_ALL graph optimization, saved with external initializers."""
+    """Fused decoder graph (GroupQueryAttention) from the hf folder, or transformer fusions on fp32."""
     input:
-        model_dir=f"{RESULTS}/{{model}}/fp32",
+        model_dir=get_optimize_input,
     output:
         model_dir=directory(f"{RESULTS}/{{model}}/optimized"),
     log:
