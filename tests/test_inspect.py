@@ -37,7 +37,8 @@ def test_architecture_read_from_the_graph_matches_the_config(pipeline, variant):
     arch = inspect_model(pipeline[variant])["architecture"]
     for key, value in expected_architecture(pipeline["hf"]).items():
         assert arch[key] == value, (variant, key)
-    assert arch["qk_norm"] is False and arch["attention_bias"] is True
+    # the builder (optimized) drops all-zero biases, and the tiny model's are zero (random init)
+    assert arch["qk_norm"] is False and arch["attention_bias"] is (variant != "optimized")
 
 
 def test_architecture_of_a_blockwise_variant(pipeline, tmp_path):
@@ -96,7 +97,7 @@ def test_inspect_reads_no_weight_data(pipeline, tmp_path):
 def test_diff_names_fusions_and_quantization_ops(pipeline):
     optimized = diff_models(pipeline["fp32"], pipeline["optimized"])
     assert optimized["fusions"]["SkipSimplifiedLayerNormalization"] == 4
-    assert optimized["fusions"]["RotaryEmbedding"] == 4
+    assert optimized["fusions"]["GroupQueryAttention"] == 2
     assert optimized["nodes"]["change"] < 0 and not optimized["quantization_ops"]
     static = diff_models(pipeline["fp32"], pipeline["int8-static"])
     assert static["quantization_ops"]["QuantizeLinear"] > 0 and static["quantization_ops"]["DequantizeLinear"] > 0

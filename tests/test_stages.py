@@ -199,8 +199,19 @@ def test_calibration_reader_feeds_every_graph_input(pipeline):
 
 def test_optimize_records_fusions(pipeline):
     info = json.loads((pipeline["optimized"] / "optimize.json").read_text())
+    assert info["method"] == "builder"
+    assert info["fused_ops"]["GroupQueryAttention"] == LAYERS
+    assert info["fused_ops"]["SkipSimplifiedLayerNormalization"] == 2 * LAYERS
+    assert info["fused_ops"]["packed_qkv"] == LAYERS
+
+
+def test_transformers_optimize_method_records_fusions(pipeline, tmp_path):
+    from qwen_onnx.optimize import optimize_variant
+
+    info = optimize_variant(pipeline["fp32"], tmp_path / "optimized", method="transformers")
     assert info["fusions"]["SkipSimplifiedLayerNormalization"] == 2 * LAYERS
     assert info["fusions"]["RotaryEmbedding"] == 2 * LAYERS
+    assert info["fused_ops"]["GroupQueryAttention"] == 0  # no attention fusion on optimum's export
     assert info["nodes_after"] < info["nodes_before"]
     assert info["graph_optimization_level"] == "ORT_ENABLE_ALL"
 

@@ -92,7 +92,8 @@ def _recipes(a):
 def _optimize(a):
     from .optimize import optimize_variant
 
-    return optimize_variant(a.input, a.output, fusions=a.fusions, provider=a.provider)
+    return optimize_variant(a.input, a.output, method=a.method, left_padding=a.left_padding, fusions=a.fusions,
+                            provider=a.provider)
 
 
 def _inspect(a):
@@ -239,11 +240,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="measure again the recipes already in recipes.jsonl")
     p.set_defaults(func=_recipes)
 
-    p = sub.add_parser("optimize", help="transformer fusions + ORT_ENABLE_ALL, saved with external data")
-    p.add_argument("input", help="fp32 variant folder")
+    p = sub.add_parser("optimize", help="fused decoder graph (GroupQueryAttention) or transformer fusions + ORT_ENABLE_ALL")
+    p.add_argument("input", help="builder: the resolved Hugging Face folder; transformers: the fp32 variant folder")
     p.add_argument("-o", "--output", required=True)
-    p.add_argument("--fusions", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--provider", default="CPUExecutionProvider")
+    p.add_argument("--method", choices=["builder", "transformers"], default="builder",
+                   help="builder: onnxruntime-genai model builder (GroupQueryAttention); transformers: the earlier route")
+    p.add_argument("--left-padding", action=argparse.BooleanOptionalAction, default=True,
+                   help="builder: make left-padded batches exact (seqlens_k and attention_bias rewrite)")
+    p.add_argument("--fusions", action=argparse.BooleanOptionalAction, default=True, help="transformers only")
+    p.add_argument("--provider", default="CPUExecutionProvider", help="transformers only")
     p.set_defaults(func=_optimize)
 
     p = sub.add_parser("inspect", help="graph summary without loading weights")

@@ -1,0 +1,202 @@
+"""The optimized variant: onnxruntime-genai's fused decoder graph (GroupQueryAttention) on tiny Qwen2 and Qwen3.
+
+Checks the fused op counts, float parity against PyTorch (single sequence, a sequence near the
+tiny model's 512-token context, a left-padded batch through prefill and decode, the KV cache,
+greedy generation), that the left-padding rewrite is what makes padded batches exact, and that
+the weight-only MatMulNBits quantizer still applies to the fused graph.
+"""
+
+import collections
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from qwen_onnx.accuracy import load_torch_model, torch_logits
+from qwen_onnx.artifacts import DATA_FILE, MODEL_FILE, check_external_data
+from qwen_onnx.errors import ArtifactError
+from qwen_onnx.inspect_graph import diff_models
+from qwen_onnx.optimize import optimize_variant
+from qwen_onnx.parity import kv_cache_parity, onnx_generate, padded_batch_parity, torch_generate
+from qwen_onnx.runtime import OnnxCausalLM
+from tiny_models import build_tiny_qwen
+
+LAYERS, VOCAB, CONTEXT = 2, 384, 512
+FAMILIES = ("qwen2", "qwen3")
+
+
+def _tiny_with_bias(folder, family):
+    """The tiny checkpoint, with non-zero q/k/v biases for Qwen2 (random init leaves them zero, and
+    the builder drops all-zero biases), so that the packed QKV bias path is exercised."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    build_tiny_qwen(folder, family)
+    if family == "qwen2":
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        generator = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.copy_(0.5 * torch.randn(proj.bias.shape, generator=generator))
+        model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def fused(request, tmp_path_factory):
+    """(family, hf folder, optimized folder, PyTorch model) for one tiny family."""
+    root = tmp_path_factory.mktemp(f"fused-{request.param}")
+    hf = _tiny_with_bias(root / "hf", request.param)
+    optimize_variant(hf, root / "optimized")
+    return request.param, hf, root / "optimized", load_torch_model(hf)
+
+
+def tokens(n, seed=0, batch=1):
+    return np.random.default_rng(seed).integers(3, VOCAB - 4, size=(batch, n), dtype=np.int64)
+
+
+def test_fused_op_counts_and_folder(fused):
+    family, _, folder, _ = fused
+    proto = onnx.load(str(folder / MODEL_FILE), load_external_data=False)
+    ops = collections.Counter(n.op_type for n in proto.graph.node)
+    assert ops["GroupQueryAttention"] == LAYERS
+    assert ops["Softmax"] == 0 and ops["MatMul"] > 0
+    assert ops["SkipSimplifiedLayerNormalization"] == 2 * LAYERS
+    # final norm; Qwen3 adds q_norm and k_norm per layer
+    assert ops["SimplifiedLayerNormalization"] == (1 + 2 * LAYERS if family == "qwen3" else 1)
+    # Qwen2: one packed qkv_proj MatMul per layer; Qwen3: q, k, v apart (their norms sit in between)
+    assert ops["MatMul"] == LAYERS * (5 if family == "qwen2" else 7) + 1
+    attention = [n for n in proto.graph.node if n.op_type == "GroupQueryAttention"]
+    assert all(onnx.helper.get_attribute_value(a) == 1 for n in attention for a in n.attribute if a.name == "do_rotary")
+    assert all(n.input[10] == "/qwen_onnx/left_padding/attention_bias" for n in attention)
+    info = json.loads((folder / "optimize.json").read_text())
+    assert info["method"] == "builder" and info["left_padding_rewrite"] == LAYERS
+    assert info["fused_ops"]["GroupQueryAttention"] == LAYERS
+    assert info["fused_ops"]["packed_qkv"] == (LAYERS if family == "qwen2" else 0)
+    assert info["fused_ops"]["rotary_in_attention"] == LAYERS
+    assert check_external_data(folder / MODEL_FILE) == [DATA_FILE]
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "genai_config.json"):
+        assert (folder / name).is_file(), name
+    assert not list(folder.glob("*.onnx.data"))
+    weights = {t.name for t in proto.graph.initializer}
+    matmul_b = [n.input[1] for n in proto.graph.node if n.op_type == "MatMul"]
+    assert all(b in weights for b in matmul_b), "weight MatMuls need a constant B for the weight-only quantizers"
+
+
+def test_fused_graph_matches_pytorch(fused):
+    _, _, folder, torch_model = fused
+    model = OnnxCausalLM(folder)
+    assert "position_ids" not in model.inputs  # positions come from seqlens_k inside GroupQueryAttention
+    for n, seed in ((24, 0), (CONTEXT - 8, 1)):
+        ids = tokens(n, seed)
+        got, present = model.forward(ids)
+        assert present["past_key_values.1.value"].shape == (1, 2, n, 16)
+        np.testing.assert_allclose(got, torch_logits(torch_model, ids), atol=1e-4, rtol=0)
+
+
+def test_left_padded_batch_prefill_and_decode_match_each_prompt_alone(fused):
+    _, _, folder, _ = fused
+    model = OnnxCausalLM(folder)
+    prompts = [tokens(n, seed)[0] for n, seed in ((5, 2), (17, 3), (30, 4))]
+    padded = padded_batch_parity(model, prompts, pad_id=0)
+    assert padded["padded_batch_nonfinite"] == 0
+    assert padded["padded_batch_max_abs_diff"] < 1e-4 and padded["padded_batch_top1_pct"] == 100.0
+    # decode 4 greedy steps of the padded batch with its cache, against each prompt decoded alone
+    longest = max(len(p) for p in prompts)
+    batch = np.zeros((len(prompts), longest), dtype=np.int64)
+    mask = np.zeros_like(batch)
+    for i, p in enumerate(prompts):
+        batch[i, longest - len(p):], mask[i, longest - len(p):] = p, 1
+    logits, past = model.forward(batch, mask)
+    alone = [model.forward(p.reshape(1, -1)) for p in prompts]
+    for _ in range(4):
+        step = logits[:, -1].argmax(-1).reshape(-1, 1)
+        mask = np.concatenate([mask, np.ones_like(step)], axis=1)
+        logits, past = model.forward(step, mask, past)
+        for i, (single_logits, single_past) in enumerate(alone):
+            length = single_past["past_key_values.0.key"].shape[2] + 1
+            single_logits, single_past = model.forward(step[i:i + 1], np.ones((1, length), dtype=np.int64), single_past)
+            alone[i] = (single_logits, single_past)
+            np.testing.assert_allclose(logits[i, -1], single_logits[0, -1], atol=1e-4, rtol=0)
+
+
+def test_kv_cache_and_greedy_generation_match_pytorch(fused):
+    _, _, folder, torch_model = fused
+    model = OnnxCausalLM(folder)
+    kv = kv_cache_parity(model, tokens(40, 5)[0], 8)
+    assert kv["kv_cache_max_abs_diff"] < 1e-4 and kv["kv_cache_top1_pct"] == 100.0
+    prompt = tokens(12, 6)[0]
+    reference = torch_generate(torch_model, prompt, 16, eos_ids=[], pad_id=0)
+    assert onnx_generate(model, prompt, 16, eos_ids=[]) == reference
+
+
+def test_without_the_rewrite_a_left_padded_batch_attends_to_its_padding(fused, tmp_path):
+    # GroupQueryAttention reads seqlens_k as each row's valid prefix (right padding): the builder's
+    # ReduceSum(attention_mask) - 1 makes a left-padded row attend to its pads and lose its last tokens
+    family, hf, _, _ = fused
+    if family != "qwen2":
+        pytest.skip("one family shows the kernel's behaviour")
+    optimize_variant(hf, tmp_path / "plain", left_padding=False)
+    model = OnnxCausalLM(tmp_path / "plain")
+    prompts = [tokens(n, seed)[0] for n, seed in ((5, 2), (30, 4))]
+    padded = padded_batch_parity(model, prompts, pad_id=0)
+    assert padded["padded_batch_max_abs_diff"] > 1.0
+    assert kv_cache_parity(model, tokens(40, 5)[0], 8)["kv_cache_max_abs_diff"] < 1e-4  # unpadded is exact
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_fused_graph_takes_matmul_nbits_quantization(fused, tmp_path, bits):
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    family, _, folder, _ = fused
+    if family != "qwen2":
+        pytest.skip("one family is enough for the quantizer")
+    proto = onnx.load(str(folder / MODEL_FILE))
+    matmuls = sum(n.op_type == "MatMul" for n in proto.graph.node)
+    config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, bits=bits)
+    quantizer = MatMulNBitsQuantizer(proto, algo_config=config, block_size=32, is_symmetric=True)
+    quantizer.process()
+    out = tmp_path / f"int{bits}"
+    out.mkdir()
+    quantizer.model.save_model_to_file(str(out / MODEL_FILE), use_external_data_format=True)
+    ops = collections.Counter(n.op_type for n in onnx.load(str(out / MODEL_FILE), load_external_data=False).graph.node)
+    assert ops["MatMulNBits"] == matmuls and ops["MatMul"] == 0 and ops["GroupQueryAttention"] == LAYERS
+    model, reference = OnnxCausalLM(out), OnnxCausalLM(folder)
+    got, expected = model.forward(tokens(24))[0], reference.forward(tokens(24))[0]
+    # random weights of scale 0.2 are far from what 4 bits fit: bound the drift, don't gate it
+    assert np.isfinite(got).all() and np.abs(got - expected).max() < (8.0 if bits == 4 else 1.0)
+    assert kv_cache_parity(model, tokens(40, 5)[0], 8)["kv_cache_max_abs_diff"] < 1e-4
+
+
+def test_fused_variant_runs_in_optimum(fused):
+    from optimum.onnxruntime import ORTModelForCausalLM
+    import torch
+
+    _, _, folder, torch_model = fused
+    model = ORTModelForCausalLM.from_pretrained(folder, use_cache=True)
+    prompt = torch.from_numpy(tokens(10, 7))
+    kwargs = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
+    expected = torch_model.generate(prompt, **kwargs)
+    assert model.generate(prompt, **kwargs).tolist() == expected.tolist()
+
+
+def test_diff_shows_the_fused_ops(fused, tmp_path):
+    _, hf, folder, _ = fused
+    info = diff_models(folder, folder)
+    assert info["nodes"]["change"] == 0
+    from qwen_onnx.export import export_onnx
+
+    export_onnx(hf, tmp_path / "fp32", opset=17)
+    diff = diff_models(tmp_path / "fp32", folder)
+    assert diff["fusions"]["GroupQueryAttention"] == LAYERS
+    assert diff["fusions"]["SkipSimplifiedLayerNormalization"] == 2 * LAYERS
+    assert "Softmax" in diff["removed_op_types"]
+
+
+def test_builder_method_needs_a_hugging_face_folder(tmp_path):
+    with pytest.raises(ArtifactError, match="no config.json: the builder method needs the resolved Hugging Face folder"):
+        optimize_variant(tmp_path, tmp_path / "out")
+    with pytest.raises(ArtifactError, match="unknown optimize method 'onnxscript'"):
+        optimize_variant(tmp_path, tmp_path / "out", method="onnxscript")
