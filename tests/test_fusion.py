@@ -200,3 +200,17 @@ def test_builder_method_needs_a_hugging_face_folder(tmp_path):
         optimize_variant(tmp_path, tmp_path / "out")
     with pytest.raises(ArtifactError, match="unknown optimize method 'onnxscript'"):
         optimize_variant(tmp_path, tmp_path / "out", method="onnxscript")
+
+
+def test_report_graph_row_lists_the_fused_ops(fused, tmp_path):
+    from qwen_onnx.artifacts import write_json
+    from qwen_onnx.inspect_graph import inspect_model
+    from qwen_onnx.report import graph_rows
+
+    family, _, folder, _ = fused
+    write_json(tmp_path / "inspect.json", inspect_model(folder))
+    (row,) = graph_rows(["tiny"], ["optimized"], {"inspect": [tmp_path / "inspect.json"], "diff": []})
+    fused_ops = dict(item.rsplit(" ", 1) for item in row["fused_ops"].split(", "))
+    assert fused_ops["GroupQueryAttention"] == str(LAYERS)
+    assert fused_ops["SkipSimplifiedLayerNormalization"] == str(2 * LAYERS)
+    assert fused_ops["SimplifiedLayerNormalization"] == str(1 + 2 * LAYERS if family == "qwen3" else 1)

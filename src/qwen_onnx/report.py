@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from .artifacts import read_json, write_json
+from .inspect_graph import FUSED_OPS
 
 #: Column name -> description (units in the text). Order is the CSV's; the prefill columns
 #: ``prefill_ms_p50_{n}`` / ``prefill_ms_p90_{n}`` for each configured prompt length ``n`` follow ``load_s``
@@ -404,7 +405,7 @@ def build_report(
     return rows
 
 
-GRAPH_COLUMNS = ("model", "variant", "nodes", "initializers", "bytes_on_disk", "opset", "quant_ops",
+GRAPH_COLUMNS = ("model", "variant", "nodes", "initializers", "bytes_on_disk", "opset", "quant_ops", "fused_ops",
                  "nodes_vs_fp32", "fusions_vs_fp32", "quantization_ops_vs_fp32", "architecture")
 
 
@@ -429,6 +430,7 @@ def graph_rows(models: Sequence[str], variants: Sequence[str], files: Mapping[st
             "bytes_on_disk": info["bytes_on_disk"],
             "opset": info["opsets"].get("ai.onnx"),
             "quant_ops": ", ".join(f"{k} {v}" for k, v in info.get("quant_ops", {}).items()) or "–",
+            "fused_ops": ", ".join(f"{k} {v}" for k, v in info["op_types"].items() if k in FUSED_OPS) or "–",
             "nodes_vs_fp32": f"{diff['nodes']['change']:+d}" if diff else "–",
             "fusions_vs_fp32": ", ".join(f"{k} {v}" for k, v in diff["fusions"].items()) if diff and diff["fusions"] else "–",
             "quantization_ops_vs_fp32": ", ".join(f"{k} {v}" for k, v in diff["quantization_ops"].items())
