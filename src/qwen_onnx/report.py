@@ -430,7 +430,7 @@ def graph_rows(models: Sequence[str], variants: Sequence[str], files: Mapping[st
             "bytes_on_disk": info["bytes_on_disk"],
             "opset": info["opsets"].get("ai.onnx"),
             "quant_ops": ", ".join(f"{k} {v}" for k, v in info.get("quant_ops", {}).items()) or "–",
-            "fused_ops": ", ".join(f"{k} {v}" for k, v in info["op_types"].items() if k in FUSED_OPS) or "–",
+            "fused_ops": ", ".join(f"{k} {v}" for k, v in info.get("op_types", {}).items() if k in FUSED_OPS) or "–",
             "nodes_vs_fp32": f"{diff['nodes']['change']:+d}" if diff else "–",
             "fusions_vs_fp32": ", ".join(f"{k} {v}" for k, v in diff["fusions"].items()) if diff and diff["fusions"] else "–",
             "quantization_ops_vs_fp32": ", ".join(f"{k} {v}" for k, v in diff["quantization_ops"].items())
