@@ -190,6 +190,8 @@ def test_one_artifact_builds_only_its_ancestors(tmp_path, tiny_qwen2, texts):
     write_config(tmp_path, str(tiny_qwen2), texts)
     jobs = planned_jobs(snakemake(tmp_path, "-n", "results/tiny/preprocessed"))
     assert jobs == {"resolve": 1, "export": 1, "preprocess": 1}
+    # the builder method reads the hf folder: the optimized variant needs no export
+    assert planned_jobs(snakemake(tmp_path, "-n", "results/tiny/optimized")) == {"resolve": 1, "optimize": 1}
 
 
 def test_unknown_source_is_named_and_leaves_no_artifact(tmp_path, texts):
