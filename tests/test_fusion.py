@@ -108,7 +108,7 @@ def test_left_padded_batch_prefill_and_decode_match_each_prompt_alone(fused):
     batch = np.zeros((len(prompts), longest), dtype=np.int64)
     mask = np.zeros_like(batch)
     for i, p in enumerate(prompts):
-        batch[i, longest - len(p):], mask[i, longest - len(p):] = p, 1
+        batch[i, longest - len(p) :], mask[i, longest - len(p) :] = p, 1
     logits, past = model.forward(batch, mask)
     alone = [model.forward(p.reshape(1, -1)) for p in prompts]
     for _ in range(4):
@@ -117,7 +117,9 @@ def test_left_padded_batch_prefill_and_decode_match_each_prompt_alone(fused):
         logits, past = model.forward(step, mask, past)
         for i, (single_logits, single_past) in enumerate(alone):
             length = single_past["past_key_values.0.key"].shape[2] + 1
-            single_logits, single_past = model.forward(step[i:i + 1], np.ones((1, length), dtype=np.int64), single_past)
+            single_logits, single_past = model.forward(
+                step[i : i + 1], np.ones((1, length), dtype=np.int64), single_past
+            )
             alone[i] = (single_logits, single_past)
             np.testing.assert_allclose(logits[i, -1], single_logits[0, -1], atol=1e-4, rtol=0)
 
@@ -177,7 +179,9 @@ def test_fused_variant_runs_in_optimum(fused):
     _, _, folder, torch_model = fused
     model = ORTModelForCausalLM.from_pretrained(folder, use_cache=True)
     prompt = torch.from_numpy(tokens(10, 7))
-    kwargs = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
+    kwargs = dict(
+        attention_mask=torch.ones_like(prompt), max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0
+    )
     expected = torch_model.generate(prompt, **kwargs)
     assert model.generate(prompt, **kwargs).tolist() == expected.tolist()
 
@@ -196,7 +200,9 @@ def test_diff_shows_the_fused_ops(fused, tmp_path):
 
 
 def test_builder_method_needs_a_hugging_face_folder(tmp_path):
-    with pytest.raises(ArtifactError, match="no config.json: the builder method needs the resolved Hugging Face folder"):
+    with pytest.raises(
+        ArtifactError, match="no config.json: the builder method needs the resolved Hugging Face folder"
+    ):
         optimize_variant(tmp_path, tmp_path / "out")
     with pytest.raises(ArtifactError, match="unknown optimize method 'onnxscript'"):
         optimize_variant(tmp_path, tmp_path / "out", method="onnxscript")

@@ -19,7 +19,7 @@ Two methods, chosen by ``optimize.method``:
     ``total_sequence_length`` tokens and the padding is masked by ``attention_bias`` (a
     ``GroupQueryAttention`` input, additive, [batch, 1, sequence, total_sequence]) built from
     ``attention_mask``. Rotary positions then count from the first (pad) column; rotary attention
-    scores depend only on position differences (RoFormer, Su et al. 2021, eq. 16), so the real
+    scores depend only on position differences (RoFormer, Su et al. 2021, arXiv:2104.09864), so the real
     tokens' logits equal the unpadded ones up to float rounding.
 
 ``transformers`` (the earlier route)
@@ -139,7 +139,9 @@ def left_padding_support(model: onnx.ModelProto) -> int:
     graph = model.graph
     names = {i.name for i in graph.input}
     if not {"attention_mask", "input_ids"} <= names:
-        raise ArtifactError(f"left padding support needs input_ids and attention_mask graph inputs, got {sorted(names)}")
+        raise ArtifactError(
+            f"left padding support needs input_ids and attention_mask graph inputs, got {sorted(names)}"
+        )
     attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
     if not attention:
         return 0
@@ -168,7 +170,11 @@ def left_padding_support(model: onnx.ModelProto) -> int:
         # batch: Shape(attention_mask)[0:1], int64 [1]
         helper.make_node("Shape", ["attention_mask"], [f"{prefix}/mask_shape"], name=f"{prefix}/Shape"),
         helper.make_node(
-            "Gather", [f"{prefix}/mask_shape", f"{prefix}/zero_1d"], [f"{prefix}/batch"], name=f"{prefix}/Gather", axis=0
+            "Gather",
+            [f"{prefix}/mask_shape", f"{prefix}/zero_1d"],
+            [f"{prefix}/batch"],
+            name=f"{prefix}/Gather",
+            axis=0,
         ),
         # seqlens_k = total_sequence_length - 1 for every row: int32 [batch]
         helper.make_node("Sub", [total, f"{prefix}/one_i32"], [f"{prefix}/total_minus_1"], name=f"{prefix}/Sub_total"),
@@ -176,12 +182,22 @@ def left_padding_support(model: onnx.ModelProto) -> int:
         # attention_bias = (mask - 1) * 1e9: [batch, total] -> [batch, 1, 1, total] -> [batch, 1, sequence, total]
         # (the kernel wants the sequence axis in full, not broadcast)
         helper.make_node("Cast", ["attention_mask"], [f"{prefix}/mask_float"], name=f"{prefix}/Cast", to=bias_type),
-        helper.make_node("Sub", [f"{prefix}/mask_float", f"{prefix}/one"], [f"{prefix}/mask_minus_1"], name=f"{prefix}/Sub_mask"),
-        helper.make_node("Mul", [f"{prefix}/mask_minus_1", f"{prefix}/pad_bias"], [f"{prefix}/bias_2d"], name=f"{prefix}/Mul"),
-        helper.make_node("Unsqueeze", [f"{prefix}/bias_2d", f"{prefix}/axes_1_2"], [f"{prefix}/bias_4d"], name=f"{prefix}/Unsqueeze"),
+        helper.make_node(
+            "Sub", [f"{prefix}/mask_float", f"{prefix}/one"], [f"{prefix}/mask_minus_1"], name=f"{prefix}/Sub_mask"
+        ),
+        helper.make_node(
+            "Mul", [f"{prefix}/mask_minus_1", f"{prefix}/pad_bias"], [f"{prefix}/bias_2d"], name=f"{prefix}/Mul"
+        ),
+        helper.make_node(
+            "Unsqueeze", [f"{prefix}/bias_2d", f"{prefix}/axes_1_2"], [f"{prefix}/bias_4d"], name=f"{prefix}/Unsqueeze"
+        ),
         helper.make_node("Shape", ["input_ids"], [f"{prefix}/ids_shape"], name=f"{prefix}/Shape_ids"),
         helper.make_node(
-            "Gather", [f"{prefix}/ids_shape", f"{prefix}/one_1d"], [f"{prefix}/sequence"], name=f"{prefix}/Gather_seq", axis=0
+            "Gather",
+            [f"{prefix}/ids_shape", f"{prefix}/one_1d"],
+            [f"{prefix}/sequence"],
+            name=f"{prefix}/Gather_seq",
+            axis=0,
         ),
         helper.make_node(
             "Concat",
@@ -202,7 +218,11 @@ def left_padding_support(model: onnx.ModelProto) -> int:
         del n.input[:]
         n.input.extend(inputs)
     dropped = _remove_dead_nodes(graph)
-    log.info("left padding: %d attention nodes take seqlens_k = total - 1 and attention_bias; %d nodes dropped", len(attention), dropped)
+    log.info(
+        "left padding: %d attention nodes take seqlens_k = total - 1 and attention_bias; %d nodes dropped",
+        len(attention),
+        dropped,
+    )
     return len(attention)
 
 
@@ -226,12 +246,21 @@ def _builder_optimize(hf_dir: Path, output_dir: Path, *, left_padding: bool) -> 
         # create_model takes any other string for a hub ID: never let it reach the hub
         raise ArtifactError(f"{hf_dir} has no config.json: the builder method needs the resolved Hugging Face folder")
     started = time.time()
-    with staged_dir(output_dir) as stage, tempfile.TemporaryDirectory(prefix="qwen-onnx-builder-", dir=stage.parent) as tmp:
+    with (
+        staged_dir(output_dir) as stage,
+        tempfile.TemporaryDirectory(prefix="qwen-onnx-builder-", dir=stage.parent) as tmp,
+    ):
         built, cache = Path(tmp) / "built", Path(tmp) / "cache"
         with contextlib.redirect_stdout(_LogWriter()):
             create_model("", str(hf_dir), str(built), "fp32", "cpu", str(cache), hf_remote=False)
         proto = onnx.load(str(built / MODEL_FILE), load_external_data=False)
-        locations = {e.value for t in all_tensors(proto.graph) if t.data_location == TensorProto.EXTERNAL for e in t.external_data if e.key == "location"}
+        locations = {
+            e.value
+            for t in all_tensors(proto.graph)
+            if t.data_location == TensorProto.EXTERNAL
+            for e in t.external_data
+            if e.key == "location"
+        }
         if len(locations) != 1:
             raise ArtifactError(f"builder wrote external data to {sorted(locations)}, expected one file")
         rewritten = left_padding_support(proto) if left_padding else 0
