@@ -141,6 +141,8 @@ class BoundDecoder:
     Attributes:
         share_buffer: past and present share one buffer (GroupQueryAttention graphs).
         max_length: tokens (prompt + generated) the buffers hold; grown on demand.
+        last_length, last_parity: tokens in the cache after the last :meth:`generate` and the
+            alternating buffer that holds them (read them with :meth:`cache`).
         kv_pointers: data pointers of every KV buffer bound since the buffers were last allocated
             (input and output bindings); with no per-step allocation it never holds more than one
             (shared) or two (alternating) pointers per cache tensor.
@@ -158,6 +160,8 @@ class BoundDecoder:
         self.max_length = 0
         self.binding = self.session.io_binding()
         self.kv_pointers: set[int] = set()
+        self.last_length = 0
+        self.last_parity = 0
         self._buffers: dict[str, list[np.ndarray]] = {}
         logits = next(o for o in self.session.get_outputs() if o.name == "logits")
         self.logits_dtype = _ORT_TO_NUMPY.get(logits.type, np.float32)
@@ -284,6 +288,7 @@ class BoundDecoder:
             generated.append(token)
             length += 1
             parity = 1 - parity
+        self.last_length, self.last_parity = length, parity  # tokens in the cache, buffer holding them
         return np.array(generated, dtype=np.int64), prefill
 
 
