@@ -151,3 +151,38 @@ def test_onnxruntime_genai_generates_our_tokens(name, pipeline, qwen3_fp32, qwen
     ours, _ = OnnxCausalLM(folder, threads=1).generate(PROMPT, NEW_TOKENS, eos_ids=eos)
     assert len(ours) >= 6  # enough tokens to compare
     assert _og_greedy(folder, PROMPT, NEW_TOKENS) == ours.tolist()
+
+
+def test_session_settings_reach_onnxruntime():
+    from qwen_onnx.runtime import DEFAULT_SETTINGS, resolve_settings, session_options
+
+    options = session_options(1, settings={"intra_op_spinning": False, "inter_op_spinning": True,
+                                           "dynamic_block_base": 4, "graph_optimization_level": "basic",
+                                           "cpu_mem_arena": False})
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert options.get_session_config_entry("session.inter_op.allow_spinning") == "1"
+    assert options.get_session_config_entry("session.dynamic_block_base") == "4"
+    assert options.enable_cpu_mem_arena is False and options.intra_op_num_threads == 1
+    assert str(options.graph_optimization_level).endswith("ORT_ENABLE_BASIC")
+    assert resolve_settings({"cpu_mem_arena": False}) == {**DEFAULT_SETTINGS, "cpu_mem_arena": False}
+    with pytest.raises(ValueError, match="unknown session setting 'spin'"):
+        resolve_settings({"spin": 1})
+    with pytest.raises(ValueError, match="graph_optimization_level must be one of"):
+        session_options(settings={"graph_optimization_level": "max"})
+
+
+def test_compare_decode_runs_every_loop_and_setting(pipeline, texts):
+    from qwen_onnx.errors import QwenOnnxError
+    from qwen_onnx.latency import compare_decode
+
+    result = compare_decode([pipeline["fp32"]], texts["evaluation"], prompt_tokens_count=8, new_tokens=3, rounds=1,
+                            threads=1, loops=("bound", "unbound"),
+                            settings={"default": {}, "no-spin": {"intra_op_spinning": False}})
+    runs = [(v["loop"], v["settings_label"], v["session_settings"]["intra_op_spinning"]) for v in result["variants"]]
+    assert runs == [("bound", "default", True), ("bound", "no-spin", False),
+                    ("unbound", "default", True), ("unbound", "no-spin", False)]
+    assert all(len(v["rounds_tok_s"]) == 1 and v["decode_tok_s"] > 0 for v in result["variants"])
+    with pytest.raises(QwenOnnxError, match="loops must be some of"):
+        compare_decode([pipeline["fp32"]], texts["evaluation"], loops=("fast",))
+    with pytest.raises(QwenOnnxError, match="unknown session setting"):
+        compare_decode([pipeline["fp32"]], texts["evaluation"], settings={"x": {"spin": 0}})

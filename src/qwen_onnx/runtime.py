@@ -30,7 +30,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -48,13 +48,72 @@ _ORT_TO_NUMPY = {
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 
 
-def session_options(threads: int | None = None, *, profile_prefix: str | None = None) -> ort.SessionOptions:
-    """ONNX Runtime session options with ``threads`` intra-op threads (0 or None: ORT's default)."""
+#: ONNX Runtime's own defaults for the settings :func:`session_options` exposes.
+ORT_DEFAULT_SETTINGS: dict[str, Any] = {
+    "intra_op_spinning": True,  # session.intra_op.allow_spinning
+    "inter_op_spinning": True,  # session.inter_op.allow_spinning
+    "graph_optimization_level": "all",
+    "cpu_mem_arena": True,
+    "dynamic_block_base": 0,  # session.dynamic_block_base (0: off)
+}
+
+#: The settings :func:`session_options` uses unless told otherwise (see its docstring for the measurements).
+DEFAULT_SETTINGS: dict[str, Any] = dict(ORT_DEFAULT_SETTINGS)
+
+_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+def resolve_settings(settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """:data:`DEFAULT_SETTINGS` updated with ``settings``.
+
+    Raises:
+        ValueError: an unknown key or graph optimization level.
+    """
+    resolved = dict(DEFAULT_SETTINGS)
+    for key, value in (settings or {}).items():
+        if key not in resolved:
+            raise ValueError(f"unknown session setting {key!r}; known: {sorted(resolved)}")
+        resolved[key] = value
+    if resolved["graph_optimization_level"] not in _LEVELS:
+        raise ValueError(f"graph_optimization_level must be one of {sorted(_LEVELS)}, "
+                         f"got {resolved['graph_optimization_level']!r}")
+    return resolved
+
+
+def session_options(
+    threads: int | None = None,
+    *,
+    profile_prefix: str | None = None,
+    settings: Mapping[str, Any] | None = None,
+) -> ort.SessionOptions:
+    """ONNX Runtime session options with ``threads`` intra-op threads (0 or None: ORT's default).
+
+    ``settings`` override :data:`DEFAULT_SETTINGS` (keys: ``intra_op_spinning``,
+    ``inter_op_spinning``, ``graph_optimization_level`` disable|basic|extended|all,
+    ``cpu_mem_arena``, ``dynamic_block_base``; ORT's session config keys
+    ``session.intra_op.allow_spinning``, ``session.inter_op.allow_spinning`` and
+    ``session.dynamic_block_base``, onnxruntime_session_options_config_keys.h).
+
+    Raises:
+        ValueError: an unknown setting (see :func:`resolve_settings`).
+    """
+    resolved = resolve_settings(settings)
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = int(threads)
         options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    options.graph_optimization_level = _LEVELS[resolved["graph_optimization_level"]]
+    options.enable_cpu_mem_arena = bool(resolved["cpu_mem_arena"])
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if resolved["intra_op_spinning"] else "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "1" if resolved["inter_op_spinning"] else "0")
+    if int(resolved["dynamic_block_base"]) > 0:
+        options.add_session_config_entry("session.dynamic_block_base", str(int(resolved["dynamic_block_base"])))
     if profile_prefix:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
@@ -299,9 +358,11 @@ class OnnxCausalLM:
         folder: variant folder (or path to its ``model.onnx``).
         threads: intra-op threads; None for ORT's default.
         provider: ONNX Runtime execution provider, default ``CPUExecutionProvider``.
+        settings: session settings over :data:`DEFAULT_SETTINGS` (see :func:`session_options`).
 
     Raises:
         ArtifactError: the model or its external data is missing.
+        ValueError: an unknown session setting.
     """
 
     def __init__(
@@ -311,11 +372,14 @@ class OnnxCausalLM:
         threads: int | None = None,
         provider: str = "CPUExecutionProvider",
         profile_prefix: str | None = None,
+        settings: Mapping[str, Any] | None = None,
     ) -> None:
         self.path = model_path(folder)
+        self.settings = resolve_settings(settings)
         started = time.perf_counter()
         self.session = ort.InferenceSession(
-            str(self.path), session_options(threads, profile_prefix=profile_prefix), providers=[provider]
+            str(self.path), session_options(threads, profile_prefix=profile_prefix, settings=settings),
+            providers=[provider],
         )
         self.load_seconds = time.perf_counter() - started
         self.inputs = {i.name: i for i in self.session.get_inputs()}
