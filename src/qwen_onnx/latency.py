@@ -196,7 +196,7 @@ def median_decode_step(
     """Median seconds of one KV-cache decode step: an untimed greedy decode of ``warmup_tokens``,
     then a timed one of ``new_tokens`` (``new_tokens - 1`` single-token steps) after ``prompt``
     (int64 [prompt]), both with the decode ``loop`` (``bound`` or ``unbound``)."""
-    model.greedy(prompt, max(warmup_tokens, 2), loop=loop)
+    model.greedy(prompt, warmup_tokens, loop=loop)
     steps: list[float] = []
     model.greedy(prompt, new_tokens, timings=steps, loop=loop)
     return statistics.median(steps)

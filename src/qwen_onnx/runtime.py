@@ -101,26 +101,30 @@ def session_options(
     ``session.dynamic_block_base``, onnxruntime_session_options_config_keys.h).
 
     Defaults, measured on Qwen2.5-Coder-0.5B (onnxruntime 1.32, 2-core VM shared with other jobs,
-    load average 6-10): one factor at a time against onnxruntime's defaults (2 threads, spinning
+    load average 6-13): one factor at a time against onnxruntime's defaults (2 threads, spinning
     on, ORT_ENABLE_ALL, arena on, no dynamic block base), 3 interleaved rounds, each measurement in
     a fresh process, 128-token prompt then 64 greedy tokens (IO-bound loop); ratios of the median
-    decode tokens/s to the default's:
+    decode tokens/s to the default's (fp32's default rounds spread from 2.45 to 4.66 tok/s, so its
+    column is within noise):
 
     =====================  ============  ======
     setting                int8-dynamic  fp32
     =====================  ============  ======
-    intra-op spinning off  1.70          FP32_SPIN
-    1 intra-op thread      1.72          FP32_T1
-    inter-op spinning off  0.87          FP32_INTER
-    ORT_ENABLE_BASIC       0.82          FP32_BASIC
-    ORT_ENABLE_EXTENDED    0.99          FP32_EXT
-    CPU arena off          0.88          FP32_ARENA
-    dynamic_block_base 4   0.87          FP32_DBB
+    intra-op spinning off  1.70          1.01
+    1 intra-op thread      1.72          1.23
+    inter-op spinning off  0.87          1.05
+    ORT_ENABLE_BASIC       0.82          1.05
+    ORT_ENABLE_EXTENDED    0.99          1.12
+    CPU arena off          0.88          1.30
+    dynamic_block_base 4   0.87          0.98
     =====================  ============  ======
 
-    Intra-op spinning is therefore off by default; the rest stay at onnxruntime's defaults (their
-    ratios are within the rounds' spread). The thread count stays the caller's (the workflow's
-    ``threads``).
+    A second int8-dynamic run (3 rounds, spinning off throughout unless said): onnxruntime's
+    defaults 10.44 tok/s, spinning off 15.61 (1.50x), spinning off with 1 thread 20.37 (1.95x),
+    spinning off with the arena off 18.47 (1.77x; 0.88x in the first run). Intra-op spinning is
+    therefore off by default; the other settings stay at onnxruntime's defaults. One thread beat two
+    here because the cores were oversubscribed; the thread count stays the caller's (the
+    workflow's ``threads``), to be re-measured on an idle machine.
 
     Raises:
         ValueError: an unknown setting (see :func:`resolve_settings`).
