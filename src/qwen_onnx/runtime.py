@@ -218,7 +218,8 @@ class BoundDecoder:
       head_dim] and must be fed back as the next past. Each layer has two flat buffers of
       ``kv_heads * max_length * head_dim`` elements; a step binds past to a prefix of one (viewed
       as [1, kv_heads, past, head_dim], contiguous) and present to a prefix of the other, and the
-      next step swaps them.
+      next step swaps them. (The graph's own Concat still writes past + new into present; only
+      the shared scheme appends in place.)
 
     The logits are bound to a preallocated [1, 1, vocab] buffer during decode (the prefill's
     [1, prompt, vocab] buffer is allocated once per prompt length); greedy decode reads only the
