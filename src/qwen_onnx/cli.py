@@ -142,7 +142,7 @@ def _latency(a):
     return measure_latency(
         a.variant, a.text, prompt_lengths=a.prompt_lengths, decode_prompt_tokens=a.decode_prompt_tokens,
         new_tokens=a.new_tokens, threads=a.threads, warmup=a.warmup, repeats=a.repeats, profile=not a.no_profile,
-        output=a.output,
+        loop=a.loop, output=a.output,
     )
 
 
@@ -150,7 +150,7 @@ def _compare_decode(a):
     from .latency import compare_decode
 
     return compare_decode(a.variants, a.text, prompt_tokens_count=a.prompt_tokens, new_tokens=a.new_tokens,
-                          rounds=a.rounds, threads=a.threads, output=a.output)
+                          rounds=a.rounds, threads=a.threads, loops=a.loops, output=a.output)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -288,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-prompt-tokens", type=int, default=128, help="prompt length before decode (tokens)")
     p.add_argument("--new-tokens", type=int, default=128, help="decoded tokens with the KV cache")
     p.add_argument("--no-profile", action="store_true", help="skip the ONNX Runtime per-op profile")
+    p.add_argument("--loop", choices=["bound", "unbound"], default="bound",
+                   help="decode loop: IO binding with reused buffers (default) or session.run with numpy feeds")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
@@ -300,6 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--loops", nargs="+", choices=["bound", "unbound"], default=["bound"],
+                   help="decode loops to compare (every variant runs each)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("-o", "--output", default=None)
     p.set_defaults(func=_compare_decode)

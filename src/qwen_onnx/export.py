@@ -34,6 +34,7 @@ from .artifacts import (
 )
 from .errors import ArtifactError
 from .external import consolidate_external_data, external_locations, has_large_inline_tensor, lazy_model
+from .genai_config import write_genai_config
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ def export_onnx(
             onnx.load(str(exported), load_external_data=False), stage / MODEL_FILE, search=[scratch]
         )
         copy_side_files(hf_dir, stage)
+        write_genai_config(stage)  # onnxruntime-genai runs the folder
         info = {
             "task": task,
             "opset": opset,
@@ -141,6 +143,7 @@ def preprocess(
         onnx.shape_inference.infer_shapes_path(str(stage / MODEL_FILE), str(stage / MODEL_FILE))
         model_path(stage)
         copy_side_files(input_dir, stage)
+        write_genai_config(stage)  # onnxruntime-genai runs the folder
         info = {
             "steps": [s for s, skip in (("symbolic_shape_inference", skip_symbolic_shape),
                                         ("ort_basic_optimization", skip_optimization),

@@ -8,7 +8,10 @@ Protocol (the same for every variant and for PyTorch, at the same thread count):
 - time to first token (TTFT): a prefill of ``decode_prompt_tokens`` tokens plus the argmax of its
   last logits, median ms;
 - decode: ``new_tokens`` greedy tokens with the KV cache after that prefill (end-of-sequence ids
-  ignored so every run decodes the same count); tokens/s over the single-token steps, median;
+  ignored so every run decodes the same count); tokens/s over the single-token steps, median. The
+  ONNX decode loop is the IO-bound one by default (``loop="bound"``,
+  :class:`qwen_onnx.runtime.BoundDecoder`: no per-step allocation or copy of the KV cache); the
+  result records ``decode_loop`` and the resolved ``session_settings``;
 - peak RSS of the measuring process (``getrusage``), MiB;
 - ONNX Runtime profiling (ONNX variants): a separate profiled session runs one prefill and 16
   decode steps; kernel time is summed per op type (:mod:`qwen_onnx.profiling`).
@@ -27,7 +30,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -35,7 +38,7 @@ from .artifacts import MODEL_FILE, folder_bytes, library_versions, model_path, w
 from .errors import ArtifactError
 from .inspect_graph import decode_weight_bytes, load_graph
 from .profiling import summarise_trace
-from .runtime import OnnxCausalLM
+from .runtime import LOOPS, OnnxCausalLM, resolve_settings
 from .text import read_text
 
 log = logging.getLogger(__name__)
@@ -129,38 +132,51 @@ def measure_latency(
     warmup: int = 1,
     repeats: int = 3,
     profile: bool = True,
+    loop: str = "bound",
+    settings: Mapping[str, Any] | None = None,
     output: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Time an ONNX variant (see the module docstring for the protocol).
 
+    ``loop`` is the decode loop (``bound`` or ``unbound``, :meth:`OnnxCausalLM.greedy`);
+    ``settings`` override the session settings (:func:`qwen_onnx.runtime.session_options`).
+
     Returns:
         ``load_s``; ``prefill_ms_p50_{n}`` / ``prefill_ms_p90_{n}`` per prompt length; ``ttft_ms``;
         ``decode_tok_s``; ``peak_rss_mb``; ``bytes_on_disk``; ``weight_bytes_per_token``;
-        ``profile`` (per-op-type kernel time, when ``profile``); the settings and versions.
+        ``profile`` (per-op-type kernel time, when ``profile``); ``decode_loop``;
+        ``session_settings``; the settings and versions.
 
     Raises:
-        ValueError: ``new_tokens`` < 2, ``repeats`` < 1 or a text too short for the prompts.
+        ValueError: ``new_tokens`` < 2, ``repeats`` < 1, an unknown ``loop`` or session setting, or
+            a text too short for the prompts.
         ArtifactError: the model or its external data is missing.
     """
     from transformers import AutoTokenizer
 
     if new_tokens < 2 or repeats < 1:
         raise ValueError(f"need new_tokens >= 2 and repeats >= 1, got {new_tokens} and {repeats}")
+    if loop not in LOOPS:
+        raise ValueError(f"loop must be one of {LOOPS}, got {loop!r}")
+    resolved = resolve_settings(settings)
     model_path(variant_dir)  # a missing folder is named here, not taken for a hub ID by the tokenizer
     tokenizer = AutoTokenizer.from_pretrained(variant_dir)
     tokens = prompt_tokens(tokenizer, text_path, max([*prompt_lengths, decode_prompt_tokens]))
-    model = OnnxCausalLM(variant_dir, threads=threads, provider=provider)
+    model = OnnxCausalLM(variant_dir, threads=threads, provider=provider, settings=settings)
 
     def generate(prompt, count, steps):
-        return model.greedy(prompt, count, timings=steps)[1]
+        return model.greedy(prompt, count, timings=steps, loop=loop)[1]
 
     result: dict[str, Any] = {"variant_dir": os.fspath(variant_dir), "runtime": "onnxruntime", "provider": provider,
+                              "decode_loop": loop, "session_settings": resolved,
+                              "kv_share_buffer": model.decoder.share_buffer if loop == "bound" else False,
                               "load_s": model.load_seconds}
     result.update(_protocol(lambda ids: model.forward(ids.reshape(1, -1)), generate, tokens, prompt_lengths,
                             decode_prompt_tokens, new_tokens, warmup, repeats))
     del model
     if profile:
-        result["profile"] = profile_ops(variant_dir, tokens[:decode_prompt_tokens], threads, provider)
+        result["profile"] = profile_ops(variant_dir, tokens[:decode_prompt_tokens], threads, provider, loop=loop,
+                                        settings=settings)
     result.update({
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "bytes_on_disk": folder_bytes(variant_dir),
@@ -174,19 +190,23 @@ def measure_latency(
     return result
 
 
-def median_decode_step(model: OnnxCausalLM, prompt: np.ndarray, new_tokens: int, warmup_tokens: int = 8) -> float:
+def median_decode_step(
+    model: OnnxCausalLM, prompt: np.ndarray, new_tokens: int, warmup_tokens: int = 8, loop: str = "bound"
+) -> float:
     """Median seconds of one KV-cache decode step: an untimed greedy decode of ``warmup_tokens``,
     then a timed one of ``new_tokens`` (``new_tokens - 1`` single-token steps) after ``prompt``
-    (int64 [prompt])."""
-    model.greedy(prompt, warmup_tokens)
+    (int64 [prompt]), both with the decode ``loop`` (``bound`` or ``unbound``)."""
+    model.greedy(prompt, warmup_tokens, loop=loop)
     steps: list[float] = []
-    model.greedy(prompt, new_tokens, timings=steps)
+    model.greedy(prompt, new_tokens, timings=steps, loop=loop)
     return statistics.median(steps)
 
 
-def _decode_tok_s(variant_dir: str, prompt: np.ndarray, new_tokens: int, threads: int, provider: str) -> float:
+def _decode_tok_s(variant_dir: str, prompt: np.ndarray, new_tokens: int, threads: int, provider: str,
+                  loop: str = "bound", settings: Mapping[str, Any] | None = None) -> float:
     """One fresh session: one over :func:`median_decode_step`."""
-    return 1.0 / median_decode_step(OnnxCausalLM(variant_dir, threads=threads, provider=provider), prompt, new_tokens)
+    model = OnnxCausalLM(variant_dir, threads=threads, provider=provider, settings=settings)
+    return 1.0 / median_decode_step(model, prompt, new_tokens, loop=loop)
 
 
 def compare_decode(
@@ -198,9 +218,15 @@ def compare_decode(
     rounds: int = 5,
     threads: int = 2,
     provider: str = "CPUExecutionProvider",
+    loops: Sequence[str] = ("bound",),
+    settings: Mapping[str, Mapping[str, Any]] | None = None,
     output: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Decode speed of several ONNX variants measured in turns, for a fair A/B on a noisy machine.
+
+    The contestants are every variant x decode loop (``loops``) x named session settings
+    (``settings``: label -> overrides of :func:`qwen_onnx.runtime.session_options`; default one
+    entry ``default`` with none), in that order.
 
     Each round measures every variant once, the order rotating by one each round, so a slow spell
     of a shared machine falls on all variants alike. Each measurement runs in a fresh process
@@ -211,16 +237,19 @@ def compare_decode(
     over the median step time; a variant's figure is the median of its rounds.
 
     Args:
-        variant_dirs: ONNX variant folders; the first is the baseline of ``ratio_to_first``.
+        variant_dirs: ONNX variant folders; the first contestant is the baseline of ``ratio_to_first``.
         text_path: UTF-8 text whose first tokens are the prompt.
         rounds: timed rounds (at least 1).
+        loops: decode loops, ``bound`` and/or ``unbound``.
 
     Returns:
-        ``variants``: per variant (in the given order) ``path``, ``decode_tok_s`` (median of the
-        rounds), ``rounds_tok_s`` (one figure per round), ``ratio_to_first``; and the settings.
+        ``variants``: per contestant (in the order above) ``path``, ``loop``, ``settings_label``,
+        ``session_settings`` (resolved), ``decode_tok_s`` (median of the rounds), ``rounds_tok_s``
+        (one figure per round), ``ratio_to_first``; and the settings of the run.
 
     Raises:
-        QwenOnnxError: no variant, fewer than one round or fewer than two new tokens.
+        QwenOnnxError: no variant, fewer than one round or fewer than two new tokens, an unknown
+            loop or session setting.
         ArtifactError: a variant folder without a model (raised from the measuring process).
     """
     import multiprocessing
@@ -233,23 +262,33 @@ def compare_decode(
     if rounds < 1 or not variant_dirs or new_tokens < 2:
         raise QwenOnnxError(f"need at least 1 variant, 1 round and 2 new tokens; got {len(variant_dirs)}, "
                             f"{rounds}, {new_tokens}")
+    settings = dict(settings) if settings else {"default": {}}
+    try:
+        resolved = {label: resolve_settings(overrides) for label, overrides in settings.items()}
+    except ValueError as error:
+        raise QwenOnnxError(str(error)) from error
+    if not loops or any(loop not in LOOPS for loop in loops):
+        raise QwenOnnxError(f"loops must be some of {LOOPS}, got {list(loops)}")
+    contestants = [(os.fspath(d), loop, label) for d in variant_dirs for loop in loops for label in settings]
     for variant_dir in variant_dirs:  # every folder checked before anything is measured
         model_path(variant_dir)
     prompt = prompt_tokens(AutoTokenizer.from_pretrained(variant_dirs[0]), text_path, prompt_tokens_count)
     context = multiprocessing.get_context("spawn")
-    per_round: list[list[float]] = [[] for _ in variant_dirs]
+    per_round: list[list[float]] = [[] for _ in contestants]
     for r in range(rounds):
-        for k in range(len(variant_dirs)):
-            i = (r + k) % len(variant_dirs)
+        for k in range(len(contestants)):
+            i = (r + k) % len(contestants)
+            path, loop, label = contestants[i]
             with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-                figure = pool.submit(_decode_tok_s, os.fspath(variant_dirs[i]), prompt, new_tokens, threads, provider)
+                figure = pool.submit(_decode_tok_s, path, prompt, new_tokens, threads, provider, loop, settings[label])
                 per_round[i].append(figure.result())
-            log.info("round %d: %s %.2f tok/s", r + 1, variant_dirs[i], per_round[i][-1])
+            log.info("round %d: %s (%s loop, %s) %.2f tok/s", r + 1, path, loop, label, per_round[i][-1])
     medians = [statistics.median(v) for v in per_round]
     result = {
         "variants": [
-            {"path": os.fspath(d), "decode_tok_s": m, "rounds_tok_s": v, "ratio_to_first": m / medians[0]}
-            for d, m, v in zip(variant_dirs, medians, per_round)
+            {"path": path, "loop": loop, "settings_label": label, "session_settings": resolved[label],
+             "decode_tok_s": m, "rounds_tok_s": v, "ratio_to_first": m / medians[0]}
+            for (path, loop, label), m, v in zip(contestants, medians, per_round)
         ],
         "prompt_tokens": prompt_tokens_count, "new_tokens": new_tokens, "rounds": rounds, "threads": threads,
         "provider": provider, "process_per_measurement": True, "library_versions": library_versions(),
@@ -259,12 +298,13 @@ def compare_decode(
     return result
 
 
-def profile_ops(variant_dir, prompt: np.ndarray, threads: int, provider: str, decode_steps: int = 16) -> dict[str, Any]:
+def profile_ops(variant_dir, prompt: np.ndarray, threads: int, provider: str, decode_steps: int = 16,
+                loop: str = "bound", settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Per-op-type share of ONNX Runtime kernel time over one prefill and ``decode_steps`` decode steps."""
     with tempfile.TemporaryDirectory(prefix="qwen-onnx-profile-") as scratch:
         model = OnnxCausalLM(variant_dir, threads=threads, provider=provider,
-                             profile_prefix=str(Path(scratch) / "ort"))
-        model.greedy(prompt, decode_steps + 1)
+                             profile_prefix=str(Path(scratch) / "ort"), settings=settings)
+        model.greedy(prompt, decode_steps + 1, loop=loop)
         trace = model.session.end_profiling()
         summary = summarise_trace(trace, top=12)
         del model

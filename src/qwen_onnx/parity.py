@@ -121,18 +121,14 @@ def kv_cache_parity(model: OnnxCausalLM, tokens: np.ndarray, decode_steps: int) 
     }
 
 
-def onnx_generate(model: OnnxCausalLM, prompt: np.ndarray, max_new_tokens: int, eos_ids: Sequence[int]) -> list[int]:
-    """Greedy generation with the KV cache, stopping after an end-of-sequence id (kept in the output)."""
-    logits, past = model.forward(prompt.reshape(1, -1))
-    out: list[int] = []
-    length = prompt.shape[0]
-    while True:
-        token = int(logits[0, -1].argmax())
-        out.append(token)
-        if token in eos_ids or len(out) >= max_new_tokens:
-            return out
-        length += 1
-        logits, past = model.forward(np.array([[token]], dtype=np.int64), np.ones((1, length), dtype=np.int64), past)
+def onnx_generate(
+    model: OnnxCausalLM, prompt: np.ndarray, max_new_tokens: int, eos_ids: Sequence[int], loop: str = "bound"
+) -> list[int]:
+    """Greedy generation with the KV cache, stopping after an end-of-sequence id (kept in the output).
+
+    ``loop``: ``bound`` (IO binding, the default) or ``unbound`` (:meth:`OnnxCausalLM.generate`).
+    """
+    return model.generate(prompt, max_new_tokens, eos_ids=eos_ids, loop=loop)[0].tolist()
 
 
 def torch_generate(torch_model, prompt: np.ndarray, max_new_tokens: int, eos_ids: Sequence[int], pad_id: int) -> list[int]:
@@ -160,7 +156,7 @@ def matched_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 def generation_parity(
     model: OnnxCausalLM, tokenizer, prompts: Sequence[str], prompt_ids: Sequence[np.ndarray],
-    references: Sequence[Sequence[int]], max_new_tokens: int, eos_ids: Sequence[int],
+    references: Sequence[Sequence[int]], max_new_tokens: int, eos_ids: Sequence[int], loop: str = "bound",
 ) -> dict[str, Any]:
     """Greedy outputs of the variant against PyTorch's (``references``, from :func:`torch_generate`).
 
@@ -171,7 +167,7 @@ def generation_parity(
     """
     details, shares = [], []
     for text, ids, reference in zip(prompts, prompt_ids, references):
-        got = onnx_generate(model, ids, max_new_tokens, eos_ids)
+        got = onnx_generate(model, ids, max_new_tokens, eos_ids, loop)
         matched = matched_prefix(reference, got)
         shares.append(matched / max(len(reference), 1))
         details.append({

@@ -35,6 +35,7 @@ from .artifacts import MODEL_FILE, copy_side_files, library_versions, model_path
 from .errors import QwenOnnxError
 from .export import normalise_external_data
 from .external import ScratchFiles, lazy_model
+from .genai_config import write_genai_config
 from .text import token_windows
 
 log = logging.getLogger(__name__)
@@ -328,6 +329,7 @@ def quantize_dynamic_variant(
             )
         normalise_external_data(stage, search=[input_dir])
         copy_side_files(input_dir, stage)
+        write_genai_config(stage)  # onnxruntime-genai runs the folder
         info = {
             "kind": "dynamic",
             "settings": asdict(settings),
@@ -555,6 +557,7 @@ def quantize_static_variant(
         )
         normalise_external_data(stage, search=[input_dir])
         copy_side_files(input_dir, stage)
+        write_genai_config(stage)  # onnxruntime-genai runs the folder
         info = {
             "kind": "static",
             "format": settings.quant_format,
