@@ -75,6 +75,7 @@ def evaluate_accuracy(
     kv_decode_steps: int = 16,
     generation_tokens: int = 32,
     gate_limits: Mapping[str, float] | None = None,
+    gate_kind: str | None = None,
     fail_on_gate: bool = False,
     output: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
@@ -93,6 +94,8 @@ def evaluate_accuracy(
         generation_tokens: maximum new tokens per greedy generation.
         gate_limits: ``{figure: limit}`` (see :func:`qwen_onnx.gates.check_gate`); None: no limits,
             only the NaN and exploded-perplexity checks.
+        gate_kind: the gate kind the limits belong to (``float``, ``int8_dynamic``,
+            ``int8_static``), recorded in the report.
         fail_on_gate: raise :class:`GateError` on FAIL (after writing ``output``).
         output: JSON file to write, if given.
 
@@ -153,6 +156,7 @@ def evaluate_accuracy(
         "gate": status,
         "gate_failures": failures,
         "gate_limits": dict(gate_limits or {}),
+        "gate_kind": gate_kind,
         "text": os.fspath(text_path),
         "threads": threads,
         "seconds": round(time.time() - started, 1),

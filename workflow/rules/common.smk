@@ -4,7 +4,7 @@ import re
 from snakemake.utils import validate
 
 import qwen_onnx
-from qwen_onnx.gates import variant_kind
+from qwen_onnx.gates import DEFAULT_GATES, variant_kind
 
 # A model's own stage sections override the global ones key by key; keep them as written, since
 # validation fills schema defaults into them too (which would override the global values).
@@ -109,9 +109,11 @@ def get_latency_threads(wildcards):
 
 
 def get_gate(wildcards):
-    """The accuracy gate ({figure: limit}) of the variant's kind for this model."""
+    """The accuracy gate ({figure: limit}) of the variant's kind for this model (the defaults of
+    qwen_onnx.gates.DEFAULT_GATES when the config leaves the kind out)."""
     gates = get_settings(wildcards.model, "gates")
-    return gates.get(variant_kind(wildcards.variant), {})
+    kind = variant_kind(wildcards.variant)
+    return gates.get(kind, DEFAULT_GATES[kind])
 
 
 def get_variant_dir(wildcards):
