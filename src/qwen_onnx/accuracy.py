@@ -104,12 +104,18 @@ def evaluate_accuracy(
         details, ``gate`` (``PASS``/``FAIL``) and ``gate_failures``.
 
     Raises:
+        OptionError: a number out of its range (:data:`qwen_onnx.options.RANGES`).
         QwenOnnxError: the text holds no full window.
         ArtifactError: the variant's model or external data is missing.
         GateError: the gate failed and ``fail_on_gate`` is set.
     """
     from tqdm import tqdm
     from transformers import AutoTokenizer
+
+    from .options import check_options
+
+    check_options(window=window, max_windows=max_windows, threads=threads, kv_decode_steps=kv_decode_steps,
+                  generation_tokens=generation_tokens)
 
     started = time.time()
     name = os.path.basename(os.path.normpath(os.fspath(variant_dir)))

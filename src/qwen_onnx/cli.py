@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = args.func(args)
     except QwenOnnxError as exc:
-        print(f"qwen-onnx {args.command}: error: {exc}", file=sys.stderr)
+        print(f"qwen-onnx {args.command}: {exc}", file=sys.stderr)
         return 2
     if result is not None:
         print(json.dumps(result, indent=2, default=str))

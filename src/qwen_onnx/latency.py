@@ -34,6 +34,7 @@ import numpy as np
 from .artifacts import MODEL_FILE, folder_bytes, library_versions, model_path, write_json
 from .errors import ArtifactError
 from .inspect_graph import decode_weight_bytes, load_graph
+from .options import check_options
 from .profiling import summarise_trace
 from .runtime import OnnxCausalLM
 from .text import read_text
@@ -139,13 +140,14 @@ def measure_latency(
         ``profile`` (per-op-type kernel time, when ``profile``); the settings and versions.
 
     Raises:
-        ValueError: ``new_tokens`` < 2, ``repeats`` < 1 or a text too short for the prompts.
+        OptionError: a number out of its range (:data:`qwen_onnx.options.RANGES`).
+        ValueError: a text too short for the prompts.
         ArtifactError: the model or its external data is missing.
     """
     from transformers import AutoTokenizer
 
-    if new_tokens < 2 or repeats < 1:
-        raise ValueError(f"need new_tokens >= 2 and repeats >= 1, got {new_tokens} and {repeats}")
+    check_options(prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens, new_tokens=new_tokens,
+                  threads=threads, warmup=warmup, repeats=repeats)
     model_path(variant_dir)  # a missing folder is named here, not taken for a hub ID by the tokenizer
     tokenizer = AutoTokenizer.from_pretrained(variant_dir)
     tokens = prompt_tokens(tokenizer, text_path, max([*prompt_lengths, decode_prompt_tokens]))
@@ -230,9 +232,9 @@ def compare_decode(
 
     from .errors import QwenOnnxError
 
-    if rounds < 1 or not variant_dirs or new_tokens < 2:
-        raise QwenOnnxError(f"need at least 1 variant, 1 round and 2 new tokens; got {len(variant_dirs)}, "
-                            f"{rounds}, {new_tokens}")
+    if not variant_dirs:
+        raise QwenOnnxError("no variant folder given; name at least one")
+    check_options(prompt_tokens=prompt_tokens_count, new_tokens=new_tokens, rounds=rounds, threads=threads)
     for variant_dir in variant_dirs:  # every folder checked before anything is measured
         model_path(variant_dir)
     prompt = prompt_tokens(AutoTokenizer.from_pretrained(variant_dirs[0]), text_path, prompt_tokens_count)
@@ -303,6 +305,8 @@ def measure_torch_latency(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_options(prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens, new_tokens=new_tokens,
+                  threads=threads, warmup=warmup, repeats=repeats)
     if not Path(hf_dir, "config.json").is_file():
         raise ArtifactError(f"no Hugging Face folder at {hf_dir} (config.json missing): run the resolve stage first")
     torch.set_num_threads(int(threads))

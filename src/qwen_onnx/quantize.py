@@ -59,6 +59,16 @@ class _SensitiveSettings:
     sensitive_scheme: str = "float"
     block_size: int = 128
 
+    def __post_init__(self) -> None:
+        """Numbers checked on construction (:class:`qwen_onnx.errors.OptionError` names the range)."""
+        from .options import check_option
+
+        check_option("max_nodes", self.sensitive_max_nodes, key="sensitive_max_nodes")
+        check_option("block_size", self.block_size)
+        for name in ("samples", "sequence_length"):
+            if hasattr(self, name):
+                check_option(name, getattr(self, name))
+
     @classmethod
     def from_config(cls, section: Mapping[str, Any]):
         """From a config section, whose ``sensitive: {max_nodes, below_sqnr_db, scheme}`` is nested

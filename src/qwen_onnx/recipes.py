@@ -428,11 +428,13 @@ def run_recipes(
 
     from .artifacts import model_path
     from .latency import prompt_tokens as first_tokens
+    from .options import check_options
+
+    check_options(windows=windows, window_tokens=window_tokens, threads=threads, prompt_tokens=prompt_tokens,
+                  decode_tokens=decode_tokens)
 
     recipes = tuple(recipes)
     _check_recipes(recipes, sensitivity)
-    if decode_tokens < 1 or windows < 1:
-        raise QwenOnnxError(f"need windows >= 1 and decode_tokens >= 1, got {windows} and {decode_tokens}")
     preprocessed_dir = Path(preprocessed_dir).resolve()
     model_path(preprocessed_dir)
     work_dir = Path(work_dir).resolve()

@@ -273,6 +273,10 @@ def analyse_sensitivity(
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
+    from .options import check_options
+
+    check_options(samples=samples, sequence_length=sequence_length, threads=threads)
+
     started = time.time()
     model_dir = Path(model_dir).resolve()
     graph = onnx.load(str(model_path(model_dir)), load_external_data=False).graph

@@ -1,15 +1,23 @@
 import copy
 import re
+import sys
 
 from snakemake.utils import validate
 
 import qwen_onnx
+import qwen_onnx.options
 from qwen_onnx.gates import DEFAULT_GATES, variant_kind
 
 # A model's own stage sections override the global ones key by key; keep them as written, since
 # validation fills schema defaults into them too (which would override the global values).
 MODEL_OVERRIDES = copy.deepcopy(config.get("models", {}))
 
+# Numbers out of range answered in one line naming the range, as the CLI does (then the schema).
+try:
+    qwen_onnx.options.check_config(config)
+except qwen_onnx.options.OptionError as exc:
+    sys.stderr.write(f"qwen-onnx config: {exc}\n")
+    sys.exit(2)
 validate(config, schema="../schemas/config.schema.yaml")
 
 VERSION = qwen_onnx.__version__
