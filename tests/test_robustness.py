@@ -151,3 +151,30 @@ def test_workflow_names_a_model_override_by_its_path(tiny_qwen2, texts, tmp_path
     result = snakemake(tmp_path, "-n")
     assert result.stderr.strip().splitlines()[-1] == (
         "qwen-onnx config: models.tiny.quantize_static.samples -2 is out of range; give an integer of at least 1")
+
+
+# --- the EOS ids every variant folder carries ------------------------------------------------------
+
+
+@pytest.mark.parametrize("generation_config", ["{}", None], ids=["empty", "missing"])
+def test_every_folder_carries_the_eos_ids_the_evaluation_uses(tiny_qwen2, tmp_path, generation_config):
+    import shutil
+
+    from transformers import GenerationConfig
+
+    from qwen_onnx.export import export_onnx
+    from qwen_onnx.parity import eos_token_ids
+    from qwen_onnx.resolve import resolve
+
+    source = tmp_path / "source"
+    shutil.copytree(tiny_qwen2, source)
+    config_eos = json.loads((source / "config.json").read_text())["eos_token_id"]
+    if generation_config is None:
+        (source / "generation_config.json").unlink()
+    else:
+        (source / "generation_config.json").write_text(generation_config)
+    resolve(str(source), tmp_path / "hf")
+    export_onnx(tmp_path / "hf", tmp_path / "fp32")
+    for folder in (tmp_path / "hf", tmp_path / "fp32"):
+        assert GenerationConfig.from_pretrained(folder).eos_token_id == config_eos
+        assert eos_token_ids(folder) == [config_eos]

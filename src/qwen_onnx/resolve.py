@@ -391,7 +391,34 @@ def _load_and_save(folder: str, destination: Path, gguf_file: str | None = None)
     tokenizer.save_pretrained(destination)
     if not (destination / "generation_config.json").is_file():
         GenerationConfig.from_model_config(config).save_pretrained(destination)
+    complete_generation_config(destination, tokenizer.eos_token_id)
     for stray in ("tokenizer.model",):
         src = Path(folder) / stray
         if src.is_file() and not (destination / stray).exists():
             shutil.copy2(src, destination / stray)
+
+
+def complete_generation_config(folder: str | os.PathLike, tokenizer_eos: int | None = None) -> list[int]:
+    """Give ``folder/generation_config.json`` the end-of-sequence ids the evaluation uses.
+
+    A checkpoint whose ``generation_config.json`` is ``{}`` (or lacks ``eos_token_id``) makes
+    ``generate`` (transformers, optimum's ``ORTModelForCausalLM``) run past the end of the answer.
+    The ids written are :func:`qwen_onnx.parity.eos_token_ids` of the folder (generation config,
+    else ``config.json``), else the tokenizer's EOS id; every variant folder copies this file.
+
+    Returns:
+        The EOS ids now in the generation config (empty when none is known anywhere).
+    """
+    import json
+
+    from .parity import eos_token_ids
+
+    path = Path(folder) / "generation_config.json"
+    settings = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    ids = eos_token_ids(folder) or ([int(tokenizer_eos)] if tokenizer_eos is not None else [])
+    if ids and settings.get("eos_token_id") is None:
+        settings["eos_token_id"] = ids if len(ids) > 1 else ids[0]
+        settings.setdefault("transformers_version", library_versions().get("transformers"))
+        log.info("generation_config.json had no eos_token_id: set to %s", settings["eos_token_id"])
+        write_json(path, settings)
+    return ids
