@@ -178,3 +178,107 @@ def test_every_folder_carries_the_eos_ids_the_evaluation_uses(tiny_qwen2, tmp_pa
     for folder in (tmp_path / "hf", tmp_path / "fp32"):
         assert GenerationConfig.from_pretrained(folder).eos_token_id == config_eos
         assert eos_token_ids(folder) == [config_eos]
+
+
+# --- tokenizer: no false Mistral-regex alarm, same ids -------------------------------------------
+
+TEXTS = {
+    "code": "def add(a, b):\n    return a + b\n",
+    "english": "The quick brown fox jumps over the lazy dog.",
+    "chinese": "量化模型的困惑度和延迟。",
+    "cased": "Don't you'll WORLD HelloWorld I'M",
+}
+#: Qwen2.5-Coder-0.5B-Instruct's tokenizer (results/qwen2.5-coder-0.5b/hf, and the same from the
+#: embedded GGUF), transformers 4.57.6. "HelloWorld" is 90071 (one token); the tokenizer "fixed" as
+#: the warning asks (fix_mistral_regex=True) splits it into 21927, 10134.
+KNOWN_IDS = {
+    "code": [750, 912, 2877, 11, 293, 982, 262, 470, 264, 488, 293, 198],
+    "english": [785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13],
+    "chinese": [108048, 104949, 9370, 110666, 26381, 33108, 112881, 1773],
+    "cased": [8002, 944, 498, 3278, 50891, 90071, 358, 27603],
+}
+
+
+class _Warnings(list):
+    def __enter__(self):
+        import logging
+
+        self.handler = logging.Handler()
+        self.handler.emit = lambda record: self.append(record.getMessage())
+        self.logger = logging.getLogger("transformers.tokenization_utils_base")
+        self.logger.addHandler(self.handler)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self.handler)
+
+
+def _large_vocab_copy(folder: Path, destination: Path) -> Path:
+    """``folder`` with 100,000 extra (unreachable) vocabulary entries: transformers' Mistral-regex
+    check only looks at tokenizers of over 100,000 tokens, as Qwen's (151,646) are."""
+    import shutil
+
+    shutil.copytree(folder, destination)
+    tokenizer = json.loads((destination / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = tokenizer["model"]["vocab"]
+    start = max(vocab.values()) + 1
+    vocab.update({f"<unused_{i}>": start + i for i in range(100_000)})
+    (destination / "tokenizer.json").write_text(json.dumps(tokenizer), encoding="utf-8")
+    return destination
+
+
+def test_our_folders_load_their_tokenizer_without_the_mistral_regex_alarm(pipeline, tmp_path):
+    from transformers import AutoTokenizer
+
+    from qwen_onnx.text import load_tokenizer
+
+    folder = _large_vocab_copy(pipeline["fp32"], tmp_path / "fp32")
+    with _Warnings() as plain:
+        expected = AutoTokenizer.from_pretrained(folder)
+    assert expected.vocab_size > 100_000
+    assert any("fix_mistral_regex" in m for m in plain)  # transformers' check fires on our folders
+    with _Warnings() as ours:
+        tokenizer = load_tokenizer(folder)
+    assert not [m for m in ours if "regex" in m]
+    for text in TEXTS.values():
+        assert tokenizer(text)["input_ids"] == expected(text)["input_ids"]
+
+
+def test_every_stage_loads_tokenizers_through_load_tokenizer():
+    sources = {p.name: p.read_text(encoding="utf-8") for p in (REPO / "src/qwen_onnx").glob("*.py")}
+    assert [name for name, text in sources.items() if "AutoTokenizer.from_pretrained(" in text] == ["text.py"]
+
+
+def _embedded_parts_installed() -> bool:
+    from qwen_onnx.errors import PartError
+    from qwen_onnx.resolve import EMBEDDED, locate_parts
+
+    try:
+        locate_parts(EMBEDDED["qwen2.5-coder-0.5b-instruct-q4_k_m"])
+    except PartError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _embedded_parts_installed(),
+                    reason="GGUF part packages not installed (envs/setup.sh --models); CI runs setup.sh without it")
+def test_embedded_tokenizer_gives_the_known_ids(tmp_path):
+    """About 40 s: assembles the 0.5B GGUF (491 MB) and reads its tokenizer."""
+    from qwen_onnx.resolve import EMBEDDED, concatenate_parts
+    from qwen_onnx.text import load_tokenizer
+
+    concatenate_parts(EMBEDDED["qwen2.5-coder-0.5b-instruct-q4_k_m"], tmp_path / "m.gguf")
+    tokenizer = load_tokenizer(tmp_path, gguf_file="m.gguf")
+    (tmp_path / "m.gguf").unlink()
+    for name, text in TEXTS.items():
+        assert tokenizer(text, add_special_tokens=False)["input_ids"] == KNOWN_IDS[name], name
+
+
+def test_a_text_in_another_encoding_is_named_in_one_line(pipeline, tmp_path, capsys):
+    text = tmp_path / "eval.txt"
+    text.write_bytes("量化模型的困惑度和延迟。\n".encode("gb18030") * 200)
+    assert main(["latency", str(pipeline["fp32"]), "--text", str(text), "-o", str(tmp_path / "l.json")]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err == (f"qwen-onnx latency: text file {text} is not UTF-8 (byte 0xc1 at offset 0); convert it, "
+                   "e.g. `iconv -f GB18030 -t UTF-8 eval.txt > eval.utf8.txt`")
+    assert not (tmp_path / "l.json").exists()

@@ -110,7 +110,7 @@ def evaluate_accuracy(
         GateError: the gate failed and ``fail_on_gate`` is set.
     """
     from tqdm import tqdm
-    from transformers import AutoTokenizer
+    from .text import load_tokenizer
 
     from .options import check_options
 
@@ -119,7 +119,7 @@ def evaluate_accuracy(
 
     started = time.time()
     name = os.path.basename(os.path.normpath(os.fspath(variant_dir)))
-    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    tokenizer = load_tokenizer(hf_dir)
     available = token_windows(tokenizer, text_path, window)
     windows = available if max_windows is None else available[:max_windows]
     prompts = list(prompts) if prompts is not None else shipped_prompts()

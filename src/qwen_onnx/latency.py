@@ -144,12 +144,12 @@ def measure_latency(
         ValueError: a text too short for the prompts.
         ArtifactError: the model or its external data is missing.
     """
-    from transformers import AutoTokenizer
+    from .text import load_tokenizer
 
     check_options(prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens, new_tokens=new_tokens,
                   threads=threads, warmup=warmup, repeats=repeats)
     model_path(variant_dir)  # a missing folder is named here, not taken for a hub ID by the tokenizer
-    tokenizer = AutoTokenizer.from_pretrained(variant_dir)
+    tokenizer = load_tokenizer(variant_dir)
     tokens = prompt_tokens(tokenizer, text_path, max([*prompt_lengths, decode_prompt_tokens]))
     model = OnnxCausalLM(variant_dir, threads=threads, provider=provider)
 
@@ -228,7 +228,7 @@ def compare_decode(
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from transformers import AutoTokenizer
+    from .text import load_tokenizer
 
     from .errors import QwenOnnxError
 
@@ -237,7 +237,7 @@ def compare_decode(
     check_options(prompt_tokens=prompt_tokens_count, new_tokens=new_tokens, rounds=rounds, threads=threads)
     for variant_dir in variant_dirs:  # every folder checked before anything is measured
         model_path(variant_dir)
-    prompt = prompt_tokens(AutoTokenizer.from_pretrained(variant_dirs[0]), text_path, prompt_tokens_count)
+    prompt = prompt_tokens(load_tokenizer(variant_dirs[0]), text_path, prompt_tokens_count)
     context = multiprocessing.get_context("spawn")
     per_round: list[list[float]] = [[] for _ in variant_dirs]
     for r in range(rounds):
@@ -303,14 +303,16 @@ def measure_torch_latency(
         ArtifactError: ``hf_dir`` is not a Hugging Face folder (no ``config.json``).
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from .text import load_tokenizer
 
     check_options(prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens, new_tokens=new_tokens,
                   threads=threads, warmup=warmup, repeats=repeats)
     if not Path(hf_dir, "config.json").is_file():
         raise ArtifactError(f"no Hugging Face folder at {hf_dir} (config.json missing): run the resolve stage first")
     torch.set_num_threads(int(threads))
-    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    tokenizer = load_tokenizer(hf_dir)
     tokens = prompt_tokens(tokenizer, text_path, max([*prompt_lengths, decode_prompt_tokens]))
     started = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager").eval()

@@ -506,7 +506,7 @@ def quantize_static_variant(
     """
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
-    from transformers import AutoTokenizer
+    from .text import load_tokenizer
 
     if settings.method not in CALIBRATION_METHODS:
         raise QwenOnnxError(f"calibration method {settings.method!r} unknown; use one of {', '.join(CALIBRATION_METHODS)}")
@@ -521,7 +521,7 @@ def quantize_static_variant(
     names = [n["name"] for n in sensitive]
     excluded = list(dict.fromkeys([*settings.nodes_to_exclude, *names]))
     _check_excluded(source, excluded)
-    tokenizer = AutoTokenizer.from_pretrained(input_dir)
+    tokenizer = load_tokenizer(input_dir)
     windows = token_windows(tokenizer, calibration_text, settings.sequence_length, settings.samples)
     reader = TextCalibrationReader(source, windows)
     method = getattr(CalibrationMethod, settings.method)

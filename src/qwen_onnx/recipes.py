@@ -424,7 +424,7 @@ def run_recipes(
         ArtifactError: the pre-processed model or its external data is missing.
     """
     from tqdm import tqdm
-    from transformers import AutoTokenizer
+    from .text import load_tokenizer
 
     from .artifacts import model_path
     from .latency import prompt_tokens as first_tokens
@@ -441,7 +441,7 @@ def run_recipes(
     work_dir.mkdir(parents=True, exist_ok=True)
     rows_path = work_dir / ROWS_FILE
 
-    tokenizer = AutoTokenizer.from_pretrained(preprocessed_dir)
+    tokenizer = load_tokenizer(preprocessed_dir)
     evaluation = token_windows(tokenizer, evaluation_text, window_tokens)[:windows]
     try:
         prompt = first_tokens(tokenizer, evaluation_text, prompt_tokens)

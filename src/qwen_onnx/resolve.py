@@ -374,7 +374,9 @@ def _offline_message(repo_id: str, cache: str, exc: BaseException) -> str:
 
 def _load_and_save(folder: str, destination: Path, gguf_file: str | None = None) -> None:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    from .text import load_tokenizer
 
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     try:
@@ -387,7 +389,7 @@ def _load_and_save(folder: str, destination: Path, gguf_file: str | None = None)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs)
     model.save_pretrained(destination, safe_serialization=True)
     del model
-    tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+    tokenizer = load_tokenizer(folder, **kwargs)
     tokenizer.save_pretrained(destination)
     if not (destination / "generation_config.json").is_file():
         GenerationConfig.from_model_config(config).save_pretrained(destination)

@@ -271,7 +271,7 @@ def analyse_sensitivity(
         ArtifactError: the model or its external data is missing.
     """
     from tqdm import tqdm
-    from transformers import AutoTokenizer
+    from .text import load_tokenizer
 
     from .options import check_options
 
@@ -283,7 +283,7 @@ def analyse_sensitivity(
     matmuls = weight_matmuls(graph)
     if not matmuls:
         raise QwenOnnxError(f"{model_dir} has no MatMul with a constant float weight; is it an fp32 variant?")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir)
     windows = token_windows(tokenizer, calibration_text, sequence_length, samples)
     captured = capture_activations(model_dir, windows, (node.input[0] for node, _ in matmuls), threads)
 
