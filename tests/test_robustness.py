@@ -282,3 +282,66 @@ def test_a_text_in_another_encoding_is_named_in_one_line(pipeline, tmp_path, cap
     assert err == (f"qwen-onnx latency: text file {text} is not UTF-8 (byte 0xc1 at offset 0); convert it, "
                    "e.g. `iconv -f GB18030 -t UTF-8 eval.txt > eval.utf8.txt`")
     assert not (tmp_path / "l.json").exists()
+
+
+# --- Hugging Face cache layout: files symlinked into a sibling blobs/ folder -------------------------
+
+
+def _hub_cache_copy(folder: Path, cache: Path) -> Path:
+    """``folder`` as the hub cache stores it: ``snapshots/REV/NAME/FILE -> ../../../blobs/SHA256``."""
+    import hashlib
+    import os
+    import shutil
+
+    blobs, snapshot = cache / "blobs", cache / "snapshots" / "0123abcd" / folder.name
+    blobs.mkdir(parents=True, exist_ok=True)
+    snapshot.mkdir(parents=True)
+    for file in folder.iterdir():
+        blob = blobs / hashlib.sha256(file.read_bytes()).hexdigest()
+        shutil.copy2(file, blob)
+        os.symlink(os.path.relpath(blob, snapshot), snapshot / file.name)
+    return snapshot
+
+
+@pytest.fixture(scope="module")
+def hub_layout(pipeline, tmp_path_factory):
+    cache = tmp_path_factory.mktemp("hub") / "models--me--tiny-onnx"
+    return {name: _hub_cache_copy(pipeline[name], cache) for name in ("fp32", "preprocessed")}
+
+
+def test_every_stage_reads_a_variant_in_the_hub_cache_layout(pipeline, hub_layout, texts, tmp_path):
+    from qwen_onnx.accuracy import evaluate_accuracy
+    from qwen_onnx.artifacts import MODEL_FILE, model_path
+    from qwen_onnx.export import preprocess
+    from qwen_onnx.extract import extract_layer
+    from qwen_onnx.inspect_graph import diff_models, inspect_model
+    from qwen_onnx.latency import compare_decode, measure_latency
+    from qwen_onnx.optimize import optimize_variant
+    from qwen_onnx.quantize import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
+    from qwen_onnx.sensitivity import analyse_sensitivity
+
+    fp32, pre = hub_layout["fp32"], hub_layout["preprocessed"]
+    assert (fp32 / MODEL_FILE).is_symlink() and (fp32 / "model.onnx_data").is_symlink()
+    out = tmp_path / "out"
+    preprocess(fp32, out / "preprocessed")
+    optimize_variant(fp32, out / "optimized")
+    quantize_dynamic_variant(pre, out / "int8-dynamic", DynamicSettings(block_size=16))
+    quantize_static_variant(pre, out / "int8-static", texts["calibration"], StaticSettings(samples=2, sequence_length=16))
+    for variant in ("preprocessed", "optimized", "int8-dynamic", "int8-static"):
+        model_path(out / variant)  # model and external data written
+        assert inspect_model(out / variant)["nodes"] > 0
+    assert inspect_model(out / "preprocessed")["nodes"] == inspect_model(pipeline["preprocessed"])["nodes"]
+    sensitivity = analyse_sensitivity(pre, texts["calibration"], samples=2, sequence_length=16, output=out / "s.json")
+    assert len(sensitivity["nodes"]) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer and lm_head
+    assert extract_layer(fp32, 1, out / "layer")["layer"] == 1
+    assert extract_layer(fp32 / MODEL_FILE, 0, out / "layer0")["layer"] == 0
+    assert diff_models(pipeline["fp32"], fp32)["nodes"]["a"] == diff_models(pipeline["fp32"], fp32)["nodes"]["b"]
+    accuracy = evaluate_accuracy(pre, pipeline["hf"], texts["evaluation"], window=32, max_windows=1,
+                                 kv_decode_steps=2, generation_tokens=2)
+    assert accuracy["max_abs_logit_diff"] < 1e-3
+    latency = measure_latency(fp32, texts["evaluation"], prompt_lengths=[8], decode_prompt_tokens=8, new_tokens=2,
+                              warmup=0, repeats=1, profile=False, threads=1)
+    assert latency["decode_tok_s"] > 0
+    assert compare_decode([fp32, pre], texts["evaluation"], prompt_tokens_count=8, new_tokens=2, rounds=1,
+                          threads=1)["variants"][1]["decode_tok_s"] > 0
+    assert not [p for p in out.iterdir() if p.name.startswith(".qwen-onnx-linked-")]  # copies removed

@@ -23,6 +23,7 @@ from pathlib import Path
 import onnx
 
 from .artifacts import (
+    reads_variant,
     DATA_FILE,
     MODEL_FILE,
     copy_side_files,
@@ -101,6 +102,7 @@ def export_onnx(
     return info
 
 
+@reads_variant("input_dir")
 def preprocess(
     input_dir: str | os.PathLike,
     output_dir: str | os.PathLike,

@@ -28,6 +28,7 @@ from pathlib import Path
 import onnx
 
 from .artifacts import (
+    reads_variant,
     MODEL_FILE,
     copy_side_files,
     library_versions,
@@ -45,6 +46,7 @@ def _op_histogram(path: Path) -> collections.Counter:
     return collections.Counter(n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node)
 
 
+@reads_variant("input_dir")
 def optimize_variant(
     input_dir: str | os.PathLike,
     output_dir: str | os.PathLike,

@@ -31,7 +31,16 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 import onnx
 
-from .artifacts import MODEL_FILE, copy_side_files, library_versions, model_path, read_json, staged_dir, write_json
+from .artifacts import (
+    MODEL_FILE,
+    copy_side_files,
+    library_versions,
+    model_path,
+    read_json,
+    reads_variant,
+    staged_dir,
+    write_json,
+)
 from .errors import QwenOnnxError
 from .export import normalise_external_data
 from .external import ScratchFiles, lazy_model
@@ -284,6 +293,7 @@ def _check_excluded(path: Path, names: Sequence[str]) -> None:
         )
 
 
+@reads_variant("input_dir")
 def quantize_dynamic_variant(
     input_dir: str | os.PathLike,
     output_dir: str | os.PathLike,
@@ -482,6 +492,7 @@ def _static_extra_options(settings: StaticSettings) -> dict[str, Any]:
     return options
 
 
+@reads_variant("input_dir")
 def quantize_static_variant(
     input_dir: str | os.PathLike,
     output_dir: str | os.PathLike,

@@ -42,7 +42,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from .artifacts import library_versions, model_path, write_json
+from .artifacts import library_versions, model_path, reads_variant, write_json
 from .errors import QwenOnnxError
 from .external import lazy_model
 from .text import token_windows
@@ -236,6 +236,7 @@ def capture_activations(
     return captured
 
 
+@reads_variant("model_dir", near="output")
 def analyse_sensitivity(
     model_dir: str | os.PathLike,
     calibration_text: str | os.PathLike,
