@@ -345,3 +345,75 @@ def test_every_stage_reads_a_variant_in_the_hub_cache_layout(pipeline, hub_layou
     assert compare_decode([fp32, pre], texts["evaluation"], prompt_tokens_count=8, new_tokens=2, rounds=1,
                           threads=1)["variants"][1]["decode_tok_s"] > 0
     assert not [p for p in out.iterdir() if p.name.startswith(".qwen-onnx-linked-")]  # copies removed
+
+
+# --- a source changed in place reruns resolve and everything after ---------------------------------
+
+
+def test_a_local_folder_changed_in_place_reruns_the_model(tiny_qwen2, texts, tmp_path):
+    import shutil
+    import time
+
+    from test_workflow import planned_jobs, snakemake, write_config
+
+    source = tmp_path / "checkpoint"
+    shutil.copytree(tiny_qwen2, source)
+    work = tmp_path / "work"
+    work.mkdir()
+    write_config(work, str(source), texts)
+    built = snakemake(work, "results/tiny/fp32")
+    assert built.returncode == 0, built.stderr[-3000:]
+    unchanged = snakemake(work, "-n", "results/tiny/fp32")
+    assert "Nothing to be done" in unchanged.stdout + unchanged.stderr
+    time.sleep(1.1)  # a new checkpoint saved into the same folder: new weights, newer time
+    from tiny_models import build_tiny_qwen
+
+    before = (source / "model.safetensors").read_bytes()
+    build_tiny_qwen(source, "qwen2", seed=1)
+    assert (source / "model.safetensors").read_bytes() != before
+    changed = snakemake(work, "-n", "results/tiny/fp32")
+    assert changed.returncode == 0, changed.stderr[-3000:]
+    assert planned_jobs(changed) == {"resolve": 1, "export": 1}
+
+
+def test_a_gguf_file_changed_in_place_reruns_resolve(texts, tmp_path):
+    import os
+
+    from test_workflow import planned_jobs, snakemake, write_config
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    write_config(tmp_path, str(gguf), texts)
+    hf = tmp_path / "results" / "tiny" / "hf"
+    hf.mkdir(parents=True)  # as if resolved after the file was written
+    os.utime(gguf, (1_000_000_000, 1_000_000_000))
+    assert "Nothing to be done" in (r := snakemake(tmp_path, "-n", "results/tiny/hf")).stdout + r.stderr
+    gguf.write_bytes(b"GGUF2")
+    assert planned_jobs(snakemake(tmp_path, "-n", "results/tiny/hf")) == {"resolve": 1}
+
+
+def test_a_hub_snapshot_moved_to_a_new_revision_reruns_resolve(tiny_qwen2, texts, tmp_path):
+    import shutil
+
+    from test_workflow import planned_jobs, snakemake, write_config
+
+    from qwen_onnx.resolve import hub_snapshot_revision
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--me--tiny-qwen"
+    first, second = "a" * 40, "b" * 40
+    for commit in (first, second):
+        shutil.copytree(tiny_qwen2, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(first)
+    env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    work = tmp_path / "work"
+    work.mkdir()
+    write_config(work, "me/tiny-qwen", texts)
+    built = snakemake(work, "results/tiny/hf", env=env)
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert "Nothing to be done" in (r := snakemake(work, "-n", "results/tiny/hf", env=env)).stdout + r.stderr
+    (repo / "refs" / "main").write_text(second)  # `huggingface-cli download` of a newer commit
+    assert planned_jobs(snakemake(work, "-n", "results/tiny/hf", env=env)) == {"resolve": 1}
+    assert hub_snapshot_revision("me/tiny-qwen", first) == first
+    assert hub_snapshot_revision(str(tiny_qwen2)) is None

@@ -184,6 +184,50 @@ def parse_source(source: str | Mapping[str, Any]) -> Source:
     )
 
 
+def source_files(source: str | Mapping[str, Any]) -> list[str]:
+    """The local files a source is read from, so that the workflow reruns ``resolve`` when they change.
+
+    Returns:
+        A ``.gguf`` source: its file; a local folder: every file in it (weights, configs,
+        tokenizer; hidden files left out); other sources (hub IDs, GGUF part packages, checked by
+        sha256) and sources that do not parse: ``[]`` (the resolve job then names the problem).
+    """
+    try:
+        parsed = parse_source(source)
+    except SourceError:
+        return []
+    if parsed.kind == "gguf":
+        return [parsed.value]
+    if parsed.kind == "local":
+        return sorted(str(p) for p in Path(parsed.value).iterdir() if p.is_file() and not p.name.startswith("."))
+    return []
+
+
+def hub_snapshot_revision(source: str | Mapping[str, Any], revision: str | None = None) -> str | None:
+    """Commit hash of the cached snapshot a hub source resolves to, without the network.
+
+    Read from the Hugging Face cache (``HF_HUB_CACHE``): ``models--ORG--NAME/refs/REVISION`` (default
+    ``main``), or ``revision`` itself when it is a 40-digit commit hash. A new download of the same
+    branch moves the ref, so the workflow (a ``resolve`` param) reruns the model.
+
+    Returns:
+        The hash, or None for a source that is not a hub ID or is not cached.
+    """
+    try:
+        parsed = parse_source(source)
+    except SourceError:
+        return None
+    if parsed.kind != "hub":
+        return None
+    ref = revision or "main"
+    if len(ref) == 40 and all(c in "0123456789abcdef" for c in ref):
+        return ref
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    path = Path(HF_HUB_CACHE) / f"models--{parsed.value.replace('/', '--')}" / "refs" / ref
+    return path.read_text(encoding="utf-8").strip() if path.is_file() else None
+
+
 def _looks_like_hub_id(text: str) -> bool:
     pieces = text.split("/")
     allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")

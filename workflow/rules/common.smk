@@ -7,6 +7,7 @@ from snakemake.utils import validate
 import qwen_onnx
 import qwen_onnx.options
 from qwen_onnx.gates import DEFAULT_GATES, variant_kind
+from qwen_onnx.resolve import hub_snapshot_revision, source_files
 
 # A model's own stage sections override the global ones key by key; keep them as written, since
 # validation fills schema defaults into them too (which would override the global values).
