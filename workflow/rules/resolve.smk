@@ -20,7 +20,8 @@ rule resolve:
         source=lambda wc: config["models"][wc.model]["source"],
         revision=lambda wc: config["models"][wc.model].get("revision"),
         snapshot=lambda wc: hub_snapshot_revision(
-            config["models"][wc.model]["source"], config["models"][wc.model].get("revision")
+            config["models"][wc.model]["source"],
+            config["models"][wc.model].get("revision"),
         ),
         version=VERSION,
     script:
