@@ -417,3 +417,68 @@ def test_a_hub_snapshot_moved_to_a_new_revision_reruns_resolve(tiny_qwen2, texts
     assert planned_jobs(snakemake(work, "-n", "results/tiny/hf", env=env)) == {"resolve": 1}
     assert hub_snapshot_revision("me/tiny-qwen", first) == first
     assert hub_snapshot_revision(str(tiny_qwen2)) is None
+
+
+# --- tied embeddings stored once -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tied_pipeline(tmp_path_factory, texts):
+    from tiny_models import build_tiny_qwen
+
+    from qwen_onnx.export import export_onnx, preprocess
+    from qwen_onnx.optimize import optimize_variant
+    from qwen_onnx.quantize import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
+    from qwen_onnx.resolve import resolve
+
+    root = tmp_path_factory.mktemp("tied")
+    dirs = {name: root / name for name in ("fp32", "preprocessed", "optimized", "int8-dynamic", "int8-static")}
+    resolve(str(build_tiny_qwen(root / "source", "qwen2", tie_word_embeddings=True)), root / "hf")
+    export_onnx(root / "hf", dirs["fp32"])
+    preprocess(dirs["fp32"], dirs["preprocessed"])
+    optimize_variant(dirs["fp32"], dirs["optimized"])
+    quantize_dynamic_variant(dirs["preprocessed"], dirs["int8-dynamic"], DynamicSettings(block_size=16))
+    quantize_static_variant(dirs["preprocessed"], dirs["int8-static"], texts["calibration"],
+                            StaticSettings(samples=2, sequence_length=16))
+    return dirs
+
+
+def tables_of(folder: Path) -> list[str]:
+    """Float initializers of the tiny tied model's table ([384, 64] or [64, 384])."""
+    import onnx
+
+    graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
+    return [t.name for t in graph.initializer if t.name.startswith("model.embed_tokens.weight")
+            and t.data_type == onnx.TensorProto.FLOAT and sorted(t.dims) == [64, 384]]
+
+
+def test_a_tied_table_is_stored_once_in_every_variant_but_the_quantizers_input(tied_pipeline):
+    import numpy as np
+    import onnx
+
+    from qwen_onnx.inspect_graph import inspect_model
+    from qwen_onnx.runtime import OnnxCausalLM
+
+    ids = np.array([[1, 5, 9, 33, 100, 7, 250]], dtype=np.int64)
+    reference = OnnxCausalLM(tied_pipeline["fp32"]).forward(ids)[0]
+    for variant, folder in tied_pipeline.items():
+        tables = tables_of(folder)  # float copies (the INT8 variants add lm_head's quantized weight)
+        # preprocessed, the quantizers' input, keeps both (qwen_onnx.tied explains why)
+        assert len(tables) == (2 if variant == "preprocessed" else 1), (variant, tables)
+        arch = inspect_model(folder)["architecture"]
+        assert (arch["tied_embeddings"], arch["vocab_size"], arch["hidden_size"]) == (True, 384, 64), variant
+    assert tables_of(tied_pipeline["optimized"]) == ["model.embed_tokens.weight_transposed"]
+    np.testing.assert_allclose(OnnxCausalLM(tied_pipeline["optimized"]).forward(ids)[0], reference, atol=1e-4)
+    dynamic = inspect_model(tied_pipeline["int8-dynamic"])["op_types"]
+    assert dynamic["MatMulNBits"] == 2 * 7 + 1  # lm_head still quantized from the one table
+
+
+def test_an_untied_model_is_left_as_it_was(pipeline):
+    import onnx
+
+    from qwen_onnx.inspect_graph import inspect_model
+
+    graph = onnx.load(str(pipeline["optimized"] / "model.onnx"), load_external_data=False).graph
+    assert "model.embed_tokens.weight" in {t.name for t in graph.initializer}
+    assert inspect_model(pipeline["optimized"])["architecture"]["tied_embeddings"] is False
+    assert json.loads((pipeline["optimized"] / "optimize.json").read_text())["tied_stored_once"] == []

@@ -38,6 +38,7 @@ from .artifacts import (
     write_json,
 )
 from .external import lazy_model
+from .tied import store_tied_once
 
 log = logging.getLogger(__name__)
 
@@ -103,11 +104,13 @@ def optimize_variant(
             del optimized
         del proto
         ort_optimize_to_file(ort_input, stage / MODEL_FILE, "ORT_ENABLE_ALL", provider)
+        tied_once = store_tied_once(stage / MODEL_FILE)
         model_path(stage)
         copy_side_files(input_dir, stage)
         after = _op_histogram(stage / MODEL_FILE)
         info = {
             "fusions": fused,
+            "tied_stored_once": tied_once,
             "op_types_added": {k: after[k] - before.get(k, 0) for k in after if after[k] > before.get(k, 0)},
             "op_types_removed": {k: before[k] - after.get(k, 0) for k in before if before[k] > after.get(k, 0)},
             "nodes_before": sum(before.values()),
