@@ -482,3 +482,85 @@ def test_an_untied_model_is_left_as_it_was(pipeline):
     assert "model.embed_tokens.weight" in {t.name for t in graph.initializer}
     assert inspect_model(pipeline["optimized"])["architecture"]["tied_embeddings"] is False
     assert json.loads((pipeline["optimized"] / "optimize.json").read_text())["tied_stored_once"] == []
+
+
+# --- bad inputs: one line (command, cause, fix), no output ---------------------------------------
+
+
+def _tiny_gguf(path: Path) -> Path:
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.ones((64, 32), dtype=np.float32))
+    writer.add_tensor("output_norm.weight", np.ones((32,), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_truncated_gguf_is_named(tmp_path, capsys):
+    whole = _tiny_gguf(tmp_path / "whole.gguf").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[: len(whole) - 3000])  # ends inside token_embd.weight
+    assert main(["resolve", str(cut), "-o", str(tmp_path / "hf")]) == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line.startswith(f"qwen-onnx resolve: GGUF file {cut} is truncated or damaged ({len(whole) - 3000:,} bytes;")
+    assert line.endswith("download or assemble it again")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_a_checkpoint_folder_without_weights_is_named(tiny_qwen2, tmp_path, capsys):
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    (folder / "config.json").write_text((tiny_qwen2 / "config.json").read_text())
+    assert main(["resolve", str(folder), "-o", str(tmp_path / "hf")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"qwen-onnx resolve: folder {folder} has a config.json but no weights (*.safetensors or *.bin); save the "
+        "checkpoint there with save_pretrained, or point `source` at the folder that holds them")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_texts_too_short_are_named(pipeline, tmp_path, capsys):
+    short = tmp_path / "short.txt"
+    short.write_text("def f(): pass\n", encoding="utf-8")
+    assert main(["quantize-static", str(pipeline["preprocessed"]), "-o", str(tmp_path / "s"), "--calibration-text",
+                 str(short), "--samples", "2", "--sequence-length", "16"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(
+        f"qwen-onnx quantize-static: {short} has ")
+    assert main(["latency", str(pipeline["fp32"]), "--text", str(short), "--prompt-lengths", "8", "64", "--decode-prompt-tokens", "8"]) == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line.startswith(f"qwen-onnx latency: {short} has ") and line.endswith(
+        "fewer than the 64 a prompt needs; use a longer text or shorter prompts")
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_model_name_with_a_slash_is_refused_in_one_line(tiny_qwen2, texts, tmp_path):
+    from test_workflow import snakemake, write_config
+
+    write_config(tmp_path, str(tiny_qwen2), texts)
+    config = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    config["models"] = {"Qwen/tiny": config["models"]["tiny"]}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    result = snakemake(tmp_path, "-n")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "qwen-onnx config: model name 'Qwen/tiny' is not a folder name; use letters, digits, '.', '-' and '_' only "
+        "(it names results/NAME/), e.g. 'Qwen-tiny'")
+
+
+def test_a_non_qwen_checkpoint_is_refused_in_one_line(tiny_qwen2, tmp_path, capsys):
+    import shutil
+
+    folder = tmp_path / "llama"
+    shutil.copytree(tiny_qwen2, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="llama", architectures=["LlamaForCausalLM"])
+    (folder / "config.json").write_text(json.dumps(config))
+    assert main(["resolve", str(folder), "-o", str(tmp_path / "hf")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(
+        "qwen-onnx resolve: found architecture 'llama' (LlamaForCausalLM); qwen-onnx exports Qwen causal LMs only")
+    assert not (tmp_path / "hf").exists()

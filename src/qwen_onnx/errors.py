@@ -29,3 +29,7 @@ class GateError(QwenOnnxError):
 
 class OptionError(QwenOnnxError, ValueError):
     """A numeric or named option is out of its allowed range (the message names the range)."""
+
+
+class TextError(QwenOnnxError, ValueError):
+    """A text input cannot serve: too short for the windows or prompts asked, or not UTF-8."""

@@ -56,11 +56,14 @@ def prompt_tokens(tokenizer, text_path: str | os.PathLike, length: int) -> np.nd
     """The first ``length`` tokens of the text: int64 [length].
 
     Raises:
-        ValueError: the text is shorter than ``length`` tokens.
+        TextError: the text is shorter than ``length`` tokens (a ValueError too).
     """
+    from .errors import TextError
+
     ids = tokenizer(read_text(text_path), add_special_tokens=False)["input_ids"]
     if len(ids) < length:
-        raise ValueError(f"{text_path} has {len(ids)} tokens, fewer than the {length} a prompt needs")
+        raise TextError(f"{text_path} has {len(ids)} tokens, fewer than the {length} a prompt needs; "
+                        "use a longer text or shorter prompts")
     return np.asarray(ids[:length], dtype=np.int64)
 
 

@@ -97,7 +97,8 @@ def check_config(config: dict[str, Any]) -> None:
     the same one line as on the command line, named by its config path.
 
     Raises:
-        OptionError: e.g. ``export.opset 25 is out of range; give an integer from 14 to 23``.
+        OptionError: e.g. ``export.opset 25 is out of range; give an integer from 14 to 23``, or a
+            model name that cannot name a folder (the schema's pattern, ``[A-Za-z0-9._-]+``).
     """
 
     def walk(section: Any, path: str) -> None:
@@ -111,6 +112,14 @@ def check_config(config: dict[str, Any]) -> None:
                 check_option(key, value, key=where)
 
     walk({k: v for k, v in config.items() if k != "models"}, "")
+    import re
+
+    for name in config.get("models") or {}:
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", str(name)):
+            raise OptionError(
+                f"model name {name!r} is not a folder name; use letters, digits, '.', '-' and '_' only "
+                f"(it names results/NAME/), e.g. {re.sub(r'[^A-Za-z0-9._-]+', '-', str(name)).strip('-')!r}"
+            )
     for name, model in (config.get("models") or {}).items():
         if isinstance(model, dict):
             walk({k: v for k, v in model.items() if k != "source"}, f"models.{name}")

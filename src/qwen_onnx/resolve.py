@@ -131,6 +131,34 @@ class Source:
     parts: GgufParts | None = None
 
 
+#: Weight files of a Hugging Face checkpoint folder (safetensors, or PyTorch pickles).
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def check_gguf(path: str | os.PathLike) -> None:
+    """Check that a GGUF file holds every tensor its header describes (``gguf.GGUFReader``).
+
+    Raises:
+        SourceError: the file is truncated or damaged (names its size and the failure).
+    """
+    from gguf import GGUFReader
+
+    path = Path(path)
+    size = path.stat().st_size
+    try:
+        reader = GGUFReader(str(path))
+        end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    except Exception as exc:  # gguf raises ValueError, IndexError, struct errors on damaged files
+        raise SourceError(
+            f"GGUF file {path} is truncated or damaged ({size:,} bytes; reading it failed: {exc}); "
+            "download or assemble it again"
+        ) from None
+    if end > size:
+        raise SourceError(
+            f"GGUF file {path} is truncated ({size:,} bytes, its tensors need {end:,}); download or assemble it again"
+        )
+
+
 def parse_source(source: str | Mapping[str, Any]) -> Source:
     """Parse a configured source into a :class:`Source`, without touching the network.
 
@@ -174,6 +202,12 @@ def parse_source(source: str | Mapping[str, Any]) -> Source:
             raise SourceError(
                 f"folder {path} has no config.json; `source` must be a Hugging Face model folder "
                 "(config.json plus safetensors weights)"
+            )
+        weights = [p.name for p in path.iterdir() if p.suffix in WEIGHT_SUFFIXES]
+        if not weights:
+            raise SourceError(
+                f"folder {path} has a config.json but no weights (*.safetensors or *.bin); save the checkpoint "
+                "there with save_pretrained, or point `source` at the folder that holds them"
             )
         return Source("local", str(path.resolve()))
     if _looks_like_hub_id(text) and not text.startswith((".", "/", "~")):
@@ -368,6 +402,7 @@ def resolve(source: str | Mapping[str, Any], output_dir: str | os.PathLike, *, r
             _load_and_save(str(gguf_path.parent), stage, gguf_file=gguf_path.name)
         elif parsed.kind == "gguf":
             path = Path(parsed.value)
+            check_gguf(path)
             provenance["inputs"] = {"path": str(path), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
             _load_and_save(str(path.parent), stage, gguf_file=path.name)
         elif parsed.kind == "local":
