@@ -75,6 +75,7 @@ def evaluate_accuracy(
     kv_decode_steps: int = 16,
     generation_tokens: int = 32,
     gate_limits: Mapping[str, float] | None = None,
+    gate_kind: str | None = None,
     fail_on_gate: bool = False,
     output: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
@@ -93,6 +94,8 @@ def evaluate_accuracy(
         generation_tokens: maximum new tokens per greedy generation.
         gate_limits: ``{figure: limit}`` (see :func:`qwen_onnx.gates.check_gate`); None: no limits,
             only the NaN and exploded-perplexity checks.
+        gate_kind: the gate kind the limits belong to (``float``, ``int8_dynamic``,
+            ``int8_static``), recorded in the report.
         fail_on_gate: raise :class:`GateError` on FAIL (after writing ``output``).
         output: JSON file to write, if given.
 
@@ -101,16 +104,22 @@ def evaluate_accuracy(
         details, ``gate`` (``PASS``/``FAIL``) and ``gate_failures``.
 
     Raises:
+        OptionError: a number out of its range (:data:`qwen_onnx.options.RANGES`).
         QwenOnnxError: the text holds no full window.
         ArtifactError: the variant's model or external data is missing.
         GateError: the gate failed and ``fail_on_gate`` is set.
     """
     from tqdm import tqdm
-    from transformers import AutoTokenizer
+    from .text import load_tokenizer
+
+    from .options import check_options
+
+    check_options(window=window, max_windows=max_windows, threads=threads, kv_decode_steps=kv_decode_steps,
+                  generation_tokens=generation_tokens)
 
     started = time.time()
     name = os.path.basename(os.path.normpath(os.fspath(variant_dir)))
-    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    tokenizer = load_tokenizer(hf_dir)
     available = token_windows(tokenizer, text_path, window)
     windows = available if max_windows is None else available[:max_windows]
     prompts = list(prompts) if prompts is not None else shipped_prompts()
@@ -153,6 +162,7 @@ def evaluate_accuracy(
         "gate": status,
         "gate_failures": failures,
         "gate_limits": dict(gate_limits or {}),
+        "gate_kind": gate_kind,
         "text": os.fspath(text_path),
         "threads": threads,
         "seconds": round(time.time() - started, 1),

@@ -128,11 +128,36 @@ def _extract(a):
     return extract_layer(a.model, a.layer, a.output, picture=a.picture)
 
 
+def _gate_of(a) -> tuple[str, dict[str, float]]:
+    """The gate kind and limits ``qwen-onnx accuracy`` applies: the workflow's defaults for the
+    variant's kind (:data:`qwen_onnx.gates.DEFAULT_GATES`), with ``--gate`` overrides, or none."""
+    import os
+
+    from .gates import default_gate, variant_kind
+
+    kind = a.gate_kind or variant_kind(os.path.basename(os.path.normpath(a.variant)))
+    limits = {} if a.no_gate else default_gate(kind)
+    for item in a.gate or []:
+        figure, sep, value = item.partition("=")
+        try:
+            limits[figure.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise QwenOnnxError(f"--gate {item!r} is not FIGURE=LIMIT; write e.g. --gate ppl_delta_pct=2")
+    shown = ", ".join(f"{k} {v:g}" for k, v in limits.items()) or "none (only NaN and perplexity checks)"
+    origin = "--gate" if a.gate else "none asked" if a.no_gate else "defaults as config.yaml"
+    logging.getLogger("qwen_onnx.cli").info("gate %s (%s): %s", kind, origin, shown)
+    return kind, limits
+
+
 def _accuracy(a):
     from .accuracy import evaluate_accuracy
 
+    kind, limits = _gate_of(a)
     return evaluate_accuracy(
-        a.variant, a.reference, a.text, window=a.window, max_windows=a.max_windows, threads=a.threads, output=a.output
+        a.variant, a.reference, a.text, window=a.window, max_windows=a.max_windows, threads=a.threads, output=a.output,
+        gate_limits=limits, gate_kind=kind,
     )
 
 
@@ -277,6 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=int, default=256)
     p.add_argument("--max-windows", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--gate-kind", choices=["float", "int8_dynamic", "int8_static"], default=None,
+                   help="gate of this kind (default: from the folder name, as the workflow does)")
+    p.add_argument("--gate", action="append", default=None, metavar="FIGURE=LIMIT",
+                   help="override one limit of the default gate (repeatable), e.g. --gate ppl_delta_pct=2")
+    p.add_argument("--no-gate", action="store_true", help="no limits: only the NaN and perplexity checks")
     p.add_argument("-o", "--output", default=None)
     p.set_defaults(func=_accuracy)
 
@@ -316,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = args.func(args)
     except QwenOnnxError as exc:
-        print(f"qwen-onnx {args.command}: error: {exc}", file=sys.stderr)
+        print(f"qwen-onnx {args.command}: {exc}", file=sys.stderr)
         return 2
     if result is not None:
         print(json.dumps(result, indent=2, default=str))

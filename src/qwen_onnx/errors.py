@@ -25,3 +25,11 @@ class ArtifactError(QwenOnnxError):
 
 class GateError(QwenOnnxError):
     """A variant failed an accuracy gate and the configuration asks for the stage to fail."""
+
+
+class OptionError(QwenOnnxError, ValueError):
+    """A numeric or named option is out of its allowed range (the message names the range)."""
+
+
+class TextError(QwenOnnxError, ValueError):
+    """A text input cannot serve: too short for the windows or prompts asked, or not UTF-8."""

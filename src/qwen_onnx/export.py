@@ -23,6 +23,7 @@ from pathlib import Path
 import onnx
 
 from .artifacts import (
+    reads_variant,
     DATA_FILE,
     MODEL_FILE,
     copy_side_files,
@@ -60,9 +61,14 @@ def export_onnx(
         Provenance written to ``output_dir/export.json``: opset, task, seconds, versions.
 
     Raises:
+        OptionError: ``opset`` outside :data:`qwen_onnx.options.RANGES`.
         ArtifactError: ``hf_dir`` is not a model folder, or the exporter wrote no ``model.onnx``.
     """
     from optimum.exporters.onnx import main_export
+
+    from .options import check_options
+
+    check_options(opset=opset)
 
     hf_dir = Path(hf_dir)
     if not (hf_dir / "config.json").is_file():
@@ -98,6 +104,7 @@ def export_onnx(
     return info
 
 
+@reads_variant("input_dir")
 def preprocess(
     input_dir: str | os.PathLike,
     output_dir: str | os.PathLike,

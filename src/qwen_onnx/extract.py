@@ -20,7 +20,7 @@ from typing import Any
 import onnx
 from onnx import helper, numpy_helper
 
-from .artifacts import MODEL_FILE, check_external_data, write_json
+from .artifacts import MODEL_FILE, check_external_data, reads_variant, write_json
 from .errors import QwenOnnxError
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,7 @@ def _layer_nodes(graph: onnx.GraphProto, layer: int) -> list[onnx.NodeProto]:
     return sorted(chosen, key=lambda n: order[n.name])
 
 
+@reads_variant("model")
 def extract_layer(model: str | os.PathLike, layer: int, output_dir: str | os.PathLike, *, picture: str = "svg") -> dict[str, Any]:
     """Write ``output_dir/layer{N}.onnx`` (weights inline, opens in Netron) and ``layer{N}.{svg|png}``.
 

@@ -29,6 +29,35 @@ VARIANT_KIND = {
 }
 
 
+#: Default limits per gate kind: the single home of the defaults. ``config.yaml``'s ``gates``
+#: section states the same values (tests/test_robustness.py checks they agree); the workflow falls
+#: back to these when a configuration leaves a kind out, and ``qwen-onnx accuracy`` applies them
+#: unless given ``--gate``/``--no-gate``. Figures as in :func:`check_gate`; percent, nats, logits.
+DEFAULT_GATES: dict[str, dict[str, float]] = {
+    "float": {  # fp32, preprocessed, optimized: numerically the same model
+        "ppl_delta_pct": 0.1,
+        "top1_pct": 99.5,
+        "max_abs_logit_diff": 0.05,
+        "padded_batch_max_abs_diff": 0.05,
+        "kv_cache_max_abs_diff": 0.05,
+        "generation_match_pct": 90,
+    },
+    "int8_dynamic": {"ppl_delta_pct": 1.0, "top1_pct": 95, "kl_mean": 0.05},
+    "int8_static": {"ppl_delta_pct": 2.0, "top1_pct": 93, "kl_mean": 0.08},
+}
+
+
+def default_gate(kind: str) -> dict[str, float]:
+    """A copy of the default limits of gate ``kind`` (``float``, ``int8_dynamic``, ``int8_static``).
+
+    Raises:
+        KeyError: unknown kind.
+    """
+    if kind not in DEFAULT_GATES:
+        raise KeyError(f"unknown gate kind {kind!r}; one of {', '.join(DEFAULT_GATES)}")
+    return dict(DEFAULT_GATES[kind])
+
+
 def variant_kind(variant: str) -> str:
     """Gate kind of a variant folder name (``float`` for unknown float variants)."""
     return VARIANT_KIND.get(variant, "int8_static" if "static" in variant else "int8_dynamic" if "int8" in variant else "float")

@@ -153,14 +153,15 @@ _WEIGHT_OPS = {"MatMul", "Gemm", "Gather", "MatMulInteger", "DynamicQuantizeMatM
 
 def _weight_of(graph: onnx.GraphProto, prefix: str, producers: dict, initializers: dict) -> onnx.TensorProto | None:
     """The largest initializer feeding a weight-bearing node under ``prefix`` (through a
-    DequantizeLinear for QDQ graphs); the layer's norm weight for norms."""
+    DequantizeLinear for QDQ graphs, or the Identity of a tied table stored once); the layer's norm
+    weight for norms."""
     best = None
     for node in graph.node:
         if not node.name.startswith(prefix) or node.op_type not in _WEIGHT_OPS:
             continue
         for name in node.input:
             tensor = initializers.get(name)
-            if tensor is None and name in producers and producers[name].op_type == "DequantizeLinear":
+            if tensor is None and name in producers and producers[name].op_type in ("DequantizeLinear", "Identity"):
                 tensor = initializers.get(producers[name].input[0])
             if tensor is not None and len(tensor.dims) >= 1 and (best is None or initializer_bytes(tensor) > initializer_bytes(best)):
                 best = tensor
@@ -205,15 +206,18 @@ def architecture(graph: onnx.GraphProto) -> dict[str, Any]:
         ``head_dim`` (``past_key_values.0.key`` is [batch, kv_heads, past, head_dim]),
         ``attention_heads`` (q_proj's output features / head_dim), ``grouped_query_attention``,
         ``intermediate_size`` (gate_proj's output features; for MatMulNBits, its ``N`` attribute), ``tied_embeddings`` (lm_head reads the
-        embedding table), ``qk_norm`` (Qwen3's q/k RMSNorm), ``attention_bias`` (Qwen2's q/k/v bias).
+        embedding table, its folded transpose or a quantized copy of them), ``qk_norm`` (Qwen3's q/k RMSNorm), ``attention_bias`` (Qwen2's q/k/v bias).
     """
     weights = key_weights(graph)
     pasts = [v for v in graph.input if v.name.startswith("past_key_values.")]
     layer_ids = {int(m.group(1)) for n in graph.node for m in [re.search(r"/layers\.(\d+)/", n.name)] if m}
     arch: dict[str, Any] = {"layers": len(pasts) // 2 if pasts else (max(layer_ids) + 1 if layer_ids else None)}
     embed = weights.get("embed_tokens")
+    # a table stored once for a tied lm_head is [hidden, vocab], looked up on axis 1 (qwen_onnx.tied)
+    lookup_axis = next((a.i for n in graph.node if n.op_type == "Gather" and n.name.startswith(KEY_WEIGHTS["embed_tokens"])
+                        for a in n.attribute if a.name == "axis"), 0)
     if embed and len(embed["shape"]) == 2:
-        arch["vocab_size"], arch["hidden_size"] = embed["shape"]
+        arch["vocab_size"], arch["hidden_size"] = embed["shape"][::-1] if lookup_axis == 1 else embed["shape"]
     if pasts:
         dims = [_dim(d) for d in pasts[0].type.tensor_type.shape.dim]
         if len(dims) == 4 and isinstance(dims[1], int) and isinstance(dims[3], int):
@@ -230,7 +234,11 @@ def architecture(graph: onnx.GraphProto) -> dict[str, Any]:
     if intermediate:
         arch["intermediate_size"] = intermediate
     head = weights.get("lm_head")
-    arch["tied_embeddings"] = bool(head and embed and head["name"] == embed["name"]) or (head is None and embed is not None)
+    # tied: lm_head reads the table itself, its folded transpose (onnxruntime names it <table>_transposed),
+    # a quantized copy of either (the quantizers append _Q8, _quantized, ...), or no initializer of its
+    # own (the export's Transpose of the table)
+    table = embed["name"].removesuffix("_transposed") if embed else None
+    arch["tied_embeddings"] = bool(head and table and head["name"].startswith(table)) or (head is None and embed is not None)
     arch["qk_norm"] = "q_norm" in weights
     bias_prefixes = (KEY_WEIGHTS["q_proj"], BUILDER_KEY_WEIGHTS["q_proj"], BUILDER_KEY_WEIGHTS["qkv_proj"])
     arch["attention_bias"] = any(n.name.startswith(bias_prefixes) and n.op_type == "Add" for n in graph.node)

@@ -37,6 +37,7 @@ import numpy as np
 from .artifacts import MODEL_FILE, folder_bytes, library_versions, model_path, write_json
 from .errors import ArtifactError
 from .inspect_graph import decode_weight_bytes, load_graph
+from .options import check_options
 from .profiling import summarise_trace
 from .runtime import LOOPS, OnnxCausalLM, resolve_settings
 from .text import read_text
@@ -58,11 +59,14 @@ def prompt_tokens(tokenizer, text_path: str | os.PathLike, length: int) -> np.nd
     """The first ``length`` tokens of the text: int64 [length].
 
     Raises:
-        ValueError: the text is shorter than ``length`` tokens.
+        TextError: the text is shorter than ``length`` tokens (a ValueError too).
     """
+    from .errors import TextError
+
     ids = tokenizer(read_text(text_path), add_special_tokens=False)["input_ids"]
     if len(ids) < length:
-        raise ValueError(f"{text_path} has {len(ids)} tokens, fewer than the {length} a prompt needs")
+        raise TextError(f"{text_path} has {len(ids)} tokens, fewer than the {length} a prompt needs; "
+                        "use a longer text or shorter prompts")
     return np.asarray(ids[:length], dtype=np.int64)
 
 
@@ -148,19 +152,19 @@ def measure_latency(
         ``session_settings``; the settings and versions.
 
     Raises:
-        ValueError: ``new_tokens`` < 2, ``repeats`` < 1, an unknown ``loop`` or session setting, or
-            a text too short for the prompts.
+        OptionError: a number out of its range (:data:`qwen_onnx.options.RANGES`).
+        ValueError: an unknown ``loop`` or session setting, or a text too short for the prompts.
         ArtifactError: the model or its external data is missing.
     """
-    from transformers import AutoTokenizer
+    from .text import load_tokenizer
 
-    if new_tokens < 2 or repeats < 1:
-        raise ValueError(f"need new_tokens >= 2 and repeats >= 1, got {new_tokens} and {repeats}")
+    check_options(prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens, new_tokens=new_tokens,
+                  threads=threads, warmup=warmup, repeats=repeats)
     if loop not in LOOPS:
         raise ValueError(f"loop must be one of {LOOPS}, got {loop!r}")
     resolved = resolve_settings(settings)
     model_path(variant_dir)  # a missing folder is named here, not taken for a hub ID by the tokenizer
-    tokenizer = AutoTokenizer.from_pretrained(variant_dir)
+    tokenizer = load_tokenizer(variant_dir)
     tokens = prompt_tokens(tokenizer, text_path, max([*prompt_lengths, decode_prompt_tokens]))
     model = OnnxCausalLM(variant_dir, threads=threads, provider=provider, settings=settings)
 
@@ -255,13 +259,13 @@ def compare_decode(
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from transformers import AutoTokenizer
+    from .text import load_tokenizer
 
     from .errors import QwenOnnxError
 
-    if rounds < 1 or not variant_dirs or new_tokens < 2:
-        raise QwenOnnxError(f"need at least 1 variant, 1 round and 2 new tokens; got {len(variant_dirs)}, "
-                            f"{rounds}, {new_tokens}")
+    if not variant_dirs:
+        raise QwenOnnxError("no variant folder given; name at least one")
+    check_options(prompt_tokens=prompt_tokens_count, new_tokens=new_tokens, rounds=rounds, threads=threads)
     settings = dict(settings) if settings else {"default": {}}
     try:
         resolved = {label: resolve_settings(overrides) for label, overrides in settings.items()}
@@ -272,7 +276,7 @@ def compare_decode(
     contestants = [(os.fspath(d), loop, label) for d in variant_dirs for loop in loops for label in settings]
     for variant_dir in variant_dirs:  # every folder checked before anything is measured
         model_path(variant_dir)
-    prompt = prompt_tokens(AutoTokenizer.from_pretrained(variant_dirs[0]), text_path, prompt_tokens_count)
+    prompt = prompt_tokens(load_tokenizer(variant_dirs[0]), text_path, prompt_tokens_count)
     context = multiprocessing.get_context("spawn")
     per_round: list[list[float]] = [[] for _ in contestants]
     for r in range(rounds):
@@ -341,12 +345,16 @@ def measure_torch_latency(
         ArtifactError: ``hf_dir`` is not a Hugging Face folder (no ``config.json``).
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
+    from .text import load_tokenizer
+
+    check_options(prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens, new_tokens=new_tokens,
+                  threads=threads, warmup=warmup, repeats=repeats)
     if not Path(hf_dir, "config.json").is_file():
         raise ArtifactError(f"no Hugging Face folder at {hf_dir} (config.json missing): run the resolve stage first")
     torch.set_num_threads(int(threads))
-    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    tokenizer = load_tokenizer(hf_dir)
     tokens = prompt_tokens(tokenizer, text_path, max([*prompt_lengths, decode_prompt_tokens]))
     started = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager").eval()

@@ -53,12 +53,14 @@ from .artifacts import (
     copy_side_files,
     library_versions,
     model_path,
+    reads_variant,
     ort_optimize_to_file,
     staged_dir,
     write_json,
 )
 from .errors import ArtifactError
 from .external import lazy_model
+from .tied import store_tied_once
 
 log = logging.getLogger(__name__)
 
@@ -344,6 +346,7 @@ def optimize_variant(
     raise ArtifactError(f"unknown optimize method {method!r}: expected one of {METHODS}")
 
 
+@reads_variant("input_dir")
 def _transformers_optimize(
     input_dir: str | os.PathLike,
     output_dir: str | os.PathLike,
@@ -400,6 +403,7 @@ def _transformers_optimize(
             del optimized
         del proto
         ort_optimize_to_file(ort_input, stage / MODEL_FILE, "ORT_ENABLE_ALL", provider)
+        tied_once = store_tied_once(stage / MODEL_FILE)
         model_path(stage)
         copy_side_files(input_dir, stage)
         after = _op_histogram(stage / MODEL_FILE)
@@ -407,6 +411,7 @@ def _transformers_optimize(
             "method": "transformers",
             "fused_ops": fused_op_counts(onnx.load(str(stage / MODEL_FILE), load_external_data=False).graph),
             "fusions": fused,
+            "tied_stored_once": tied_once,
             "op_types_added": {k: after[k] - before.get(k, 0) for k in after if after[k] > before.get(k, 0)},
             "op_types_removed": {k: before[k] - after.get(k, 0) for k in before if before[k] > after.get(k, 0)},
             "nodes_before": sum(before.values()),

@@ -31,7 +31,16 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 import onnx
 
-from .artifacts import MODEL_FILE, copy_side_files, library_versions, model_path, read_json, staged_dir, write_json
+from .artifacts import (
+    MODEL_FILE,
+    copy_side_files,
+    library_versions,
+    model_path,
+    read_json,
+    reads_variant,
+    staged_dir,
+    write_json,
+)
 from .errors import QwenOnnxError
 from .export import normalise_external_data
 from .external import ScratchFiles, lazy_model
@@ -59,6 +68,16 @@ class _SensitiveSettings:
     sensitive_below_sqnr_db: float | None = None
     sensitive_scheme: str = "float"
     block_size: int = 128
+
+    def __post_init__(self) -> None:
+        """Numbers checked on construction (:class:`qwen_onnx.errors.OptionError` names the range)."""
+        from .options import check_option
+
+        check_option("max_nodes", self.sensitive_max_nodes, key="sensitive_max_nodes")
+        check_option("block_size", self.block_size)
+        for name in ("samples", "sequence_length"):
+            if hasattr(self, name):
+                check_option(name, getattr(self, name))
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any]):
@@ -275,6 +294,7 @@ def _check_excluded(path: Path, names: Sequence[str]) -> None:
         )
 
 
+@reads_variant("input_dir")
 def quantize_dynamic_variant(
     input_dir: str | os.PathLike,
     output_dir: str | os.PathLike,
@@ -474,6 +494,7 @@ def _static_extra_options(settings: StaticSettings) -> dict[str, Any]:
     return options
 
 
+@reads_variant("input_dir")
 def quantize_static_variant(
     input_dir: str | os.PathLike,
     output_dir: str | os.PathLike,
@@ -498,7 +519,7 @@ def quantize_static_variant(
     """
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
-    from transformers import AutoTokenizer
+    from .text import load_tokenizer
 
     if settings.method not in CALIBRATION_METHODS:
         raise QwenOnnxError(f"calibration method {settings.method!r} unknown; use one of {', '.join(CALIBRATION_METHODS)}")
@@ -513,7 +534,7 @@ def quantize_static_variant(
     names = [n["name"] for n in sensitive]
     excluded = list(dict.fromkeys([*settings.nodes_to_exclude, *names]))
     _check_excluded(source, excluded)
-    tokenizer = AutoTokenizer.from_pretrained(input_dir)
+    tokenizer = load_tokenizer(input_dir)
     windows = token_windows(tokenizer, calibration_text, settings.sequence_length, settings.samples)
     reader = TextCalibrationReader(source, windows)
     method = getattr(CalibrationMethod, settings.method)

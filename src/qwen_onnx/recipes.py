@@ -424,22 +424,24 @@ def run_recipes(
         ArtifactError: the pre-processed model or its external data is missing.
     """
     from tqdm import tqdm
-    from transformers import AutoTokenizer
+    from .text import load_tokenizer
 
     from .artifacts import model_path
     from .latency import prompt_tokens as first_tokens
+    from .options import check_options
+
+    check_options(windows=windows, window_tokens=window_tokens, threads=threads, prompt_tokens=prompt_tokens,
+                  decode_tokens=decode_tokens)
 
     recipes = tuple(recipes)
     _check_recipes(recipes, sensitivity)
-    if decode_tokens < 1 or windows < 1:
-        raise QwenOnnxError(f"need windows >= 1 and decode_tokens >= 1, got {windows} and {decode_tokens}")
     preprocessed_dir = Path(preprocessed_dir).resolve()
     model_path(preprocessed_dir)
     work_dir = Path(work_dir).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     rows_path = work_dir / ROWS_FILE
 
-    tokenizer = AutoTokenizer.from_pretrained(preprocessed_dir)
+    tokenizer = load_tokenizer(preprocessed_dir)
     evaluation = token_windows(tokenizer, evaluation_text, window_tokens)[:windows]
     try:
         prompt = first_tokens(tokenizer, evaluation_text, prompt_tokens)

@@ -131,6 +131,34 @@ class Source:
     parts: GgufParts | None = None
 
 
+#: Weight files of a Hugging Face checkpoint folder (safetensors, or PyTorch pickles).
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def check_gguf(path: str | os.PathLike) -> None:
+    """Check that a GGUF file holds every tensor its header describes (``gguf.GGUFReader``).
+
+    Raises:
+        SourceError: the file is truncated or damaged (names its size and the failure).
+    """
+    from gguf import GGUFReader
+
+    path = Path(path)
+    size = path.stat().st_size
+    try:
+        reader = GGUFReader(str(path))
+        end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    except Exception as exc:  # gguf raises ValueError, IndexError, struct errors on damaged files
+        raise SourceError(
+            f"GGUF file {path} is truncated or damaged ({size:,} bytes; reading it failed: {exc}); "
+            "download or assemble it again"
+        ) from None
+    if end > size:
+        raise SourceError(
+            f"GGUF file {path} is truncated ({size:,} bytes, its tensors need {end:,}); download or assemble it again"
+        )
+
+
 def parse_source(source: str | Mapping[str, Any]) -> Source:
     """Parse a configured source into a :class:`Source`, without touching the network.
 
@@ -175,6 +203,12 @@ def parse_source(source: str | Mapping[str, Any]) -> Source:
                 f"folder {path} has no config.json; `source` must be a Hugging Face model folder "
                 "(config.json plus safetensors weights)"
             )
+        weights = [p.name for p in path.iterdir() if p.suffix in WEIGHT_SUFFIXES]
+        if not weights:
+            raise SourceError(
+                f"folder {path} has a config.json but no weights (*.safetensors or *.bin); save the checkpoint "
+                "there with save_pretrained, or point `source` at the folder that holds them"
+            )
         return Source("local", str(path.resolve()))
     if _looks_like_hub_id(text) and not text.startswith((".", "/", "~")):
         return Source("hub", text)
@@ -182,6 +216,50 @@ def parse_source(source: str | Mapping[str, Any]) -> Source:
         f"unknown model source {text!r}: expected an existing Hugging Face folder, a .gguf file, "
         f"embedded:NAME (one of {', '.join(sorted(EMBEDDED))}), or a hub ID like Qwen/Qwen2.5-0.5B-Instruct"
     )
+
+
+def source_files(source: str | Mapping[str, Any]) -> list[str]:
+    """The local files a source is read from, so that the workflow reruns ``resolve`` when they change.
+
+    Returns:
+        A ``.gguf`` source: its file; a local folder: every file in it (weights, configs,
+        tokenizer; hidden files left out); other sources (hub IDs, GGUF part packages, checked by
+        sha256) and sources that do not parse: ``[]`` (the resolve job then names the problem).
+    """
+    try:
+        parsed = parse_source(source)
+    except SourceError:
+        return []
+    if parsed.kind == "gguf":
+        return [parsed.value]
+    if parsed.kind == "local":
+        return sorted(str(p) for p in Path(parsed.value).iterdir() if p.is_file() and not p.name.startswith("."))
+    return []
+
+
+def hub_snapshot_revision(source: str | Mapping[str, Any], revision: str | None = None) -> str | None:
+    """Commit hash of the cached snapshot a hub source resolves to, without the network.
+
+    Read from the Hugging Face cache (``HF_HUB_CACHE``): ``models--ORG--NAME/refs/REVISION`` (default
+    ``main``), or ``revision`` itself when it is a 40-digit commit hash. A new download of the same
+    branch moves the ref, so the workflow (a ``resolve`` param) reruns the model.
+
+    Returns:
+        The hash, or None for a source that is not a hub ID or is not cached.
+    """
+    try:
+        parsed = parse_source(source)
+    except SourceError:
+        return None
+    if parsed.kind != "hub":
+        return None
+    ref = revision or "main"
+    if len(ref) == 40 and all(c in "0123456789abcdef" for c in ref):
+        return ref
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    path = Path(HF_HUB_CACHE) / f"models--{parsed.value.replace('/', '--')}" / "refs" / ref
+    return path.read_text(encoding="utf-8").strip() if path.is_file() else None
 
 
 def _looks_like_hub_id(text: str) -> bool:
@@ -324,6 +402,7 @@ def resolve(source: str | Mapping[str, Any], output_dir: str | os.PathLike, *, r
             _load_and_save(str(gguf_path.parent), stage, gguf_file=gguf_path.name)
         elif parsed.kind == "gguf":
             path = Path(parsed.value)
+            check_gguf(path)
             provenance["inputs"] = {"path": str(path), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
             _load_and_save(str(path.parent), stage, gguf_file=path.name)
         elif parsed.kind == "local":
@@ -374,7 +453,9 @@ def _offline_message(repo_id: str, cache: str, exc: BaseException) -> str:
 
 def _load_and_save(folder: str, destination: Path, gguf_file: str | None = None) -> None:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    from .text import load_tokenizer
 
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     try:
@@ -387,11 +468,38 @@ def _load_and_save(folder: str, destination: Path, gguf_file: str | None = None)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs)
     model.save_pretrained(destination, safe_serialization=True)
     del model
-    tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+    tokenizer = load_tokenizer(folder, **kwargs)
     tokenizer.save_pretrained(destination)
     if not (destination / "generation_config.json").is_file():
         GenerationConfig.from_model_config(config).save_pretrained(destination)
+    complete_generation_config(destination, tokenizer.eos_token_id)
     for stray in ("tokenizer.model",):
         src = Path(folder) / stray
         if src.is_file() and not (destination / stray).exists():
             shutil.copy2(src, destination / stray)
+
+
+def complete_generation_config(folder: str | os.PathLike, tokenizer_eos: int | None = None) -> list[int]:
+    """Give ``folder/generation_config.json`` the end-of-sequence ids the evaluation uses.
+
+    A checkpoint whose ``generation_config.json`` is ``{}`` (or lacks ``eos_token_id``) makes
+    ``generate`` (transformers, optimum's ``ORTModelForCausalLM``) run past the end of the answer.
+    The ids written are :func:`qwen_onnx.parity.eos_token_ids` of the folder (generation config,
+    else ``config.json``), else the tokenizer's EOS id; every variant folder copies this file.
+
+    Returns:
+        The EOS ids now in the generation config (empty when none is known anywhere).
+    """
+    import json
+
+    from .parity import eos_token_ids
+
+    path = Path(folder) / "generation_config.json"
+    settings = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    ids = eos_token_ids(folder) or ([int(tokenizer_eos)] if tokenizer_eos is not None else [])
+    if ids and settings.get("eos_token_id") is None:
+        settings["eos_token_id"] = ids if len(ids) > 1 else ids[0]
+        settings.setdefault("transformers_version", library_versions().get("transformers"))
+        log.info("generation_config.json had no eos_token_id: set to %s", settings["eos_token_id"])
+        write_json(path, settings)
+    return ids

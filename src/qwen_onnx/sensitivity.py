@@ -42,7 +42,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from .artifacts import library_versions, model_path, write_json
+from .artifacts import library_versions, model_path, reads_variant, write_json
 from .errors import QwenOnnxError
 from .external import lazy_model
 from .text import token_windows
@@ -236,6 +236,7 @@ def capture_activations(
     return captured
 
 
+@reads_variant("model_dir", near="output")
 def analyse_sensitivity(
     model_dir: str | os.PathLike,
     calibration_text: str | os.PathLike,
@@ -271,7 +272,11 @@ def analyse_sensitivity(
         ArtifactError: the model or its external data is missing.
     """
     from tqdm import tqdm
-    from transformers import AutoTokenizer
+    from .text import load_tokenizer
+
+    from .options import check_options
+
+    check_options(samples=samples, sequence_length=sequence_length, threads=threads)
 
     started = time.time()
     model_dir = Path(model_dir).resolve()
@@ -279,7 +284,7 @@ def analyse_sensitivity(
     matmuls = weight_matmuls(graph)
     if not matmuls:
         raise QwenOnnxError(f"{model_dir} has no MatMul with a constant float weight; is it an fp32 variant?")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir)
     windows = token_windows(tokenizer, calibration_text, sequence_length, samples)
     captured = capture_activations(model_dir, windows, (node.input[0] for node, _ in matmuls), threads)
 

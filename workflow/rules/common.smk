@@ -1,15 +1,24 @@
 import copy
 import re
+import sys
 
 from snakemake.utils import validate
 
 import qwen_onnx
-from qwen_onnx.gates import variant_kind
+import qwen_onnx.options
+from qwen_onnx.gates import DEFAULT_GATES, variant_kind
+from qwen_onnx.resolve import hub_snapshot_revision, source_files
 
 # A model's own stage sections override the global ones key by key; keep them as written, since
 # validation fills schema defaults into them too (which would override the global values).
 MODEL_OVERRIDES = copy.deepcopy(config.get("models", {}))
 
+# Numbers out of range answered in one line naming the range, as the CLI does (then the schema).
+try:
+    qwen_onnx.options.check_config(config)
+except qwen_onnx.options.OptionError as exc:
+    sys.stderr.write(f"qwen-onnx config: {exc}\n")
+    sys.exit(2)
 validate(config, schema="../schemas/config.schema.yaml")
 
 VERSION = qwen_onnx.__version__
@@ -115,9 +124,11 @@ def get_latency_threads(wildcards):
 
 
 def get_gate(wildcards):
-    """The accuracy gate ({figure: limit}) of the variant's kind for this model."""
+    """The accuracy gate ({figure: limit}) of the variant's kind for this model (the defaults of
+    qwen_onnx.gates.DEFAULT_GATES when the config leaves the kind out)."""
     gates = get_settings(wildcards.model, "gates")
-    return gates.get(variant_kind(wildcards.variant), {})
+    kind = variant_kind(wildcards.variant)
+    return gates.get(kind, DEFAULT_GATES[kind])
 
 
 def get_variant_dir(wildcards):

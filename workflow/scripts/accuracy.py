@@ -1,5 +1,6 @@
 """Snakemake wrapper: accuracy, parity and gate of one variant against PyTorch fp32."""
 from qwen_onnx.accuracy import evaluate_accuracy
+from qwen_onnx.gates import variant_kind
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):
@@ -14,6 +15,7 @@ with logged(snakemake):
         generation_tokens=settings["generation_tokens"],
         threads=snakemake.threads,
         gate_limits=snakemake.params.gate,
+        gate_kind=variant_kind(snakemake.wildcards.variant),
         fail_on_gate=snakemake.params.fail_on_gate,
         output=snakemake.output.json,
     )

@@ -1,0 +1,125 @@
+"""Allowed ranges of the numeric options, checked where the library is entered.
+
+The workflow's schema (``workflow/schemas/config.schema.yaml``) states the same ranges for the keys
+it has (``tests/test_robustness.py`` checks they agree), so the CLI, the library and the workflow
+refuse the same values, each in one line naming the range.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import OptionError
+
+__all__ = ["BLOCK_SIZES", "RANGES", "OptionError", "check_config", "check_option", "check_options"]
+
+#: Option name -> (minimum, maximum or None), inclusive, in the option's own unit (tokens, windows,
+#: threads, steps, nodes). opset: 14 (the first with the Trilu the exporter's causal mask needs) to
+#: 23 (the newest the schema allows; 17 and 18 are tested).
+RANGES: dict[str, tuple[int, int | None]] = {
+    "opset": (14, 23),
+    "samples": (1, None),
+    "sequence_length": (8, None),
+    "threads": (1, None),
+    "window": (8, None),
+    "max_windows": (1, None),
+    "kv_decode_steps": (1, None),
+    "generation_tokens": (1, None),
+    "prompt_lengths": (1, None),
+    "decode_prompt_tokens": (1, None),
+    "new_tokens": (2, None),
+    "warmup": (0, None),
+    "repeats": (1, None),
+    "max_nodes": (0, None),
+    "rounds": (1, None),
+    "windows": (1, None),
+    "window_tokens": (8, None),
+    "prompt_tokens": (1, None),
+    "decode_tokens": (1, None),
+}
+#: Block lengths of MatMulNBits (a power of 2 from 16 to 256; onnxruntime contrib op MatMulNBits).
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+
+
+def _allowed(name: str) -> str:
+    if name == "block_size":
+        return f"one of {', '.join(map(str, BLOCK_SIZES))}"
+    low, high = RANGES[name]
+    return f"an integer from {low} to {high}" if high is not None else f"an integer of at least {low}"
+
+
+def check_option(name: str, value: Any, *, key: str | None = None) -> Any:
+    """``value`` when it is an allowed value of option ``name`` (a list checks every item).
+
+    Args:
+        name: a key of :data:`RANGES`, or ``block_size``.
+        value: the value given; ``None`` passes (the option is unset).
+        key: the name shown in the message (default ``name``, e.g. ``sensitive_max_nodes``).
+
+    Raises:
+        OptionError: not an integer, or outside the range, e.g. ``opset 25 is out of range; give an
+            integer from 14 to 23``.
+    """
+    shown = key or name
+    if value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            check_option(name, item, key=shown)
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            if isinstance(value, bool) or int(value) != value:
+                raise ValueError
+            value = int(value)
+        except (TypeError, ValueError):
+            raise OptionError(f"{shown} {value!r} is not an integer; give {_allowed(name)}") from None
+    if name == "block_size":
+        ok = value in BLOCK_SIZES
+    else:
+        low, high = RANGES[name]
+        ok = value >= low and (high is None or value <= high)
+    if not ok:
+        raise OptionError(f"{shown} {value} is out of range; give {_allowed(name)}")
+    return value
+
+
+def check_options(**values: Any) -> None:
+    """:func:`check_option` on each ``name=value`` (the name is the option's, e.g. ``threads=0``)."""
+    for name, value in values.items():
+        check_option(name, value)
+
+
+def check_config(config: dict[str, Any]) -> None:
+    """Check every numeric option of a workflow configuration (global and per-model sections).
+
+    The workflow calls this before its schema validation, so an out-of-range number is answered in
+    the same one line as on the command line, named by its config path.
+
+    Raises:
+        OptionError: e.g. ``export.opset 25 is out of range; give an integer from 14 to 23``, or a
+            model name that cannot name a folder (the schema's pattern, ``[A-Za-z0-9._-]+``).
+    """
+
+    def walk(section: Any, path: str) -> None:
+        if not isinstance(section, dict):
+            return
+        for key, value in section.items():
+            where = f"{path}.{key}" if path else str(key)
+            if isinstance(value, dict):
+                walk(value, where)
+            elif key in RANGES or key == "block_size":
+                check_option(key, value, key=where)
+
+    walk({k: v for k, v in config.items() if k != "models"}, "")
+    import re
+
+    for name in config.get("models") or {}:
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", str(name)):
+            raise OptionError(
+                f"model name {name!r} is not a folder name; use letters, digits, '.', '-' and '_' only "
+                f"(it names results/NAME/), e.g. {re.sub(r'[^A-Za-z0-9._-]+', '-', str(name)).strip('-')!r}"
+            )
+    for name, model in (config.get("models") or {}).items():
+        if isinstance(model, dict):
+            walk({k: v for k, v in model.items() if k != "source"}, f"models.{name}")
