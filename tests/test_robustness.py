@@ -324,7 +324,7 @@ def test_every_stage_reads_a_variant_in_the_hub_cache_layout(pipeline, hub_layou
     assert (fp32 / MODEL_FILE).is_symlink() and (fp32 / "model.onnx_data").is_symlink()
     out = tmp_path / "out"
     preprocess(fp32, out / "preprocessed")
-    optimize_variant(fp32, out / "optimized")
+    optimize_variant(fp32, out / "optimized", method="transformers")
     quantize_dynamic_variant(pre, out / "int8-dynamic", DynamicSettings(block_size=16))
     quantize_static_variant(pre, out / "int8-static", texts["calibration"], StaticSettings(samples=2, sequence_length=16))
     for variant in ("preprocessed", "optimized", "int8-dynamic", "int8-static"):
@@ -436,7 +436,7 @@ def tied_pipeline(tmp_path_factory, texts):
     resolve(str(build_tiny_qwen(root / "source", "qwen2", tie_word_embeddings=True)), root / "hf")
     export_onnx(root / "hf", dirs["fp32"])
     preprocess(dirs["fp32"], dirs["preprocessed"])
-    optimize_variant(dirs["fp32"], dirs["optimized"])
+    optimize_variant(dirs["fp32"], dirs["optimized"], method="transformers")
     quantize_dynamic_variant(dirs["preprocessed"], dirs["int8-dynamic"], DynamicSettings(block_size=16))
     quantize_static_variant(dirs["preprocessed"], dirs["int8-static"], texts["calibration"],
                             StaticSettings(samples=2, sequence_length=16))
@@ -473,6 +473,24 @@ def test_a_tied_table_is_stored_once_in_every_variant_but_the_quantizers_input(t
     assert dynamic["MatMulNBits"] == 2 * 7 + 1  # lm_head still quantized from the one table
 
 
+def test_the_builder_optimized_variant_stores_a_tied_table_once(tmp_path):
+    import numpy as np
+    import onnx
+    from tiny_models import build_tiny_qwen
+
+    from qwen_onnx.inspect_graph import inspect_model
+    from qwen_onnx.optimize import optimize_variant
+    from qwen_onnx.resolve import resolve
+
+    resolve(str(build_tiny_qwen(tmp_path / "source", "qwen2", tie_word_embeddings=True)), tmp_path / "hf")
+    optimize_variant(tmp_path / "hf", tmp_path / "optimized")
+    graph = onnx.load(str(tmp_path / "optimized" / "model.onnx"), load_external_data=False).graph
+    tables = [t.name for t in graph.initializer if sorted(t.dims) == [64, 384]]
+    assert tables == ["lm_head.MatMul.weight"]  # the lookup reads it through a Transpose
+    arch = inspect_model(tmp_path / "optimized")["architecture"]
+    assert (arch["tied_embeddings"], arch["vocab_size"], arch["hidden_size"]) == (True, 384, 64)
+
+
 def test_an_untied_model_is_left_as_it_was(pipeline):
     import onnx
 
@@ -481,7 +499,7 @@ def test_an_untied_model_is_left_as_it_was(pipeline):
     graph = onnx.load(str(pipeline["optimized"] / "model.onnx"), load_external_data=False).graph
     assert "model.embed_tokens.weight" in {t.name for t in graph.initializer}
     assert inspect_model(pipeline["optimized"])["architecture"]["tied_embeddings"] is False
-    assert json.loads((pipeline["optimized"] / "optimize.json").read_text())["tied_stored_once"] == []
+    assert json.loads((pipeline["optimized"] / "optimize.json").read_text())["method"] == "builder"
 
 
 # --- bad inputs: one line (command, cause, fix), no output ---------------------------------------

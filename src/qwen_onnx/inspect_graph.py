@@ -197,6 +197,35 @@ def _out_features(graph: onnx.GraphProto, weights: dict[str, dict[str, Any]], ke
     return None
 
 
+#: Ops through which a weight reaches its consumer unchanged in content (a view, a cast, a dequantization).
+_PASS_THROUGH = frozenset({"Transpose", "Identity", "Cast", "Reshape", "DequantizeLinear"})
+
+
+def _source_initializer(graph: onnx.GraphProto, name: str, producers: dict, initializers: dict):
+    """The initializer that ``name`` is computed from through :data:`_PASS_THROUGH` ops only, else None."""
+    while name not in initializers:
+        node = producers.get(name)
+        if node is None or node.op_type not in _PASS_THROUGH:
+            return None
+        name = node.input[0]
+    return initializers[name]
+
+
+def _shared_table(graph: onnx.GraphProto):
+    """The one initializer that both the token lookup (``Gather``/``GatherBlockQuantized`` of
+    ``input_ids``) and the lm_head (the node producing ``logits``) read, else None."""
+    initializers = {t.name: t for t in graph.initializer}
+    producers = {o: n for n in graph.node for o in n.output}
+    lookup = next((n for n in graph.node if n.op_type in ("Gather", "GatherBlockQuantized")
+                   and len(n.input) > 1 and n.input[1] == "input_ids"), None)
+    head = producers.get("logits")
+    if lookup is None or head is None or len(head.input) < 2:
+        return None
+    table = _source_initializer(graph, lookup.input[0], producers, initializers)
+    weight = _source_initializer(graph, head.input[1], producers, initializers)
+    return table if table is not None and weight is not None and table.name == weight.name else None
+
+
 def architecture(graph: onnx.GraphProto) -> dict[str, Any]:
     """The decoder's architecture read back from the graph alone (no config.json, no weight data).
 
@@ -239,6 +268,11 @@ def architecture(graph: onnx.GraphProto) -> dict[str, Any]:
     # own (the export's Transpose of the table)
     table = embed["name"].removesuffix("_transposed") if embed else None
     arch["tied_embeddings"] = bool(head and table and head["name"].startswith(table)) or (head is None and embed is not None)
+    shared = _shared_table(graph)
+    if shared is not None:  # the builder's layout: Gather(Transpose(lm_head weight)) or one packed table
+        arch["tied_embeddings"] = True
+        if "vocab_size" not in arch and len(shared.dims) == 2:
+            arch["hidden_size"], arch["vocab_size"] = (int(d) for d in shared.dims)
     arch["qk_norm"] = "q_norm" in weights
     bias_prefixes = (KEY_WEIGHTS["q_proj"], BUILDER_KEY_WEIGHTS["q_proj"], BUILDER_KEY_WEIGHTS["qkv_proj"])
     arch["attention_bias"] = any(n.name.startswith(bias_prefixes) and n.op_type == "Add" for n in graph.node)
