@@ -53,12 +53,13 @@ def build_tokenizer(folder: Path, vocab_size: int = 384):
     return fast
 
 
-def build_tiny_qwen(folder: Path, family: str = "qwen2", seed: int = 0) -> Path:
+def build_tiny_qwen(folder: Path, family: str = "qwen2", seed: int = 0, tied: bool = False) -> Path:
     """Write a tiny random Qwen checkpoint to ``folder``.
 
     Args:
         family: ``qwen2`` (grouped-query attention, 4 heads / 2 KV heads), ``qwen1.5`` (Qwen2
             architecture with as many KV heads as heads) or ``qwen3`` (q/k RMSNorm, explicit head_dim).
+        tied: ``tie_word_embeddings`` (the lm_head is the embedding table, as in Qwen2.5 0.5B/1.5B).
 
     Returns:
         ``folder``.
@@ -79,7 +80,7 @@ def build_tiny_qwen(folder: Path, family: str = "qwen2", seed: int = 0) -> Path:
         max_position_embeddings=512,
         rms_norm_eps=1e-6,
         rope_theta=10000.0,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
         bos_token_id=None,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),

@@ -312,13 +312,15 @@ def diff_markdown(diff: dict[str, Any], top: int = 12) -> str:
 def decode_weight_bytes(proto: onnx.ModelProto) -> int:
     """Bytes of weights read to decode one token: every initializer, an embedding table as one row.
 
-    A ``Gather`` on an initializer (the token embedding) reads one row per token, so it counts
-    ``bytes / rows``; every other initializer (projections, lm_head, norms, quantization scales) is
+    A ``Gather`` on an initializer (the token embedding), or a ``GatherBlockQuantized`` on its own
+    quantized table and scales, reads one row per token, so it counts ``bytes / rows``; every other initializer (projections, lm_head, norms, quantization scales) is
     read whole at each decode step. This is the numerator of the decode roofline:
     ``tokens/s <= memory bandwidth / weight bytes per token``.
     """
     sizes = {t.name: (initializer_bytes(t), list(t.dims)) for t in proto.graph.initializer}
     gathered = {n.input[0] for n in proto.graph.node if n.op_type == "Gather" and n.input and n.input[0] in sizes}
+    gathered |= {name for n in proto.graph.node if n.op_type == "GatherBlockQuantized"
+                 for name in (n.input[0], n.input[2], *n.input[3:]) if name in sizes}
     total = 0
     for name, (size, dims) in sizes.items():
         if name in gathered and dims and dims[0] > 0:

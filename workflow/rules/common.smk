@@ -14,12 +14,13 @@ validate(config, schema="../schemas/config.schema.yaml")
 
 VERSION = qwen_onnx.__version__
 RESULTS = config.get("results", "results")
-VARIANTS = ["fp32", "preprocessed", "int8-dynamic", "int8-static", "optimized"]
+VARIANTS = ["fp32", "preprocessed", "int8-dynamic", "int8-static", "int4", "optimized"]
 STAGES = [
     "export",
     "preprocess",
     "quantize_dynamic",
     "quantize_static",
+    "quantize_int4",
     "sensitivity",
     "optimize",
     "evaluation",
@@ -39,6 +40,7 @@ MEM_PER_FP32_GB = {
     "preprocess": 1.8,
     "quantize_dynamic": 1.3,
     "quantize_static": 2.2,
+    "quantize_int4": 1.3,
     "sensitivity": 1.8,
     "optimize": 1.8,
     "accuracy": 2.5,
@@ -90,6 +92,12 @@ def get_sensitivity_input(section):
         return []
 
     return sensitivity
+
+
+def get_int4_calibration_input(wildcards):
+    """The calibration text of the int4 stage, when its algorithm (gptq) calibrates."""
+    settings = get_settings(wildcards.model, "quantize_int4")
+    return settings["calibration_text"] if settings["algorithm"] == "gptq" else []
 
 
 def get_exclusive_threads(measured):
