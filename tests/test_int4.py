@@ -158,4 +158,4 @@ def test_int4_gate_kind_and_recipes():
     assert variant_kind("int8-static") == "int8_static" and variant_kind("fp32") == "float"
     int4 = [r for r in DEFAULT_RECIPES if r.kind == "int4"]
     assert {r.build_settings().algorithm for r in int4} == {"default", "rtn", "k_quant", "hqq", "gptq"}
-    assert select_recipes("int4-k_quant-b32-sensitive24")[0].needs_sensitivity
+    assert select_recipes("int4-k_quant-b32-emb4-sensitive24")[0].needs_sensitivity

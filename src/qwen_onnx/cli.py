@@ -65,7 +65,7 @@ def _int4(a):
     settings = Int4Settings(
         algorithm=a.algorithm, block_size=a.block_size, accuracy_level=a.accuracy_level, symmetric=a.symmetric,
         lm_head_bits=a.lm_head_bits, embedding=a.embedding, embedding_bits=a.embedding_bits,
-        sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
+        embedding_symmetric=a.embedding_symmetric, sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
         sensitive_scheme=a.sensitive_scheme, nodes_to_exclude=a.exclude, calibration_samples=a.samples,
         calibration_sequence_length=a.sequence_length,
     )
@@ -240,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lm-head-bits", type=int, choices=[4, 8], default=8)
     p.add_argument("--embedding", choices=["shared", "quantized", "float"], default="shared")
     p.add_argument("--embedding-bits", type=int, choices=[4, 8], default=8, help="bits of an own embedding table")
+    p.add_argument("--embedding-symmetric", action=argparse.BooleanOptionalAction, default=True,
+                   help="own embedding table without zero points")
     p.add_argument("--exclude", nargs="*", default=[], metavar="NODE", help="MatMul names kept float")
     p.add_argument("--sensitivity", default=None, help="sensitivity report JSON (qwen-onnx sensitivity)")
     p.add_argument("--sensitive-max-nodes", type=int, default=0,

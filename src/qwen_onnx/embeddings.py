@@ -61,12 +61,14 @@ class EmbeddingPlan:
         block_size: block length (inputs per scale) of an own table; a power of 2, at least 16.
         tied: whether the source model's lm_head weight equals the embedding table transposed
             (:func:`embedding_tied`); sharing needs it.
+        symmetric: an own table without zero points (else one uint8 zero point per block).
     """
 
     mode: str = "shared"
     bits: int = 8
     block_size: int = 128
     tied: bool = False
+    symmetric: bool = True
 
     def check(self) -> None:
         """Raises QwenOnnxError on an unknown mode, bits other than 4 or 8, or a bad block size."""
@@ -146,8 +148,10 @@ def _gather_node(embed: onnx.NodeProto, inputs: list[str], bits: int, block_size
     )
 
 
-def quantize_table(table: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Blockwise symmetric quantization of an embedding table for ``GatherBlockQuantized``.
+def quantize_table(
+    table: np.ndarray, bits: int, block_size: int, symmetric: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Blockwise quantization of an embedding table for ``GatherBlockQuantized``.
 
     Uses onnxruntime's own MatMulNBits quantizer kernel on the transposed table, so the values are
     exactly what ``MatMulNBits`` would hold for a tied lm_head.
@@ -156,7 +160,9 @@ def quantize_table(table: np.ndarray, bits: int, block_size: int) -> tuple[np.nd
         table: float32 [vocab, hidden]; hidden a multiple of ``block_size``.
 
     Returns:
-        ``(data, scales)``: uint8 [vocab, hidden × bits / 8] and float32 [vocab, hidden / block_size].
+        ``(data, scales, zero_points)``: uint8 [vocab, hidden × bits / 8], float32
+        [vocab, hidden / block_size], and for ``symmetric=False`` uint8 zero points
+        [vocab, ceil(blocks × bits / 8)] (4-bit ones two per byte), else None.
 
     Raises:
         QwenOnnxError: hidden is not a multiple of ``block_size``.
@@ -172,10 +178,11 @@ def quantize_table(table: np.ndarray, bits: int, block_size: int) -> tuple[np.nd
             f"embedding hidden size {hidden} is not a multiple of block_size {block_size}; pick a block size that divides it"
         )
     quantizer = DefaultWeightOnlyQuantizer(
-        DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=True, bits=bits)
+        DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=symmetric, bits=bits)
     )
-    packed, scales, _ = quantizer.qbits_block_quant(np.ascontiguousarray(table.T))  # [V, blocks, blob], [V, blocks]
-    return packed.reshape(vocab, hidden * bits // 8), scales.reshape(vocab, hidden // block_size)
+    packed, scales, zero_points = quantizer.qbits_block_quant(np.ascontiguousarray(table.T))  # [V, blocks, blob]
+    return (packed.reshape(vocab, hidden * bits // 8), scales.reshape(vocab, hidden // block_size),
+            None if symmetric else zero_points)
 
 
 def quantize_embedding(folder: str | os.PathLike, plan: EmbeddingPlan) -> dict[str, Any]:
@@ -233,14 +240,17 @@ def quantize_embedding(folder: str | os.PathLike, plan: EmbeddingPlan) -> dict[s
             bits, block_size = plan.bits, plan.block_size
             while hidden % block_size and block_size > 16:  # e.g. a tiny test model's hidden 64 with block 128
                 block_size //= 2
-            data, scales = quantize_table(numpy_helper.to_array(table), bits, block_size)
-            data_t = numpy_helper.from_array(data, table.name + f"_Q{bits}")
-            scales_t = numpy_helper.from_array(scales.astype(np.float32), table.name + "_scales")
-            graph.initializer.extend([data_t, scales_t])
-            new_nodes = [_gather_node(embed, [data_t.name, embed.input[1], scales_t.name], bits, block_size)]
-            after = data.nbytes + scales.nbytes
+            data, scales, zero_points = quantize_table(numpy_helper.to_array(table), bits, block_size, plan.symmetric)
+            new = [numpy_helper.from_array(data, table.name + f"_Q{bits}"),
+                   numpy_helper.from_array(scales.astype(np.float32), table.name + "_scales")]
+            if zero_points is not None:
+                new.append(numpy_helper.from_array(zero_points, table.name + "_zero_points"))
+            graph.initializer.extend(new)
+            inputs = [new[0].name, embed.input[1], *(t.name for t in new[1:])]
+            new_nodes = [_gather_node(embed, inputs, bits, block_size)]
+            after = sum(len(t.raw_data) for t in new)
             shared_with = None
-            del data, scales
+            del data, scales, zero_points
         position = list(graph.node).index(embed)
         graph.node.remove(embed)
         for offset, node in enumerate(new_nodes):

@@ -67,6 +67,7 @@ class Int4Settings(_SensitiveSettings):
         embedding: ``shared`` (tied models: the embedding reads the lm_head's quantized weight),
             ``quantized`` (own GatherBlockQuantized table at ``embedding_bits``) or ``float``.
         embedding_bits: bits of an own embedding table (4 or 8).
+        embedding_symmetric: an own embedding table without zero points (else one per block).
         sensitive_max_nodes, sensitive_below_sqnr_db: the most sensitive MatMuls of the sensitivity
             report (ranked by their blockwise dynamic INT8 SQNR), as in
             :class:`~qwen_onnx.quantize.DynamicSettings`.
@@ -83,6 +84,7 @@ class Int4Settings(_SensitiveSettings):
     lm_head_bits: int = 8
     embedding: str = "shared"
     embedding_bits: int = 8
+    embedding_symmetric: bool = True
     sensitive_scheme: str = "blockwise"
     nodes_to_exclude: tuple[str, ...] | list[str] = ()
     calibration_samples: int = 8
@@ -101,7 +103,8 @@ class Int4Settings(_SensitiveSettings):
         self.embedding_plan(False).check()
 
     def embedding_plan(self, tied: bool) -> EmbeddingPlan:
-        return EmbeddingPlan(self.embedding, self.embedding_bits, self.block_size, tied)
+        return EmbeddingPlan(self.embedding, self.embedding_bits, self.block_size, tied,
+                             symmetric=self.embedding_symmetric)
 
 
 def _algo_config(settings: Int4Settings, graph_only: Path, float_names: Sequence[str], calibration_text):

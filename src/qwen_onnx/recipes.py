@@ -175,12 +175,24 @@ DEFAULT_RECIPES: tuple[Recipe, ...] = (
            "int4 RTN, block 32, lm_head (and shared embedding) 4-bit"),
     Recipe("int4-k_quant-b32-head4", "int4", {"algorithm": "k_quant", "block_size": 32, "lm_head_bits": 4},
            "int4 k-quant, block 32, lm_head (and shared embedding) 4-bit"),
+    Recipe("int4-k_quant-b32-emb4", "int4",
+           {"algorithm": "k_quant", "block_size": 32, "embedding_bits": 4, "embedding_symmetric": False},
+           "int4 k-quant, block 32, own embedding table 4-bit asymmetric"),
+    Recipe("int4-k_quant-b32-head4-emb4", "int4",
+           {"algorithm": "k_quant", "block_size": 32, "lm_head_bits": 4, "embedding_bits": 4,
+            "embedding_symmetric": False},
+           "int4 k-quant, block 32, lm_head and own embedding table 4-bit"),
     Recipe("int4-default-b32-sensitive24", "int4",
            {"algorithm": "default", "block_size": 32, **_sensitive(24, "blockwise")},
            "int4 RTN, block 32, 24 most sensitive MatMuls 8-bit"),
-    Recipe("int4-k_quant-b32-sensitive24", "int4",
-           {"algorithm": "k_quant", "block_size": 32, **_sensitive(24, "blockwise")},
-           "int4 k-quant, block 32, 24 most sensitive MatMuls 8-bit"),
+    Recipe("int4-k_quant-b32-emb4-sensitive12", "int4",
+           {"algorithm": "k_quant", "block_size": 32, "embedding_bits": 4, "embedding_symmetric": False,
+            **_sensitive(12, "blockwise")},
+           "int4 k-quant, block 32, embedding 4-bit, 12 most sensitive MatMuls 8-bit"),
+    Recipe("int4-k_quant-b32-emb4-sensitive24", "int4",
+           {"algorithm": "k_quant", "block_size": 32, "embedding_bits": 4, "embedding_symmetric": False,
+            **_sensitive(24, "blockwise")},
+           "int4 k-quant, block 32, embedding 4-bit, 24 most sensitive MatMuls 8-bit"),
 )
 
 
@@ -508,7 +520,7 @@ def run_recipes(
     reference = reference_logits(preprocessed_dir, evaluation, work_dir / REFERENCE_FILE, threads=threads)
     rows: list[dict[str, Any]] = []
     todo = [None, *recipes]  # None: the fp32 row
-    bar = tqdm(todo, desc="INT8 recipes", unit="recipe", disable=not progress)
+    bar = tqdm(todo, desc="recipes", unit="recipe", disable=not progress)
     for recipe in bar:
         name = FP32 if recipe is None else recipe.name
         settings = {} if recipe is None else json.loads(json.dumps(dict(recipe.settings)))
