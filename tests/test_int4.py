@@ -63,7 +63,8 @@ def test_int4_untied_nodes_bits_embedding_and_logits(pipeline, tmp_path):
     weights = weight_matmul_names(source / "model.onnx")
     head = find_lm_head(_graph(source)).name
     assert len(weights) == MATMULS and head in weights
-    info = quantize_int4_variant(source, tmp_path / "int4", Int4Settings(algorithm="default", block_size=16))
+    settings = Int4Settings(algorithm="default", block_size=16, embedding_bits=8, embedding_symmetric=True)
+    info = quantize_int4_variant(source, tmp_path / "int4", settings)
     graph = _graph(tmp_path / "int4")
     assert not weight_matmul_names(tmp_path / "int4" / "model.onnx")  # every weight MatMul converted
     nbits = {n.name: _attrs(n) for n in graph.node if n.op_type == "MatMulNBits"}
@@ -120,6 +121,13 @@ def test_int4_sensitive_matmuls_at_8_bits(pipeline, tmp_path):
     assert info["nodes_8bit"] == [names[0]]
     assert [n for n, b in bits.items() if b == 8] == [names[0] + "_Q8"]
     assert sum(b == 4 for b in bits.values()) == MATMULS - 1
+    # the default own embedding table: 4-bit with zero points (two per byte: 2 blocks of 32 -> 1 byte per row)
+    graph = _graph(tmp_path / "int4")
+    gather = next(n for n in graph.node if n.op_type == "GatherBlockQuantized")
+    inits = {t.name: list(t.dims) for t in graph.initializer}
+    assert _attrs(gather)["bits"] == 4 and len(gather.input) == 4
+    assert inits[gather.input[0]] == [VOCAB, HIDDEN // 2] and inits[gather.input[3]] == [VOCAB, 1]
+    _close_to_fp32(tmp_path / "int4", source, max_rel_mean=0.45, min_corr=0.85)
 
 
 @pytest.mark.parametrize("changes, message", [

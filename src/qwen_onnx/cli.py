@@ -239,8 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="symmetric weights (default and rtn; k_quant, hqq, gptq choose their own)")
     p.add_argument("--lm-head-bits", type=int, choices=[4, 8], default=8)
     p.add_argument("--embedding", choices=["shared", "quantized", "float"], default="shared")
-    p.add_argument("--embedding-bits", type=int, choices=[4, 8], default=8, help="bits of an own embedding table")
-    p.add_argument("--embedding-symmetric", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--embedding-bits", type=int, choices=[4, 8], default=4, help="bits of an own embedding table")
+    p.add_argument("--embedding-symmetric", action=argparse.BooleanOptionalAction, default=False,
                    help="own embedding table without zero points")
     p.add_argument("--exclude", nargs="*", default=[], metavar="NODE", help="MatMul names kept float")
     p.add_argument("--sensitivity", default=None, help="sensitivity report JSON (qwen-onnx sensitivity)")
