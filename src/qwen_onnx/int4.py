@@ -166,7 +166,8 @@ def int4_pass(graph_only: Path, settings: Int4Settings, keep: Sequence[str], scr
         algo_config=_algo_config(settings, graph_only, kept_float, calibration_text),
     )
     quiet = [logging.getLogger(n) for n in ("onnxruntime.quantization.matmul_nbits_quantizer",
-                                            "onnxruntime.quantization.neural_compressor.weight_only")]
+                                            "onnxruntime.quantization.neural_compressor.weight_only",
+                                            "neural_compressor")]
     levels = [q.level for q in quiet]
     for q in quiet:
         q.setLevel(logging.WARNING)
