@@ -11,6 +11,7 @@ from qwen_onnx.artifacts import folder_bytes
 from qwen_onnx.embeddings import embedding_tied, find_embedding, find_lm_head
 from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.gates import variant_kind
+from qwen_onnx.inspect_graph import inspect_model
 from qwen_onnx.int4 import Int4Settings, quantize_int4_variant
 from qwen_onnx.quantize import DynamicSettings, quantize_dynamic_variant, weight_matmul_names
 from qwen_onnx.recipes import DEFAULT_RECIPES, select_recipes
@@ -80,6 +81,8 @@ def test_int4_untied_nodes_bits_embedding_and_logits(pipeline, tmp_path):
     inits = {t.name: list(t.dims) for t in graph.initializer}
     assert inits[gathers[0].input[0]] == [VOCAB, HIDDEN] and inits[gathers[0].input[2]] == [VOCAB, HIDDEN // 16]
     assert info["embedding"]["mode"] == "quantized" and info["tied_embeddings"] is False
+    arch = inspect_model(tmp_path / "int4")["architecture"]
+    assert (arch["vocab_size"], arch["hidden_size"], arch["tied_embeddings"]) == (VOCAB, HIDDEN, False)
     # bytes: 4-bit weights + fp32 scale per 16 = 0.75 B/param, 8-bit lm_head/embedding 1.25 B/param,
     # plus the float norms and the graph; far under the 4 B/param of fp32
     params_4bit = 2 * (HIDDEN * HIDDEN * 2 + HIDDEN * 32 * 2 + 3 * HIDDEN * 128)
@@ -106,6 +109,8 @@ def test_int4_tied_shares_the_lm_head_weight(tied_preprocessed, tmp_path):
     assert producers[gather.input[2]].input[0] == head.input[2]
     assert gather.input[3] == head.input[3]
     assert info["embedding"]["mode"] == "shared" and info["embedding"]["table_bytes_after"] == 0
+    arch = inspect_model(tmp_path / "int4")["architecture"]
+    assert (arch["vocab_size"], arch["hidden_size"], arch["tied_embeddings"]) == (VOCAB, HIDDEN, True)
     assert not any(t.data_type == onnx.TensorProto.FLOAT and list(t.dims) == [VOCAB, HIDDEN] for t in graph.initializer)
     _close_to_fp32(tmp_path / "int4", tied_preprocessed, max_rel_mean=0.45, min_corr=0.85)
 
@@ -166,4 +171,4 @@ def test_int4_gate_kind_and_recipes():
     assert variant_kind("int8-static") == "int8_static" and variant_kind("fp32") == "float"
     int4 = [r for r in DEFAULT_RECIPES if r.kind == "int4"]
     assert {r.build_settings().algorithm for r in int4} == {"default", "rtn", "k_quant", "hqq", "gptq"}
-    assert select_recipes("int4-k_quant-b32-emb4-sensitive24")[0].needs_sensitivity
+    assert select_recipes("int4-kquant-b32-emb4-sensitive24")[0].needs_sensitivity

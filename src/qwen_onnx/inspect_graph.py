@@ -188,6 +188,26 @@ def _out_features(graph: onnx.GraphProto, weights: dict[str, dict[str, Any]], ke
     return None
 
 
+def _quantized_embedding(graph: onnx.GraphProto) -> tuple[int, int, bool] | None:
+    """``(vocab, hidden, shared)`` of a ``GatherBlockQuantized`` embedding (:mod:`qwen_onnx.embeddings`):
+    from its own uint8 table [vocab, hidden × bits / 8], or, when it reads the lm_head's
+    ``MatMulNBits`` weight through a Reshape (shared), from that node's ``K`` and ``N``."""
+    node = next((n for n in graph.node if n.op_type == "GatherBlockQuantized"), None)
+    if node is None:
+        return None
+    bits = next((int(a.i) for a in node.attribute if a.name == "bits"), 4)
+    table = next((t for t in graph.initializer if t.name == node.input[0]), None)
+    if table is not None and len(table.dims) == 2:
+        return int(table.dims[0]), int(table.dims[1]) * 8 // bits, False
+    reshape = next((n for n in graph.node if node.input[0] in n.output), None)
+    head = next((n for n in graph.node if n.op_type == "MatMulNBits" and reshape is not None
+                 and n.input[1] == reshape.input[0]), None)
+    if head is None:
+        return None
+    attrs = {a.name: int(a.i) for a in head.attribute if a.name in ("K", "N")}
+    return attrs["N"], attrs["K"], True
+
+
 def architecture(graph: onnx.GraphProto) -> dict[str, Any]:
     """The decoder's architecture read back from the graph alone (no config.json, no weight data).
 
@@ -204,8 +224,11 @@ def architecture(graph: onnx.GraphProto) -> dict[str, Any]:
     layer_ids = {int(m.group(1)) for n in graph.node for m in [re.search(r"/layers\.(\d+)/", n.name)] if m}
     arch: dict[str, Any] = {"layers": len(pasts) // 2 if pasts else (max(layer_ids) + 1 if layer_ids else None)}
     embed = weights.get("embed_tokens")
+    quantized_embed = _quantized_embedding(graph)
     if embed and len(embed["shape"]) == 2:
         arch["vocab_size"], arch["hidden_size"] = embed["shape"]
+    elif quantized_embed:
+        arch["vocab_size"], arch["hidden_size"] = quantized_embed[:2]
     if pasts:
         dims = [_dim(d) for d in pasts[0].type.tensor_type.shape.dim]
         if len(dims) == 4 and isinstance(dims[1], int) and isinstance(dims[3], int):
@@ -219,6 +242,8 @@ def architecture(graph: onnx.GraphProto) -> dict[str, Any]:
         arch["intermediate_size"] = intermediate
     head = weights.get("lm_head")
     arch["tied_embeddings"] = bool(head and embed and head["name"] == embed["name"]) or (head is None and embed is not None)
+    if quantized_embed:
+        arch["tied_embeddings"] = quantized_embed[2]
     arch["qk_norm"] = "q_norm" in weights
     arch["attention_bias"] = any(n.name.startswith(KEY_WEIGHTS["q_proj"]) and n.op_type == "Add" for n in graph.node)
     return arch
