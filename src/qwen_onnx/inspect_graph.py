@@ -140,7 +140,7 @@ KEY_WEIGHTS = {
     "final_norm": "/model/norm/",
     "lm_head": "/lm_head/",
 }
-_WEIGHT_OPS = {"MatMul", "Gemm", "Gather", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
+_WEIGHT_OPS = {"MatMul", "Gemm", "Gather", "GatherBlockQuantized", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
                "MatMulNBits", "Mul", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
                "LayerNormalization"}
 
@@ -225,10 +225,10 @@ def architecture(graph: onnx.GraphProto) -> dict[str, Any]:
     arch: dict[str, Any] = {"layers": len(pasts) // 2 if pasts else (max(layer_ids) + 1 if layer_ids else None)}
     embed = weights.get("embed_tokens")
     quantized_embed = _quantized_embedding(graph)
-    if embed and len(embed["shape"]) == 2:
-        arch["vocab_size"], arch["hidden_size"] = embed["shape"]
-    elif quantized_embed:
+    if quantized_embed:  # its uint8 table holds hidden × bits / 8 bytes per row
         arch["vocab_size"], arch["hidden_size"] = quantized_embed[:2]
+    elif embed and len(embed["shape"]) == 2:
+        arch["vocab_size"], arch["hidden_size"] = embed["shape"]
     if pasts:
         dims = [_dim(d) for d in pasts[0].type.tensor_type.shape.dim]
         if len(dims) == 4 and isinstance(dims[1], int) and isinstance(dims[3], int):
