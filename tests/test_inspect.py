@@ -76,7 +76,8 @@ def test_architecture_of_other_families(other_families, family, gqa, qk_norm):
 
 def test_key_weights_have_the_config_shapes(pipeline):
     weights = inspect_model(pipeline["int8-static"])["key_weights"]
-    assert weights["embed_tokens"]["shape"] == [384, 64] and weights["embed_tokens"]["dtype"] == "float32"
+    # the embedding table as GatherBlockQuantized 8-bit: uint8 [vocab, hidden]
+    assert weights["embed_tokens"]["shape"] == [384, 64] and weights["embed_tokens"]["dtype"] == "uint8"
     assert weights["q_proj"]["shape"] == [64, 64] and weights["q_proj"]["dtype"] == "int8"
     assert weights["k_proj"]["shape"] == [64, 32]  # 2 KV heads x head_dim 16
     assert weights["down_proj"]["shape"] == [128, 64]

@@ -21,7 +21,7 @@ from test_resolve import make_part_packages
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
-VARIANTS = ("fp32", "preprocessed", "int8-dynamic", "int8-static", "optimized")
+VARIANTS = ("fp32", "preprocessed", "int8-dynamic", "int8-static", "int4", "optimized")
 
 pytestmark = pytest.mark.workflow
 
@@ -131,6 +131,9 @@ def test_full_run_writes_every_artifact(finished_run):
     # the default dynamic recipe: every weight MatMul blockwise
     dynamic_ops = json.loads((results / "tiny" / "reports" / "int8-dynamic.inspect.json").read_text())["op_types"]
     assert dynamic_ops["MatMulNBits"] == 2 * 7 + 1 and "DynamicQuantizeMatMul" not in dynamic_ops
+    # int4: every weight MatMul MatMulNBits, the embedding GatherBlockQuantized
+    int4_ops = json.loads((results / "tiny" / "reports" / "int4.inspect.json").read_text())["op_types"]
+    assert int4_ops["MatMulNBits"] == 2 * 7 + 1 and int4_ops["GatherBlockQuantized"] == 1
     page = (results / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 3 and "http" not in page.replace("http-equiv", "")
     for plot in ("ppl_vs_size", "decode_tok_s", "prefill_latency"):
@@ -174,8 +177,8 @@ def test_adding_a_model_reruns_only_that_models_stages(finished_run, tiny_qwen2)
     finally:
         (finished_run / "config.yaml").write_text(original)
     assert planned_jobs(result) == {"resolve": 1, "export": 1, "preprocess": 1, "sensitivity": 1, "quantize_dynamic": 1,
-                                    "quantize_static": 1,
-                    "optimize": 1, "inspect": 5, "diff": 4, "accuracy": 5, "latency": 5, "latency_pytorch": 1,
+                                    "quantize_static": 1, "quantize_int4": 1,
+                    "optimize": 1, "inspect": 6, "diff": 5, "accuracy": 6, "latency": 6, "latency_pytorch": 1,
                     "report": 1, "all": 1}
 
 

@@ -39,7 +39,8 @@ def _dynamic(a):
     settings = DynamicSettings(
         scheme=a.scheme, op_types=a.op_types, per_channel=a.per_channel, nodes_to_exclude=a.exclude,
         sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
-        sensitive_scheme=a.sensitive_scheme, block_size=a.block_size,
+        sensitive_scheme=a.sensitive_scheme, block_size=a.block_size, embedding=a.embedding,
+        embedding_bits=a.embedding_bits,
     )
     return quantize_dynamic_variant(a.input, a.output, settings, sensitivity=a.sensitivity)
 
@@ -53,8 +54,23 @@ def _static(a):
         activation_symmetric=a.activation_symmetric, nodes_to_exclude=a.exclude,
         sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
         sensitive_scheme=a.sensitive_scheme, block_size=a.block_size, quant_format=a.quant_format,
+        embedding=a.embedding, embedding_bits=a.embedding_bits,
     )
     return quantize_static_variant(a.input, a.output, a.calibration_text, settings, sensitivity=a.sensitivity)
+
+
+def _int4(a):
+    from .int4 import Int4Settings, quantize_int4_variant
+
+    settings = Int4Settings(
+        algorithm=a.algorithm, block_size=a.block_size, accuracy_level=a.accuracy_level, symmetric=a.symmetric,
+        lm_head_bits=a.lm_head_bits, embedding=a.embedding, embedding_bits=a.embedding_bits,
+        embedding_symmetric=a.embedding_symmetric, sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
+        sensitive_scheme=a.sensitive_scheme, nodes_to_exclude=a.exclude, calibration_samples=a.samples,
+        calibration_sequence_length=a.sequence_length,
+    )
+    return quantize_int4_variant(a.input, a.output, settings, sensitivity=a.sensitivity,
+                                 calibration_text=a.calibration_text)
 
 
 def _sensitivity(a):
@@ -219,6 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--sensitive-scheme", choices=["float", "blockwise"], default="float",
                        help="float, or INT8 with per-block scales (MatMulNBits 8-bit, accuracy_level 4)")
         p.add_argument("--block-size", type=int, default=128, help="block length of the blockwise scheme")
+        p.add_argument("--embedding", choices=["shared", "quantized", "float"], default="shared",
+                       help="embedding table: shared with an INT8 MatMulNBits lm_head when tied, else its own "
+                            "GatherBlockQuantized table (quantized), or float")
+        p.add_argument("--embedding-bits", type=int, choices=[4, 8], default=8, help="bits of an own embedding table")
         p.set_defaults(func=func)
         if name == "quantize-dynamic":
             p.add_argument("--scheme", choices=["per_tensor", "blockwise"], default="blockwise",
@@ -233,6 +253,32 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--activation-symmetric", action=argparse.BooleanOptionalAction, default=False)
             p.add_argument("--quant-format", choices=["QDQ", "QOperator"], default="QDQ",
                            help="QDQ: Q/DQ pairs fused by ORT at load; QOperator: QLinearMatMul in the graph")
+
+    p = sub.add_parser("quantize-int4", help="weight-only 4-bit MatMulNBits (accuracy_level 4), quantized embedding")
+    p.add_argument("input", help="float variant folder (pre-processed or fused)")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--algorithm", choices=["default", "rtn", "k_quant", "hqq", "gptq"], default="k_quant",
+                   help="onnxruntime MatMulNBitsQuantizer algorithm (README, int4 recipes)")
+    p.add_argument("--block-size", type=int, default=32, help="inputs per scale, a power of 2 from 16 to 256")
+    p.add_argument("--accuracy-level", type=int, default=4, help="MatMulNBits accuracy_level (4: INT8 activations)")
+    p.add_argument("--symmetric", action=argparse.BooleanOptionalAction, default=True,
+                   help="symmetric weights (default and rtn; k_quant, hqq, gptq choose their own)")
+    p.add_argument("--lm-head-bits", type=int, choices=[4, 8], default=8)
+    p.add_argument("--embedding", choices=["shared", "quantized", "float"], default="shared")
+    p.add_argument("--embedding-bits", type=int, choices=[4, 8], default=4, help="bits of an own embedding table")
+    p.add_argument("--embedding-symmetric", action=argparse.BooleanOptionalAction, default=False,
+                   help="own embedding table without zero points")
+    p.add_argument("--exclude", nargs="*", default=[], metavar="NODE", help="MatMul names kept float")
+    p.add_argument("--sensitivity", default=None, help="sensitivity report JSON (qwen-onnx sensitivity)")
+    p.add_argument("--sensitive-max-nodes", type=int, default=0,
+                   help="this many of the most sensitive MatMuls apart (needs --sensitivity)")
+    p.add_argument("--sensitive-below-sqnr-db", type=float, default=None)
+    p.add_argument("--sensitive-scheme", choices=["float", "blockwise"], default="blockwise",
+                   help="blockwise: 8-bit MatMulNBits; float: left unquantized")
+    p.add_argument("--calibration-text", default=str(shipped_text(CALIBRATION_TEXT)), help="gptq calibration")
+    p.add_argument("--samples", type=int, default=8, help="gptq calibration windows")
+    p.add_argument("--sequence-length", type=int, default=128, help="gptq tokens per window")
+    p.set_defaults(func=_int4)
 
     p = sub.add_parser("sensitivity", help="per-MatMul INT8 error (SQNR) on calibration text, lowest first")
     p.add_argument("input", help="pre-processed variant folder")

@@ -26,6 +26,7 @@ VARIANT_KIND = {
     "optimized": "float",
     "int8-dynamic": "int8_dynamic",
     "int8-static": "int8_static",
+    "int4": "int4",
 }
 
 
@@ -60,7 +61,11 @@ def default_gate(kind: str) -> dict[str, float]:
 
 def variant_kind(variant: str) -> str:
     """Gate kind of a variant folder name (``float`` for unknown float variants)."""
-    return VARIANT_KIND.get(variant, "int8_static" if "static" in variant else "int8_dynamic" if "int8" in variant else "float")
+    if variant in VARIANT_KIND:
+        return VARIANT_KIND[variant]
+    if "int4" in variant:
+        return "int4"
+    return "int8_static" if "static" in variant else "int8_dynamic" if "int8" in variant else "float"
 
 
 def check_gate(metrics: Mapping[str, Any], limits: Mapping[str, float]) -> tuple[str, list[str]]:

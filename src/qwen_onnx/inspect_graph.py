@@ -146,7 +146,7 @@ BUILDER_KEY_WEIGHTS = {
     **{key: prefix.replace("/self_attn/", "/attn/") for key, prefix in KEY_WEIGHTS.items()},
     "qkv_proj": "/model/layers.0/attn/qkv_proj/",
 }
-_WEIGHT_OPS = {"MatMul", "Gemm", "Gather", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
+_WEIGHT_OPS = {"MatMul", "Gemm", "Gather", "GatherBlockQuantized", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
                "MatMulNBits", "Mul", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
                "LayerNormalization"}
 
@@ -226,6 +226,26 @@ def _shared_table(graph: onnx.GraphProto):
     return table if table is not None and weight is not None and table.name == weight.name else None
 
 
+def _quantized_embedding(graph: onnx.GraphProto) -> tuple[int, int, bool] | None:
+    """``(vocab, hidden, shared)`` of a ``GatherBlockQuantized`` embedding (:mod:`qwen_onnx.embeddings`):
+    from its own uint8 table [vocab, hidden × bits / 8], or, when it reads the lm_head's
+    ``MatMulNBits`` weight through a Reshape (shared), from that node's ``K`` and ``N``."""
+    node = next((n for n in graph.node if n.op_type == "GatherBlockQuantized"), None)
+    if node is None:
+        return None
+    bits = next((int(a.i) for a in node.attribute if a.name == "bits"), 4)
+    table = next((t for t in graph.initializer if t.name == node.input[0]), None)
+    if table is not None and len(table.dims) == 2:
+        return int(table.dims[0]), int(table.dims[1]) * 8 // bits, False
+    reshape = next((n for n in graph.node if node.input[0] in n.output), None)
+    head = next((n for n in graph.node if n.op_type == "MatMulNBits" and reshape is not None
+                 and n.input[1] == reshape.input[0]), None)
+    if head is None:
+        return None
+    attrs = {a.name: int(a.i) for a in head.attribute if a.name in ("K", "N")}
+    return attrs["N"], attrs["K"], True
+
+
 def architecture(graph: onnx.GraphProto) -> dict[str, Any]:
     """The decoder's architecture read back from the graph alone (no config.json, no weight data).
 
@@ -245,7 +265,10 @@ def architecture(graph: onnx.GraphProto) -> dict[str, Any]:
     # a table stored once for a tied lm_head is [hidden, vocab], looked up on axis 1 (qwen_onnx.tied)
     lookup_axis = next((a.i for n in graph.node if n.op_type == "Gather" and n.name.startswith(KEY_WEIGHTS["embed_tokens"])
                         for a in n.attribute if a.name == "axis"), 0)
-    if embed and len(embed["shape"]) == 2:
+    quantized_embed = _quantized_embedding(graph)
+    if quantized_embed:  # its uint8 table holds hidden × bits / 8 bytes per row
+        arch["vocab_size"], arch["hidden_size"] = quantized_embed[:2]
+    elif embed and len(embed["shape"]) == 2:
         arch["vocab_size"], arch["hidden_size"] = embed["shape"][::-1] if lookup_axis == 1 else embed["shape"]
     if pasts:
         dims = [_dim(d) for d in pasts[0].type.tensor_type.shape.dim]
@@ -273,6 +296,8 @@ def architecture(graph: onnx.GraphProto) -> dict[str, Any]:
         arch["tied_embeddings"] = True
         if "vocab_size" not in arch and len(shared.dims) == 2:
             arch["hidden_size"], arch["vocab_size"] = (int(d) for d in shared.dims)
+    if quantized_embed:
+        arch["tied_embeddings"] = quantized_embed[2]
     arch["qk_norm"] = "q_norm" in weights
     bias_prefixes = (KEY_WEIGHTS["q_proj"], BUILDER_KEY_WEIGHTS["q_proj"], BUILDER_KEY_WEIGHTS["qkv_proj"])
     arch["attention_bias"] = any(n.name.startswith(bias_prefixes) and n.op_type == "Add" for n in graph.node)
@@ -367,13 +392,15 @@ def diff_markdown(diff: dict[str, Any], top: int = 12) -> str:
 def decode_weight_bytes(proto: onnx.ModelProto) -> int:
     """Bytes of weights read to decode one token: every initializer, an embedding table as one row.
 
-    A ``Gather`` on an initializer (the token embedding) reads one row per token, so it counts
-    ``bytes / rows``; every other initializer (projections, lm_head, norms, quantization scales) is
+    A ``Gather`` on an initializer (the token embedding), or a ``GatherBlockQuantized`` on its own
+    quantized table and scales, reads one row per token, so it counts ``bytes / rows``; every other initializer (projections, lm_head, norms, quantization scales) is
     read whole at each decode step. This is the numerator of the decode roofline:
     ``tokens/s <= memory bandwidth / weight bytes per token``.
     """
     sizes = {t.name: (initializer_bytes(t), list(t.dims)) for t in proto.graph.initializer}
     gathered = {n.input[0] for n in proto.graph.node if n.op_type == "Gather" and n.input and n.input[0] in sizes}
+    gathered |= {name for n in proto.graph.node if n.op_type == "GatherBlockQuantized"
+                 for name in (n.input[0], n.input[2], *n.input[3:]) if name in sizes}
     total = 0
     for name, (size, dims) in sizes.items():
         if name in gathered and dims and dims[0] > 0:

@@ -42,6 +42,7 @@ from .artifacts import (
     write_json,
 )
 from .errors import QwenOnnxError
+from .embeddings import EmbeddingPlan, embedding_tied, quantize_embedding
 from .export import normalise_external_data
 from .external import ScratchFiles, lazy_model
 from .genai_config import write_genai_config
@@ -109,7 +110,13 @@ class DynamicSettings(_SensitiveSettings):
             MatMulNBits 8-bit with ``accuracy_level=4``, which quantizes the activation per token
             and block at run time; onnxruntime contrib op MatMulNBits).
         block_size: block length of the ``blockwise`` scheme (a power of 2, 16 to 256; 128 measured
-            best on Qwen2.5-Coder 0.5B for speed at +0.45% perplexity, README "INT8 recipes").
+            best on Qwen2.5-Coder 0.5B for speed at +0.45% perplexity, README "INT8 recipes"), and
+            of an own quantized embedding table.
+        embedding: the embedding table: ``shared`` (tied models whose lm_head is MatMulNBits: the
+            embedding ``GatherBlockQuantized`` reads the lm_head's INT8 weight; otherwise as
+            ``quantized``), ``quantized`` (its own ``GatherBlockQuantized`` table at
+            ``embedding_bits``) or ``float`` (:mod:`qwen_onnx.embeddings`).
+        embedding_bits: bits of an own quantized table (4 or 8).
     """
 
     scheme: str = "blockwise"
@@ -117,6 +124,8 @@ class DynamicSettings(_SensitiveSettings):
     per_channel: bool = True
     reduce_range: bool = False
     nodes_to_exclude: list[str] = field(default_factory=list)
+    embedding: str = "shared"
+    embedding_bits: int = 8
 
 
 @dataclass
@@ -140,6 +149,7 @@ class StaticSettings(_SensitiveSettings):
         sensitive_max_nodes, sensitive_below_sqnr_db, sensitive_scheme, block_size: the most
             sensitive MatMuls and what they get, as in :class:`DynamicSettings` (ranked by their
             static SQNR).
+        embedding, embedding_bits: the embedding table, as in :class:`DynamicSettings`.
     """
 
     quant_format: str = "QDQ"
@@ -153,6 +163,8 @@ class StaticSettings(_SensitiveSettings):
     activation_symmetric: bool = False
     matmul_const_b_only: bool = True
     nodes_to_exclude: list[str] = field(default_factory=list)
+    embedding: str = "shared"
+    embedding_bits: int = 8
 
 
 SENSITIVE_SCHEMES = ("float", "blockwise")
@@ -326,6 +338,7 @@ def quantize_dynamic_variant(
     _check_excluded(source, excluded)
     if settings.scheme not in DYNAMIC_SCHEMES:
         raise QwenOnnxError(f"dynamic scheme {settings.scheme!r} unknown; use one of {', '.join(DYNAMIC_SCHEMES)}")
+    plan = _embedding_plan(settings, input_dir)
     started = time.time()
     with staged_dir(output_dir) as stage, lazy_quantization(input_dir) as (graph_only, scratch):
         if settings.scheme == "blockwise":
@@ -348,10 +361,12 @@ def quantize_dynamic_variant(
                 extra_options={"MatMulConstBOnly": True},
             )
         normalise_external_data(stage, search=[input_dir])
+        embedding = quantize_embedding(stage, plan)
         copy_side_files(input_dir, stage)
         write_genai_config(stage)  # onnxruntime-genai runs the folder
         info = {
             "kind": "dynamic",
+            "embedding": embedding,
             "settings": asdict(settings),
             "nodes_excluded": excluded,
             "sensitive_nodes": sensitive,
@@ -361,6 +376,15 @@ def quantize_dynamic_variant(
         }
         write_json(stage / "quantize.json", info)
     return info
+
+
+def _embedding_plan(settings: DynamicSettings | StaticSettings, input_dir: Path) -> EmbeddingPlan:
+    """The embedding plan of an INT8 variant (checked; tied-ness read from ``input_dir`` only when sharing)."""
+    plan = EmbeddingPlan(settings.embedding, settings.embedding_bits, settings.block_size)
+    plan.check()
+    if plan.mode == "shared":
+        plan = EmbeddingPlan(plan.mode, plan.bits, plan.block_size, embedding_tied(input_dir))
+    return plan
 
 
 def blockwise_int8(graph_only: Path, names: Sequence[str], block_size: int, scratch: ScratchFiles) -> Path:
@@ -540,6 +564,7 @@ def quantize_static_variant(
     method = getattr(CalibrationMethod, settings.method)
     if settings.matmul_const_b_only:
         excluded += [name for name in activation_matmuls(source) if name not in excluded]
+    plan = _embedding_plan(settings, input_dir)
     started = time.time()
     with staged_dir(output_dir) as stage, lazy_quantization(input_dir) as (graph_only, scratch):
         # Calibration first, with its augmented model beside the weights (onnxruntime would put it
@@ -577,10 +602,12 @@ def quantize_static_variant(
             extra_options=_static_extra_options(settings),
         )
         normalise_external_data(stage, search=[input_dir])
+        embedding = quantize_embedding(stage, plan)
         copy_side_files(input_dir, stage)
         write_genai_config(stage)  # onnxruntime-genai runs the folder
         info = {
             "kind": "static",
+            "embedding": embedding,
             "format": settings.quant_format,
             "settings": asdict(settings),
             "calibration_text": str(calibration_text),

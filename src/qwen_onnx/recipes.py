@@ -1,7 +1,7 @@
-"""A reproducible benchmark of INT8 quantization recipes ("levers") on one pre-processed model.
+"""A reproducible benchmark of INT8 and INT4 quantization recipes ("levers") on one pre-processed model.
 
-Each :class:`Recipe` is one set of :class:`~qwen_onnx.quantize.DynamicSettings` or
-:class:`~qwen_onnx.quantize.StaticSettings`. :func:`run_recipes` quantizes the pre-processed fp32
+Each :class:`Recipe` is one set of :class:`~qwen_onnx.quantize.DynamicSettings`,
+:class:`~qwen_onnx.quantize.StaticSettings` or :class:`~qwen_onnx.int4.Int4Settings`. :func:`run_recipes` quantizes the pre-processed fp32
 graph with each, measures the variant, deletes it, and appends one row per recipe to
 ``recipes.jsonl``; :func:`recipes_markdown` turns the rows into the README's lever table.
 
@@ -43,12 +43,14 @@ import numpy as np
 from .artifacts import folder_bytes, library_versions
 from .errors import QwenOnnxError
 from .metrics import AccuracyAccumulator
+from .int4 import Int4Settings, quantize_int4_variant
 from .quantize import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
 from .text import token_windows
 
 log = logging.getLogger(__name__)
 
-RECIPE_KINDS = ("dynamic", "static")
+RECIPE_KINDS = ("dynamic", "static", "int4")
+_SETTINGS = {"dynamic": DynamicSettings, "static": StaticSettings, "int4": Int4Settings}
 ROWS_FILE = "recipes.jsonl"
 REFERENCE_FILE = "reference_logits.npy"
 FP32 = "fp32"
@@ -61,10 +63,12 @@ class Recipe:
 
     Attributes:
         name: short kebab-case name, also the variant's folder name under the work folder.
-        kind: ``dynamic`` (:func:`~qwen_onnx.quantize.quantize_dynamic_variant`) or ``static``
-            (:func:`~qwen_onnx.quantize.quantize_static_variant`).
-        settings: fields of :class:`~qwen_onnx.quantize.DynamicSettings` or
-            :class:`~qwen_onnx.quantize.StaticSettings` (the others keep their defaults).
+        kind: ``dynamic`` (:func:`~qwen_onnx.quantize.quantize_dynamic_variant`), ``static``
+            (:func:`~qwen_onnx.quantize.quantize_static_variant`) or ``int4``
+            (:func:`~qwen_onnx.int4.quantize_int4_variant`).
+        settings: fields of :class:`~qwen_onnx.quantize.DynamicSettings`,
+            :class:`~qwen_onnx.quantize.StaticSettings` or :class:`~qwen_onnx.int4.Int4Settings`
+            (the others keep their defaults).
         description: one line, as a reader sees it in the table.
     """
 
@@ -73,7 +77,7 @@ class Recipe:
     settings: Mapping[str, Any] = field(default_factory=dict)
     description: str = ""
 
-    def build_settings(self) -> DynamicSettings | StaticSettings:
+    def build_settings(self) -> DynamicSettings | StaticSettings | Int4Settings:
         """The settings object of this recipe.
 
         Raises:
@@ -83,7 +87,7 @@ class Recipe:
             raise QwenOnnxError(
                 f"recipe {self.name!r}: kind {self.kind!r} unknown; use one of {', '.join(RECIPE_KINDS)}"
             )
-        cls = DynamicSettings if self.kind == "dynamic" else StaticSettings
+        cls = _SETTINGS[self.kind]
         unknown = sorted(set(self.settings) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise QwenOnnxError(f"recipe {self.name!r}: {cls.__name__} has no field {', '.join(unknown)}")
@@ -122,6 +126,9 @@ DEFAULT_RECIPES: tuple[Recipe, ...] = (
            "dynamic blockwise, block 32"),
     Recipe("dynamic-blockwise-b128", "dynamic", {"scheme": "blockwise", "block_size": 128},
            "dynamic blockwise, block 128 (default)"),
+    Recipe("dynamic-blockwise-b128-embfloat", "dynamic",
+           {"scheme": "blockwise", "block_size": 128, "embedding": "float"},
+           "dynamic blockwise, block 128, float embedding table"),
     Recipe("dynamic-blockwise-b256", "dynamic", {"scheme": "blockwise", "block_size": 256},
            "dynamic blockwise, block 256"),
     Recipe("static-minmax", "static", dict(_STATIC),
@@ -143,6 +150,49 @@ DEFAULT_RECIPES: tuple[Recipe, ...] = (
     Recipe("static-below31-blockwise", "static",
            {**_STATIC, **_sensitive(120, "blockwise", 31.0), "block_size": 128},
            "static + MatMuls under 31 dB blockwise (default)"),
+    Recipe("static-below31-blockwise-embfloat", "static",
+           {**_STATIC, **_sensitive(120, "blockwise", 31.0), "block_size": 128, "embedding": "float"},
+           "static + MatMuls under 31 dB blockwise, float embedding table"),
+    # int4: weight-only 4-bit MatMulNBits, accuracy_level 4; lm_head 8-bit and the embedding sharing
+    # its weight (tied models) unless stated
+    Recipe("int4-default-b32", "int4", {"algorithm": "default", "block_size": 32},
+           "int4 RTN (onnxruntime C++), block 32, lm_head 8-bit"),
+    Recipe("int4-default-b128", "int4", {"algorithm": "default", "block_size": 128},
+           "int4 RTN (onnxruntime C++), block 128, lm_head 8-bit"),
+    Recipe("int4-default-b32-asym", "int4", {"algorithm": "default", "block_size": 32, "symmetric": False},
+           "int4 RTN asymmetric (zero points), block 32"),
+    Recipe("int4-rtn-b32", "int4", {"algorithm": "rtn", "block_size": 32},
+           "int4 RTN (Neural Compressor), block 32"),
+    Recipe("int4-kquant-b32", "int4", {"algorithm": "k_quant", "block_size": 32},
+           "int4 k-quant, block 32"),
+    Recipe("int4-kquant-b128", "int4", {"algorithm": "k_quant", "block_size": 128},
+           "int4 k-quant, block 128"),
+    Recipe("int4-hqq-b32", "int4", {"algorithm": "hqq", "block_size": 32},
+           "int4 HQQ, block 32 (own 8-bit embedding table)"),
+    Recipe("int4-gptq-b32", "int4", {"algorithm": "gptq", "block_size": 32},
+           "int4 GPTQ on 8 × 128 calibration tokens, block 32"),
+    Recipe("int4-default-b32-head4", "int4", {"algorithm": "default", "block_size": 32, "lm_head_bits": 4},
+           "int4 RTN, block 32, lm_head (and shared embedding) 4-bit"),
+    Recipe("int4-kquant-b32-head4", "int4", {"algorithm": "k_quant", "block_size": 32, "lm_head_bits": 4},
+           "int4 k-quant, block 32, lm_head (and shared embedding) 4-bit"),
+    Recipe("int4-kquant-b32-emb4", "int4",
+           {"algorithm": "k_quant", "block_size": 32, "embedding_bits": 4, "embedding_symmetric": False},
+           "int4 k-quant, block 32, own embedding table 4-bit asymmetric"),
+    Recipe("int4-kquant-b32-head4-emb4", "int4",
+           {"algorithm": "k_quant", "block_size": 32, "lm_head_bits": 4, "embedding_bits": 4,
+            "embedding_symmetric": False},
+           "int4 k-quant, block 32, lm_head and own embedding table 4-bit"),
+    Recipe("int4-default-b32-sensitive24", "int4",
+           {"algorithm": "default", "block_size": 32, **_sensitive(24, "blockwise")},
+           "int4 RTN, block 32, 24 most sensitive MatMuls 8-bit"),
+    Recipe("int4-kquant-b32-emb4-sensitive12", "int4",
+           {"algorithm": "k_quant", "block_size": 32, "embedding_bits": 4, "embedding_symmetric": False,
+            **_sensitive(12, "blockwise")},
+           "int4 k-quant, block 32, embedding 4-bit, 12 most sensitive MatMuls 8-bit"),
+    Recipe("int4-kquant-b32-emb4-sensitive24", "int4",
+           {"algorithm": "k_quant", "block_size": 32, "embedding_bits": 4, "embedding_symmetric": False,
+            **_sensitive(24, "blockwise")},
+           "int4 k-quant, block 32, embedding 4-bit, 24 most sensitive MatMuls 8-bit"),
 )
 
 
@@ -364,6 +414,9 @@ def _quantize(recipe: Recipe, input_dir: Path, output_dir: Path, calibration_tex
     settings = recipe.build_settings()
     if recipe.kind == "dynamic":
         return quantize_dynamic_variant(input_dir, output_dir, settings, sensitivity=sensitivity)
+    if recipe.kind == "int4":
+        return quantize_int4_variant(input_dir, output_dir, settings, sensitivity=sensitivity,
+                                     calibration_text=calibration_text)
     return quantize_static_variant(input_dir, output_dir, calibration_text, settings, sensitivity=sensitivity)
 
 
@@ -469,7 +522,7 @@ def run_recipes(
     reference = reference_logits(preprocessed_dir, evaluation, work_dir / REFERENCE_FILE, threads=threads)
     rows: list[dict[str, Any]] = []
     todo = [None, *recipes]  # None: the fp32 row
-    bar = tqdm(todo, desc="INT8 recipes", unit="recipe", disable=not progress)
+    bar = tqdm(todo, desc="recipes", unit="recipe", disable=not progress)
     for recipe in bar:
         name = FP32 if recipe is None else recipe.name
         settings = {} if recipe is None else json.loads(json.dumps(dict(recipe.settings)))

@@ -71,3 +71,27 @@ rule quantize_static:
         version=VERSION,
     script:
         "../scripts/quantize_static.py"
+
+
+rule quantize_int4:
+    """Weight-only 4-bit MatMulNBits (accuracy_level 4), 8-bit lm_head, quantized embedding table."""
+    input:
+        model_dir=f"{RESULTS}/{{model}}/preprocessed",
+        sensitivity=get_sensitivity_input("quantize_int4"),
+        text=get_int4_calibration_input,
+    output:
+        model_dir=directory(f"{RESULTS}/{{model}}/int4"),
+    log:
+        f"{RESULTS}/logs/{{model}}/quantize_int4.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/quantize_int4.tsv"
+    conda:
+        "../../envs/qwen-onnx.yaml"
+    threads: 2
+    resources:
+        mem_mb=get_mem_mb("quantize_int4"),
+    params:
+        settings=lambda wc: get_settings(wc.model, "quantize_int4"),
+        version=VERSION,
+    script:
+        "../scripts/quantize_int4.py"

@@ -1,0 +1,267 @@
+"""Quantized token embeddings: the embedding ``Gather`` as onnxruntime's ``GatherBlockQuantized``.
+
+The embedding table of a Qwen model is large (Qwen2.5 0.5B: 151,936 × 896 float32 = 545 MB, over
+half of an INT8 variant's bytes when left float). ``GatherBlockQuantized`` (onnxruntime contrib
+op, ``com.microsoft``) gathers rows of a blockwise-quantized table and dequantizes them:
+
+- ``data`` uint8 [vocab, hidden × bits / 8] (4-bit values two per byte, low nibble first),
+  ``indices`` int64 [batch, sequence], ``scales`` float [vocab, hidden / block_size], optional
+  ``zero_points`` uint8 (packed like ``data``); without zero points the zero point is
+  2^(bits-1) (8 or 128), the same convention as ``MatMulNBits``;
+- attributes ``bits`` (4 or 8), ``block_size`` (a power of 2, at least 16), ``gather_axis`` 0,
+  ``quantize_axis`` 1 -> output float [batch, sequence, hidden].
+
+``MatMulNBits`` stores its weight ``B`` [K, N] as uint8 [N, K / block_size, blob] with scales
+[N, K / block_size]: for a tied model (lm_head weight = embedding table transposed, Qwen2.5 0.5B /
+1.5B ``tie_word_embeddings``) the lm_head's packed weight *is* the quantized embedding table, laid
+out as ``GatherBlockQuantized`` wants it after a Reshape to [N, K × bits / 8]. Sharing it stores
+the table once; this is what the onnxruntime-genai model builder does for tied models
+(``builders/base.py``, ``shared_embeddings``). Measured on onnxruntime 1.32: gathering rows of the
+shared weight matches the lm_head ``MatMulNBits`` product with an identity input to 5e-7, for 4
+and 8 bits, with and without zero points.
+
+Everything here finds the nodes by what they compute, not by exporter names: the embedding is the
+``Gather`` whose data is a 2-D float initializer, the lm_head the ``MatMul``/``MatMulNBits``
+producing the graph output ``logits`` (or a node named ``lm_head``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .artifacts import MODEL_FILE
+from .errors import QwenOnnxError
+from .external import consolidate_external_data, lazy_model
+
+log = logging.getLogger(__name__)
+
+#: ``embedding`` modes: keep the float table; quantize it on its own (``GatherBlockQuantized`` with
+#: ``embedding_bits``); share the lm_head's ``MatMulNBits`` weight when the model is tied (else the
+#: same as ``quantized``).
+EMBEDDING_MODES = ("float", "quantized", "shared")
+LOGITS = "logits"
+_CHUNK_ROWS = 8192
+
+
+@dataclass(frozen=True)
+class EmbeddingPlan:
+    """What :func:`quantize_embedding` does to one variant.
+
+    Attributes:
+        mode: one of :data:`EMBEDDING_MODES`.
+        bits: bits of an own quantized table (4 or 8).
+        block_size: block length (inputs per scale) of an own table; a power of 2, at least 16.
+        tied: whether the source model's lm_head weight equals the embedding table transposed
+            (:func:`embedding_tied`); sharing needs it.
+        symmetric: an own table without zero points (else one uint8 zero point per block).
+    """
+
+    mode: str = "shared"
+    bits: int = 8
+    block_size: int = 128
+    tied: bool = False
+    symmetric: bool = True
+
+    def check(self) -> None:
+        """Raises QwenOnnxError on an unknown mode, bits other than 4 or 8, or a bad block size."""
+        if self.mode not in EMBEDDING_MODES:
+            raise QwenOnnxError(f"embedding mode {self.mode!r} unknown; use one of {', '.join(EMBEDDING_MODES)}")
+        if self.bits not in (4, 8):
+            raise QwenOnnxError(f"embedding bits must be 4 or 8 (GatherBlockQuantized), got {self.bits}")
+        check_block_size(self.block_size)
+
+
+def check_block_size(block_size: int) -> None:
+    """Raises QwenOnnxError unless ``block_size`` is a power of 2 from 16 to 256 (MatMulNBits and
+    GatherBlockQuantized accept powers of 2 of at least 16; onnxruntime's CPU kernels up to 256)."""
+    if not isinstance(block_size, int) or block_size < 16 or block_size > 256 or block_size & (block_size - 1):
+        raise QwenOnnxError(f"block_size must be a power of 2 from 16 to 256 (MatMulNBits), got {block_size}")
+
+
+def find_embedding(graph: onnx.GraphProto) -> tuple[onnx.NodeProto, onnx.TensorProto] | None:
+    """The token embedding: the ``Gather`` (axis 0) whose data is the largest 2-D float initializer,
+    with that initializer; None when the graph has none (already quantized)."""
+    initializers = {t.name: t for t in graph.initializer}
+    found = []
+    for node in graph.node:
+        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx"):
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        table = initializers.get(node.input[0])
+        if axis == 0 and table is not None and len(table.dims) == 2 and table.data_type == onnx.TensorProto.FLOAT:
+            found.append((node, table))
+    return max(found, key=lambda f: int(np.prod(f[1].dims))) if found else None
+
+
+def find_lm_head(graph: onnx.GraphProto) -> onnx.NodeProto | None:
+    """The lm_head: the ``MatMul`` or ``MatMulNBits`` whose output is the graph output ``logits``,
+    else the one named ``lm_head``; None when there is neither."""
+    heads = [n for n in graph.node if n.op_type in ("MatMul", "MatMulNBits")]
+    return next((n for n in heads if LOGITS in n.output), None) or next((n for n in heads if "lm_head" in n.name), None)
+
+
+def _rows(tensor: onnx.TensorProto, start: int, stop: int) -> np.ndarray:
+    return numpy_helper.to_array(tensor)[start:stop]
+
+
+def embedding_tied(folder: str | os.PathLike) -> bool:
+    """Whether ``folder/model.onnx``'s lm_head weight [hidden, vocab] is the embedding table
+    [vocab, hidden] transposed, value for value (a tied model, ``tie_word_embeddings``).
+
+    Reads the two tables from the external data (about 2 × 545 MB on Qwen2.5 0.5B) and compares
+    them in chunks of rows.
+    """
+    with lazy_model(folder) as (proto, _):
+        embedding = find_embedding(proto.graph)
+        head = find_lm_head(proto.graph)
+        if embedding is None or head is None or head.op_type != "MatMul":
+            return False
+        initializers = {t.name: t for t in proto.graph.initializer}
+        weight = initializers.get(head.input[1])
+        table = embedding[1]
+        if weight is None or list(weight.dims) != list(reversed(table.dims)):
+            return False
+        if table.name == weight.name:
+            return False  # the same tensor read two ways would need a Transpose; not a layout we write
+        emb = numpy_helper.to_array(table)
+        lm = numpy_helper.to_array(weight)
+        return all(np.array_equal(emb[i:i + _CHUNK_ROWS], lm[:, i:i + _CHUNK_ROWS].T)
+                   for i in range(0, emb.shape[0], _CHUNK_ROWS))
+
+
+def _const(name: str, values: list[int]) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(values, dtype=np.int64), name)
+
+
+def _gather_node(embed: onnx.NodeProto, inputs: list[str], bits: int, block_size: int) -> onnx.NodeProto:
+    return helper.make_node(
+        "GatherBlockQuantized", inputs, list(embed.output), name=(embed.name or "embedding") + "_Q",
+        domain="com.microsoft", bits=bits, block_size=block_size, gather_axis=0, quantize_axis=1,
+    )
+
+
+def quantize_table(
+    table: np.ndarray, bits: int, block_size: int, symmetric: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Blockwise quantization of an embedding table for ``GatherBlockQuantized``.
+
+    Uses onnxruntime's own MatMulNBits quantizer kernel on the transposed table, so the values are
+    exactly what ``MatMulNBits`` would hold for a tied lm_head.
+
+    Args:
+        table: float32 [vocab, hidden]; hidden a multiple of ``block_size``.
+
+    Returns:
+        ``(data, scales, zero_points)``: uint8 [vocab, hidden × bits / 8], float32
+        [vocab, hidden / block_size], and for ``symmetric=False`` uint8 zero points
+        [vocab, ceil(blocks × bits / 8)] (4-bit ones two per byte), else None.
+
+    Raises:
+        QwenOnnxError: hidden is not a multiple of ``block_size``.
+    """
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        DefaultWeightOnlyQuantizer,
+    )
+
+    vocab, hidden = table.shape
+    if hidden % block_size:
+        raise QwenOnnxError(
+            f"embedding hidden size {hidden} is not a multiple of block_size {block_size}; pick a block size that divides it"
+        )
+    quantizer = DefaultWeightOnlyQuantizer(
+        DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=symmetric, bits=bits)
+    )
+    packed, scales, zero_points = quantizer.qbits_block_quant(np.ascontiguousarray(table.T))  # [V, blocks, blob]
+    return (packed.reshape(vocab, hidden * bits // 8), scales.reshape(vocab, hidden // block_size),
+            None if symmetric else zero_points)
+
+
+def quantize_embedding(folder: str | os.PathLike, plan: EmbeddingPlan) -> dict[str, Any]:
+    """Replace the embedding ``Gather`` of the variant in ``folder`` by ``GatherBlockQuantized``, in place.
+
+    ``shared`` with ``plan.tied`` and an lm_head that is ``MatMulNBits`` over [hidden, vocab]:
+    the Gather reads the lm_head's packed weight, scales and zero points through two Reshapes (no
+    new weight bytes). Otherwise (``quantized``, or ``shared`` without a tied quantized lm_head) the
+    table is quantized on its own at ``plan.bits`` with ``plan.block_size`` (halved down to 16 until
+    it divides the hidden size). The float table is
+    removed and ``folder/model.onnx_data`` rewritten without it.
+
+    Returns:
+        ``{"mode", "bits", "block_size", "shared_with", "table_bytes_before", "table_bytes_after"}``
+        (``mode`` is what was done: ``float``, ``quantized`` or ``shared``).
+
+    Raises:
+        QwenOnnxError: a bad plan, or a hidden size that the block size does not divide.
+    """
+    plan.check()
+    folder = Path(folder)
+    if plan.mode == "float":
+        return {"mode": "float"}
+    with lazy_model(folder) as (proto, _):
+        graph = proto.graph
+        embedding = find_embedding(graph)
+        if embedding is None:
+            return {"mode": "float", "reason": "no float embedding Gather"}
+        embed, table = embedding
+        vocab, hidden = (int(d) for d in table.dims)
+        before = vocab * hidden * 4
+        head = find_lm_head(graph)
+        attrs = {a.name: helper.get_attribute_value(a) for a in head.attribute} if head is not None else {}
+        share = (plan.mode == "shared" and plan.tied and head is not None and head.op_type == "MatMulNBits"
+                 and attrs.get("K") == hidden and attrs.get("N") == vocab and hidden % attrs["block_size"] == 0)
+        prefix = (embed.name or "embedding").strip("/").replace("/", "_")
+        if share:
+            bits, block_size = int(attrs["bits"]), int(attrs["block_size"])
+            data_shape = _const(prefix + "_shared_data_shape", [vocab, hidden * bits // 8])
+            scale_shape = _const(prefix + "_shared_scales_shape", [vocab, hidden // block_size])
+            reshapes = [
+                helper.make_node("Reshape", [head.input[1], data_shape.name], [prefix + "_shared_data"],
+                                 name=prefix + "_shared_data_Reshape"),
+                helper.make_node("Reshape", [head.input[2], scale_shape.name], [prefix + "_shared_scales"],
+                                 name=prefix + "_shared_scales_Reshape"),
+            ]
+            inputs = [prefix + "_shared_data", embed.input[1], prefix + "_shared_scales"]
+            if len(head.input) > 3 and head.input[3]:
+                inputs.append(head.input[3])  # packed uint8 zero points, one row per vocab entry
+            new_nodes = [*reshapes, _gather_node(embed, inputs, bits, block_size)]
+            graph.initializer.extend([data_shape, scale_shape])
+            after = 0
+            shared_with = head.name
+        else:
+            bits, block_size = plan.bits, plan.block_size
+            while hidden % block_size and block_size > 16:  # e.g. a tiny test model's hidden 64 with block 128
+                block_size //= 2
+            data, scales, zero_points = quantize_table(numpy_helper.to_array(table), bits, block_size, plan.symmetric)
+            new = [numpy_helper.from_array(data, table.name + f"_Q{bits}"),
+                   numpy_helper.from_array(scales.astype(np.float32), table.name + "_scales")]
+            if zero_points is not None:
+                new.append(numpy_helper.from_array(zero_points, table.name + "_zero_points"))
+            graph.initializer.extend(new)
+            inputs = [new[0].name, embed.input[1], *(t.name for t in new[1:])]
+            new_nodes = [_gather_node(embed, inputs, bits, block_size)]
+            after = sum(len(t.raw_data) for t in new)
+            shared_with = None
+            del data, scales, zero_points
+        position = list(graph.node).index(embed)
+        graph.node.remove(embed)
+        for offset, node in enumerate(new_nodes):
+            graph.node.insert(position + offset, node)
+        if not any(table.name in n.input for n in graph.node):
+            graph.initializer.remove(table)
+        if not any(o.domain == "com.microsoft" for o in proto.opset_import):
+            proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+        consolidate_external_data(proto, folder / MODEL_FILE, search=[folder])
+    mode = "shared" if share else "quantized"
+    log.info("embedding %s: %s, %d bits, block %d, %.0f MB -> %.0f MB", table.name, mode, bits, block_size,
+             before / 1e6, after / 1e6)
+    return {"mode": mode, "bits": bits, "block_size": block_size, "shared_with": shared_with,
+            "table_bytes_before": before, "table_bytes_after": after}

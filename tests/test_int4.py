@@ -1,0 +1,174 @@
+"""The int4 stage and the quantized embedding table (int4 and INT8 variants) on tiny random Qwen models."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from qwen_onnx.artifacts import folder_bytes
+from qwen_onnx.embeddings import embedding_tied, find_embedding, find_lm_head
+from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.gates import variant_kind
+from qwen_onnx.inspect_graph import inspect_model
+from qwen_onnx.int4 import Int4Settings, quantize_int4_variant
+from qwen_onnx.quantize import DynamicSettings, quantize_dynamic_variant, weight_matmul_names
+from qwen_onnx.recipes import DEFAULT_RECIPES, select_recipes
+from qwen_onnx.runtime import OnnxCausalLM
+
+from tiny_models import build_tiny_qwen
+
+# Tiny model: hidden 64, intermediate 128, vocab 384, 2 layers: 14 weight MatMuls + lm_head.
+HIDDEN, VOCAB, MATMULS = 64, 384, 15
+IDS = np.arange(1, 60, dtype=np.int64).reshape(1, -1)
+
+
+@pytest.fixture(scope="module")
+def tied_preprocessed(tmp_path_factory):
+    """The tiny Qwen2 with tie_word_embeddings, exported and pre-processed."""
+    from qwen_onnx.export import export_onnx, preprocess
+    from qwen_onnx.resolve import resolve
+
+    root = tmp_path_factory.mktemp("tied")
+    build_tiny_qwen(root / "src", "qwen2", tie_word_embeddings=True)
+    resolve(str(root / "src"), root / "hf")
+    export_onnx(root / "hf", root / "fp32", opset=17)
+    preprocess(root / "fp32", root / "preprocessed")
+    return root / "preprocessed"
+
+
+def _graph(folder) -> onnx.GraphProto:
+    return onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
+
+
+def _attrs(node) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _close_to_fp32(variant, reference, max_rel_mean: float, min_corr: float) -> None:
+    ref, _ = OnnxCausalLM(reference).forward(IDS)
+    out, _ = OnnxCausalLM(variant).forward(IDS)
+    assert np.isfinite(out).all()
+    rel = float(np.abs(out - ref).mean() / ref.std())
+    corr = float(np.corrcoef(out.ravel(), ref.ravel())[0, 1])
+    assert rel < max_rel_mean and corr > min_corr, (rel, corr)
+
+
+def _float_bytes(folder) -> int:
+    return folder_bytes(folder)
+
+
+def test_int4_untied_nodes_bits_embedding_and_logits(pipeline, tmp_path):
+    source = pipeline["preprocessed"]
+    weights = weight_matmul_names(source / "model.onnx")
+    head = find_lm_head(_graph(source)).name
+    assert len(weights) == MATMULS and head in weights
+    settings = Int4Settings(algorithm="default", block_size=16, embedding_bits=8, embedding_symmetric=True)
+    info = quantize_int4_variant(source, tmp_path / "int4", settings)
+    graph = _graph(tmp_path / "int4")
+    assert not weight_matmul_names(tmp_path / "int4" / "model.onnx")  # every weight MatMul converted
+    nbits = {n.name: _attrs(n) for n in graph.node if n.op_type == "MatMulNBits"}
+    assert len(nbits) == MATMULS
+    assert nbits[head + "_Q8"] == {"K": HIDDEN, "N": VOCAB, "bits": 8, "block_size": 16, "accuracy_level": 4}
+    four = [a for name, a in nbits.items() if name != head + "_Q8"]
+    assert len(four) == MATMULS - 1
+    assert all(a["bits"] == 4 and a["block_size"] == 16 and a["accuracy_level"] == 4 for a in four)
+    # untied: the embedding gets its own 8-bit table (data uint8 [vocab, hidden], scales [vocab, hidden/16])
+    gathers = [n for n in graph.node if n.op_type == "GatherBlockQuantized"]
+    assert len(gathers) == 1 and find_embedding(graph) is None
+    assert _attrs(gathers[0]) == {"bits": 8, "block_size": 16, "gather_axis": 0, "quantize_axis": 1}
+    inits = {t.name: list(t.dims) for t in graph.initializer}
+    assert inits[gathers[0].input[0]] == [VOCAB, HIDDEN] and inits[gathers[0].input[2]] == [VOCAB, HIDDEN // 16]
+    assert info["embedding"]["mode"] == "quantized" and info["tied_embeddings"] is False
+    arch = inspect_model(tmp_path / "int4")["architecture"]
+    assert (arch["vocab_size"], arch["hidden_size"], arch["tied_embeddings"]) == (VOCAB, HIDDEN, False)
+    # bytes: 4-bit weights + fp32 scale per 16 = 0.75 B/param, 8-bit lm_head/embedding 1.25 B/param,
+    # plus the float norms and the graph; far under the 4 B/param of fp32
+    params_4bit = 2 * (HIDDEN * HIDDEN * 2 + HIDDEN * 32 * 2 + 3 * HIDDEN * 128)
+    bound = params_4bit * 0.75 + 2 * VOCAB * HIDDEN * 1.25 + 200_000
+    assert folder_bytes(tmp_path / "int4") < bound < 0.6 * _float_bytes(source)
+    # random tiny weights (hidden 64, block 16): 4-bit steps of about a quarter of a weight's spread
+    # give a per-layer output error of ~7% RMS, about 30% of the logits' spread after 2 layers and
+    # the lm_head (measured 0.29-0.36 for the algorithms here; INT8 blockwise: 0.04)
+    _close_to_fp32(tmp_path / "int4", source, max_rel_mean=0.45, min_corr=0.85)
+
+
+def test_int4_tied_shares_the_lm_head_weight(tied_preprocessed, tmp_path):
+    assert embedding_tied(tied_preprocessed)
+    settings = Int4Settings(algorithm="k_quant", block_size=16, lm_head_bits=4)
+    info = quantize_int4_variant(tied_preprocessed, tmp_path / "int4", settings)
+    graph = _graph(tmp_path / "int4")
+    producers = {o: n for n in graph.node for o in n.output}
+    head = next(n for n in graph.node if "logits" in n.output)
+    assert head.op_type == "MatMulNBits" and _attrs(head)["bits"] == 4
+    gather = next(n for n in graph.node if n.op_type == "GatherBlockQuantized")
+    assert _attrs(gather)["bits"] == 4 and _attrs(gather)["block_size"] == 16
+    # data and scales are Reshapes of the lm_head's own packed weight and scales; k_quant's zero points shared as is
+    assert producers[gather.input[0]].op_type == "Reshape" and producers[gather.input[0]].input[0] == head.input[1]
+    assert producers[gather.input[2]].input[0] == head.input[2]
+    assert gather.input[3] == head.input[3]
+    assert info["embedding"]["mode"] == "shared" and info["embedding"]["table_bytes_after"] == 0
+    arch = inspect_model(tmp_path / "int4")["architecture"]
+    assert (arch["vocab_size"], arch["hidden_size"], arch["tied_embeddings"]) == (VOCAB, HIDDEN, True)
+    assert not any(t.data_type == onnx.TensorProto.FLOAT and list(t.dims) == [VOCAB, HIDDEN] for t in graph.initializer)
+    _close_to_fp32(tmp_path / "int4", tied_preprocessed, max_rel_mean=0.45, min_corr=0.85)
+
+
+def test_int4_sensitive_matmuls_at_8_bits(pipeline, tmp_path):
+    source = pipeline["preprocessed"]
+    names = [n for n in weight_matmul_names(source / "model.onnx") if "down_proj" in n]
+    report = {"nodes": [{"name": n, "role": "down_proj", "layer": i, "sqnr_dynamic_db": 10.0 + i}
+                        for i, n in enumerate(names)], "rank_dynamic": names}
+    settings = Int4Settings(algorithm="default", block_size=32, lm_head_bits=4, sensitive_max_nodes=1)
+    info = quantize_int4_variant(source, tmp_path / "int4", settings, sensitivity=report)
+    bits = {n.name: _attrs(n)["bits"] for n in _graph(tmp_path / "int4").node if n.op_type == "MatMulNBits"}
+    assert info["nodes_8bit"] == [names[0]]
+    assert [n for n, b in bits.items() if b == 8] == [names[0] + "_Q8"]
+    assert sum(b == 4 for b in bits.values()) == MATMULS - 1
+    # the default own embedding table: 4-bit with zero points (two per byte: 2 blocks of 32 -> 1 byte per row)
+    graph = _graph(tmp_path / "int4")
+    gather = next(n for n in graph.node if n.op_type == "GatherBlockQuantized")
+    inits = {t.name: list(t.dims) for t in graph.initializer}
+    assert _attrs(gather)["bits"] == 4 and len(gather.input) == 4
+    assert inits[gather.input[0]] == [VOCAB, HIDDEN // 2] and inits[gather.input[3]] == [VOCAB, 1]
+    _close_to_fp32(tmp_path / "int4", source, max_rel_mean=0.45, min_corr=0.85)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"block_size": 48}, "block_size must be a power of 2 from 16 to 256"),
+    ({"block_size": 8}, "block_size must be a power of 2 from 16 to 256"),
+    ({"algorithm": "awq"}, "int4 algorithm 'awq' unknown; use one of default, rtn, k_quant, hqq, gptq"),
+    ({"lm_head_bits": 2}, "lm_head_bits must be 4 or 8"),
+    ({"embedding": "tied"}, "embedding mode 'tied' unknown; use one of float, quantized, shared"),
+])
+def test_int4_bad_settings_name_the_fix(pipeline, tmp_path, changes, message):
+    with pytest.raises(QwenOnnxError) as error:
+        quantize_int4_variant(pipeline["preprocessed"], tmp_path / "int4", Int4Settings(**changes))
+    assert message in str(error.value) and "\n" not in str(error.value)
+    assert not (tmp_path / "int4").exists()
+
+
+def test_int8_dynamic_tied_embedding_shared_and_untied_float_option(tied_preprocessed, pipeline, tmp_path):
+    info = quantize_dynamic_variant(tied_preprocessed, tmp_path / "shared", DynamicSettings(block_size=32))
+    graph = _graph(tmp_path / "shared")
+    gather = next(n for n in graph.node if n.op_type == "GatherBlockQuantized")
+    head = next(n for n in graph.node if "logits" in n.output)
+    assert info["embedding"]["mode"] == "shared" and _attrs(gather)["bits"] == 8 and _attrs(head)["bits"] == 8
+    # INT8 blockwise on these random weights: 4% of the logits' spread (measured), 10% allowed
+    _close_to_fp32(tmp_path / "shared", tied_preprocessed, max_rel_mean=0.1, min_corr=0.99)
+    float_table = quantize_dynamic_variant(tied_preprocessed, tmp_path / "float",
+                                           DynamicSettings(block_size=32, embedding="float"))
+    assert float_table["embedding"] == {"mode": "float"}
+    assert find_embedding(_graph(tmp_path / "float")) is not None
+    # the shared variant saves the whole fp32 table
+    saved = folder_bytes(tmp_path / "float") - folder_bytes(tmp_path / "shared")
+    assert abs(saved - VOCAB * HIDDEN * 4) < 1024
+
+
+def test_int4_gate_kind_and_recipes():
+    assert variant_kind("int4") == "int4" and variant_kind("int4-k_quant") == "int4"
+    assert variant_kind("int8-static") == "int8_static" and variant_kind("fp32") == "float"
+    int4 = [r for r in DEFAULT_RECIPES if r.kind == "int4"]
+    assert {r.build_settings().algorithm for r in int4} == {"default", "rtn", "k_quant", "hqq", "gptq"}
+    assert select_recipes("int4-kquant-b32-emb4-sensitive24")[0].needs_sensitivity
