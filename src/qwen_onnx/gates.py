@@ -45,11 +45,12 @@ DEFAULT_GATES: dict[str, dict[str, float]] = {
     },
     "int8_dynamic": {"ppl_delta_pct": 1.0, "top1_pct": 95, "kl_mean": 0.05},
     "int8_static": {"ppl_delta_pct": 2.0, "top1_pct": 93, "kl_mean": 0.08},
+    "int4": {"ppl_delta_pct": 3.0, "top1_pct": 90, "kl_mean": 0.1},
 }
 
 
 def default_gate(kind: str) -> dict[str, float]:
-    """A copy of the default limits of gate ``kind`` (``float``, ``int8_dynamic``, ``int8_static``).
+    """A copy of the default limits of gate ``kind`` (``float``, ``int8_dynamic``, ``int8_static``, ``int4``).
 
     Raises:
         KeyError: unknown kind.

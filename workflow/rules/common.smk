@@ -98,6 +98,13 @@ def get_optimize_input(wildcards):
     return f"{RESULTS}/{wildcards.model}/{'hf' if method == 'builder' else 'fp32'}"
 
 
+def get_quantize_input(wildcards):
+    """The float graph that sensitivity and every quantization start from: the optimized (fused)
+    variant, or the pre-processed one when `optimize.quantize_fused` is false."""
+    fused = get_settings(wildcards.model, "optimize").get("quantize_fused", True)
+    return f"{RESULTS}/{wildcards.model}/{'optimized' if fused else 'preprocessed'}"
+
+
 def get_sensitivity_input(section):
     """The model's sensitivity report, when the quantization `section` picks sensitive nodes from it."""
 

@@ -1,7 +1,7 @@
 rule sensitivity:
     """Per-MatMul INT8 sensitivity of the pre-processed graph on calibration text (SQNR, lowest first)."""
     input:
-        model_dir=f"{RESULTS}/{{model}}/preprocessed",
+        model_dir=get_quantize_input,
         text=lambda wc: get_settings(wc.model, "quantize_static")["calibration_text"],
     output:
         json=f"{RESULTS}/{{model}}/reports/sensitivity.json",
@@ -29,7 +29,7 @@ rule sensitivity:
 rule quantize_dynamic:
     """INT8 dynamic quantization (QInt8 weights, activations quantized at run time)."""
     input:
-        model_dir=f"{RESULTS}/{{model}}/preprocessed",
+        model_dir=get_quantize_input,
         sensitivity=get_sensitivity_input("quantize_dynamic"),
     output:
         model_dir=directory(f"{RESULTS}/{{model}}/int8-dynamic"),
@@ -52,7 +52,7 @@ rule quantize_dynamic:
 rule quantize_static:
     """INT8 static QDQ quantization calibrated on the calibration text."""
     input:
-        model_dir=f"{RESULTS}/{{model}}/preprocessed",
+        model_dir=get_quantize_input,
         text=lambda wc: get_settings(wc.model, "quantize_static")["calibration_text"],
         sensitivity=get_sensitivity_input("quantize_static"),
     output:
@@ -76,7 +76,7 @@ rule quantize_static:
 rule quantize_int4:
     """Weight-only 4-bit MatMulNBits (accuracy_level 4), 8-bit lm_head, quantized embedding table."""
     input:
-        model_dir=f"{RESULTS}/{{model}}/preprocessed",
+        model_dir=get_quantize_input,
         sensitivity=get_sensitivity_input("quantize_int4"),
         text=get_int4_calibration_input,
     output:
