@@ -189,6 +189,52 @@ def _decode_tok_s(variant_dir: str, prompt: np.ndarray, new_tokens: int, threads
     return 1.0 / median_decode_step(OnnxCausalLM(variant_dir, threads=threads, provider=provider), prompt, new_tokens)
 
 
+def interleaved_rounds(
+    jobs: Sequence[tuple[str, Callable[..., Any], tuple]],
+    rounds: int,
+    failures: dict[int, str] | None = None,
+) -> list[list[Any]]:
+    """Run each job once per round, every call in a fresh process, the order rotating each round.
+
+    Round ``r`` runs the jobs in the order ``r, r + 1, ...`` (modulo their count), so a slow spell
+    of a shared machine falls on every job alike; each call runs alone in a new ``spawn`` process,
+    so no measurement shares a process (allocator, thread pools, caches) with another.
+
+    Args:
+        jobs: ``(label, function, args)``; ``function(*args)`` runs in the child and returns a
+            picklable figure. Functions must be importable (module level).
+        rounds: how many times each job runs.
+        failures: if given, a job whose call raises (a crashed child included, as
+            ``BrokenProcessPool``) is dropped from later rounds and its error recorded here under
+            its index, instead of the error propagating.
+
+    Returns:
+        Per job (in the given order) its figures, one per round it completed.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")
+    per_round: list[list[Any]] = [[] for _ in jobs]
+    for r in range(rounds):
+        for k in range(len(jobs)):
+            i = (r + k) % len(jobs)
+            if failures is not None and i in failures:
+                continue
+            label, function, args = jobs[i]
+            with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+                try:
+                    per_round[i].append(pool.submit(function, *args).result())
+                except Exception as exc:  # noqa: BLE001 - any failure of a child, reported by the caller
+                    if failures is None:
+                        raise
+                    failures[i] = f"{type(exc).__name__}: {exc}"
+                    log.warning("round %d: %s failed: %s", r + 1, label, failures[i])
+                    continue
+            log.info("round %d: %s done", r + 1, label)
+    return per_round
+
+
 def compare_decode(
     variant_dirs: Sequence[str | os.PathLike],
     text_path: str | os.PathLike,
@@ -223,9 +269,6 @@ def compare_decode(
         QwenOnnxError: no variant, fewer than one round or fewer than two new tokens.
         ArtifactError: a variant folder without a model (raised from the measuring process).
     """
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     from transformers import AutoTokenizer
 
     from .errors import QwenOnnxError
@@ -236,15 +279,8 @@ def compare_decode(
     for variant_dir in variant_dirs:  # every folder checked before anything is measured
         model_path(variant_dir)
     prompt = prompt_tokens(AutoTokenizer.from_pretrained(variant_dirs[0]), text_path, prompt_tokens_count)
-    context = multiprocessing.get_context("spawn")
-    per_round: list[list[float]] = [[] for _ in variant_dirs]
-    for r in range(rounds):
-        for k in range(len(variant_dirs)):
-            i = (r + k) % len(variant_dirs)
-            with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-                figure = pool.submit(_decode_tok_s, os.fspath(variant_dirs[i]), prompt, new_tokens, threads, provider)
-                per_round[i].append(figure.result())
-            log.info("round %d: %s %.2f tok/s", r + 1, variant_dirs[i], per_round[i][-1])
+    jobs = [(os.fspath(d), _decode_tok_s, (os.fspath(d), prompt, new_tokens, threads, provider)) for d in variant_dirs]
+    per_round = interleaved_rounds(jobs, rounds)
     medians = [statistics.median(v) for v in per_round]
     result = {
         "variants": [
