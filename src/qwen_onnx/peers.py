@@ -283,7 +283,7 @@ def build_genai_int4(hf_dir: str | os.PathLike, output_dir: str | os.PathLike) -
                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
         (stage / "builder.log").write_text(done.stdout + done.stderr, encoding="utf-8")
         if done.returncode != 0:
-            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-5:])
+            tail = " / ".join((done.stdout + done.stderr).strip().splitlines()[-5:])
             raise QwenOnnxError(f"onnxruntime-genai's builder failed on {hf_dir} (status {done.returncode}): {tail}")
         record = {**stamp, "seconds": round(time.time() - started, 1)}
         write_json(stage / "builder.json", record)
@@ -304,6 +304,11 @@ def llama_cpp_config() -> dict[str, Any]:
 
 
 # --- the stage ---------------------------------------------------------------------------------
+
+def _one_line(note: str | None) -> str | None:
+    """A note on one line (it goes into table cells)."""
+    return " ".join(note.split()) if note is not None else None
+
 
 def _median_row(figures: list[dict[str, Any]]) -> dict[str, Any]:
     keys = figures[0].keys()
@@ -409,7 +414,7 @@ def run_peers(
 
     def add(peer: str, runtime: str, path: str | None, bytes_on_disk: int | None, job=None, skipped=None, **config):
         rows.append({"peer": peer, "runtime": runtime, "path": path, "bytes_on_disk": bytes_on_disk,
-                     "skipped": skipped, "config": config})
+                     "skipped": _one_line(skipped), "config": config})
         if job is not None:
             jobs.append((peer, *job))
         else:
@@ -472,7 +477,7 @@ def run_peers(
     measured = [r for r in rows if r["skipped"] is None]
     for i, (row, figures) in enumerate(zip(measured, per_job)):
         if i in failures:
-            row["skipped"] = f"failed while measuring: {failures[i]}"
+            row["skipped"] = _one_line(f"failed while measuring: {failures[i]}")
             if row["peer"] == LLAMA_CPP:
                 row["skipped"] += f" (a crash of a default llama-cpp-python build on AVX-512/AMX CPUs: {INSTALL_HINT})"
             continue
