@@ -20,14 +20,16 @@ reads one row per token).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import resource
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -189,6 +191,26 @@ def _decode_tok_s(variant_dir: str, prompt: np.ndarray, new_tokens: int, threads
     return 1.0 / median_decode_step(OnnxCausalLM(variant_dir, threads=threads, provider=provider), prompt, new_tokens)
 
 
+@contextlib.contextmanager
+def _main_script_hidden() -> Iterator[None]:
+    """Keep ``spawn`` children from re-running the parent's main script.
+
+    A ``spawn`` child imports the parent's ``__main__`` from its ``__file__`` when the parent was
+    started as a script (Snakemake's ``script:`` wrappers are), which would run the wrapper again
+    in every child. The measured functions live in this package, so the children do not need it.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None) if getattr(main, "__spec__", None) is None else None
+    if path is None:
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
+
+
 def interleaved_rounds(
     jobs: Sequence[tuple[str, Callable[..., Any], tuple]],
     rounds: int,
@@ -222,7 +244,7 @@ def interleaved_rounds(
             if failures is not None and i in failures:
                 continue
             label, function, args = jobs[i]
-            with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+            with _main_script_hidden(), ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
                 try:
                     per_round[i].append(pool.submit(function, *args).result())
                 except Exception as exc:  # noqa: BLE001 - any failure of a child, reported by the caller
