@@ -14,6 +14,7 @@ include: "workflow/rules/export.smk"
 include: "workflow/rules/quantize.smk"
 include: "workflow/rules/optimize.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/peers.smk"
 include: "workflow/rules/report.smk"
 
 

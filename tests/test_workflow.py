@@ -34,6 +34,7 @@ def write_config(folder: Path, source, texts, extra_models=None, **overrides) ->
                        "generation_tokens": 6},
         "latency": {"prompt_lengths": [8, 16], "decode_prompt_tokens": 16, "new_tokens": 4, "warmup": 0,
                     "repeats": 2, "threads": 1},
+        "peers": {"prompt_lengths": [8, 16], "prompt_tokens": 16, "new_tokens": 4, "rounds": 1, "warmup": 0},
     }
     for section, values in overrides.items():
         config.setdefault(section, {}).update(values)
@@ -94,7 +95,17 @@ def test_full_run_writes_every_artifact(finished_run):
         if variant != "fp32":
             assert json.loads((results / "tiny" / "reports" / f"{variant}.diff.json").read_text())["nodes"]["a"] > 0
     with open(results / "metrics.csv", newline="") as f:
-        every = list(csv.DictReader(f))
+        rows_read = list(csv.DictReader(f))
+    every = [r for r in rows_read if r["measured_by"] == "latency"]
+    # the peers stage's measured peers follow (the tiny sources are folders: no GGUF for llama.cpp)
+    assert [(r["model"], r["variant"]) for r in rows_read if r["measured_by"] == "peers"] == [
+        (m, v) for m in ("tiny", "tiny-qwen1.5", "tiny-qwen3") for v in ("genai-builder-int4", "genai-builder-int4-ort")]
+    assert all(float(r["decode_tok_s"]) > 0 for r in rows_read if r["measured_by"] == "peers")
+    peers = json.loads((results / "tiny" / "reports" / "peers.json").read_text())
+    assert [r["peer"] for r in peers["rows"]] == ["pytorch", "fp32", "int8-dynamic", "int8-static", "llama.cpp",
+                                                  "genai-builder-int4", "genai-builder-int4-ort"]
+    assert peers["rows"][4]["skipped"].startswith("no GGUF: the source ") and peers["reference"] == "genai-builder-int4"
+    assert "## Against peers: tiny-qwen3" in (results / "report.md").read_text()
     assert [(r["model"], r["variant"]) for r in every] == [
         (m, v) for m in ("tiny", "tiny-qwen1.5", "tiny-qwen3") for v in ("pytorch", *VARIANTS)]
     for row in every:
@@ -162,7 +173,7 @@ def test_calibration_change_reruns_only_the_static_variant(finished_run, texts):
         one_model = planned_jobs(snakemake(finished_run, "-n"))
     finally:
         (finished_run / "config.yaml").write_text(original)
-    per_model = {"quantize_static": 1, "inspect": 1, "diff": 1, "accuracy": 1, "latency": 1}
+    per_model = {"quantize_static": 1, "inspect": 1, "diff": 1, "accuracy": 1, "latency": 1, "peers": 1}
     assert everywhere == {**{rule: 3 for rule in per_model}, "report": 1, "all": 1}
     assert one_model == {**per_model, "report": 1, "all": 1}
 
@@ -179,7 +190,7 @@ def test_adding_a_model_reruns_only_that_models_stages(finished_run, tiny_qwen2)
     assert planned_jobs(result) == {"resolve": 1, "export": 1, "preprocess": 1, "sensitivity": 1, "quantize_dynamic": 1,
                                     "quantize_static": 1, "quantize_int4": 1,
                     "optimize": 1, "inspect": 6, "diff": 5, "accuracy": 6, "latency": 6, "latency_pytorch": 1,
-                    "report": 1, "all": 1}
+                    "peers": 1, "report": 1, "all": 1}
 
 
 

@@ -194,6 +194,19 @@ def _compare_decode(a):
                           rounds=a.rounds, threads=a.threads, loops=a.loops, output=a.output)
 
 
+def _peers(a):
+    from .peers import peers_markdown, run_peers
+
+    result = run_peers(
+        a.hf_dir, a.variants, a.text, source=a.source, work_dir=a.work_dir, rounds=a.rounds,
+        prompt_lengths=a.prompt_lengths, decode_prompt_tokens=a.prompt_tokens, new_tokens=a.new_tokens,
+        threads=a.threads, warmup=a.warmup, repeats=a.repeats, pytorch=a.pytorch, llama_cpp=a.llama_cpp,
+        genai_builder=a.genai_builder, genai_builder_ort=a.genai_builder_ort, output=a.output, markdown=a.markdown,
+    )
+    print(peers_markdown(result), end="")
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qwen-onnx", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -383,6 +396,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("-o", "--output", default=None)
     p.set_defaults(func=_compare_decode)
+
+    p = sub.add_parser("peers", help="our variants against PyTorch, llama.cpp and onnxruntime-genai's INT4 builder")
+    p.add_argument("hf_dir", help="the resolved Hugging Face folder (results/MODEL/hf)")
+    p.add_argument("variants", nargs="*", help="our ONNX variant folders")
+    p.add_argument("--source", default=None,
+                   help="model source (embedded:NAME, .gguf, folder); default: the one in HF_DIR/source.json")
+    p.add_argument("--work-dir", default=None,
+                   help="folder of the cached builder graph (WORK_DIR/genai-builder-int4) and the temporary GGUF")
+    p.add_argument("--text", default=str(shipped_text(EVALUATION_TEXT)))
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--prompt-lengths", type=int, nargs="+", default=[128, 512], help="prefill prompt lengths (tokens)")
+    p.add_argument("--prompt-tokens", type=int, default=128, help="prompt before decode (tokens)")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=1)
+    for flag in ("pytorch", "llama-cpp", "genai-builder", "genai-builder-ort"):
+        p.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=True, help=f"include the {flag} row")
+    p.add_argument("-o", "--output", default=None, help="peers JSON")
+    p.add_argument("--markdown", default=None, help="peers Markdown")
+    p.set_defaults(func=_peers)
     return parser
 
 

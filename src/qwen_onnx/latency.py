@@ -23,14 +23,16 @@ reads one row per token).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import resource
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -213,6 +215,72 @@ def _decode_tok_s(variant_dir: str, prompt: np.ndarray, new_tokens: int, threads
     return 1.0 / median_decode_step(model, prompt, new_tokens, loop=loop)
 
 
+@contextlib.contextmanager
+def _main_script_hidden() -> Iterator[None]:
+    """Keep ``spawn`` children from re-running the parent's main script.
+
+    A ``spawn`` child imports the parent's ``__main__`` from its ``__file__`` when the parent was
+    started as a script (Snakemake's ``script:`` wrappers are), which would run the wrapper again
+    in every child. The measured functions live in this package, so the children do not need it.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None) if getattr(main, "__spec__", None) is None else None
+    if path is None:
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
+
+
+def interleaved_rounds(
+    jobs: Sequence[tuple[str, Callable[..., Any], tuple]],
+    rounds: int,
+    failures: dict[int, str] | None = None,
+) -> list[list[Any]]:
+    """Run each job once per round, every call in a fresh process, the order rotating each round.
+
+    Round ``r`` runs the jobs in the order ``r, r + 1, ...`` (modulo their count), so a slow spell
+    of a shared machine falls on every job alike; each call runs alone in a new ``spawn`` process,
+    so no measurement shares a process (allocator, thread pools, caches) with another.
+
+    Args:
+        jobs: ``(label, function, args)``; ``function(*args)`` runs in the child and returns a
+            picklable figure. Functions must be importable (module level).
+        rounds: how many times each job runs.
+        failures: if given, a job whose call raises (a crashed child included, as
+            ``BrokenProcessPool``) is dropped from later rounds and its error recorded here under
+            its index, instead of the error propagating.
+
+    Returns:
+        Per job (in the given order) its figures, one per round it completed.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")
+    per_round: list[list[Any]] = [[] for _ in jobs]
+    for r in range(rounds):
+        for k in range(len(jobs)):
+            i = (r + k) % len(jobs)
+            if failures is not None and i in failures:
+                continue
+            label, function, args = jobs[i]
+            with _main_script_hidden(), ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+                try:
+                    per_round[i].append(pool.submit(function, *args).result())
+                except Exception as exc:  # noqa: BLE001 - any failure of a child, reported by the caller
+                    if failures is None:
+                        raise
+                    failures[i] = f"{type(exc).__name__}: {exc}"
+                    log.warning("round %d: %s failed: %s", r + 1, label, failures[i])
+                    continue
+            log.info("round %d: %s done", r + 1, label)
+    return per_round
+
+
 def compare_decode(
     variant_dirs: Sequence[str | os.PathLike],
     text_path: str | os.PathLike,
@@ -256,9 +324,6 @@ def compare_decode(
             loop or session setting.
         ArtifactError: a variant folder without a model (raised from the measuring process).
     """
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     from .text import load_tokenizer
 
     from .errors import QwenOnnxError
@@ -277,16 +342,9 @@ def compare_decode(
     for variant_dir in variant_dirs:  # every folder checked before anything is measured
         model_path(variant_dir)
     prompt = prompt_tokens(load_tokenizer(variant_dirs[0]), text_path, prompt_tokens_count)
-    context = multiprocessing.get_context("spawn")
-    per_round: list[list[float]] = [[] for _ in contestants]
-    for r in range(rounds):
-        for k in range(len(contestants)):
-            i = (r + k) % len(contestants)
-            path, loop, label = contestants[i]
-            with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-                figure = pool.submit(_decode_tok_s, path, prompt, new_tokens, threads, provider, loop, settings[label])
-                per_round[i].append(figure.result())
-            log.info("round %d: %s (%s loop, %s) %.2f tok/s", r + 1, path, loop, label, per_round[i][-1])
+    jobs = [(f"{path} ({loop} loop, {label})", _decode_tok_s, (path, prompt, new_tokens, threads, provider, loop, settings[label]))
+            for path, loop, label in contestants]
+    per_round = interleaved_rounds(jobs, rounds)
     medians = [statistics.median(v) for v in per_round]
     result = {
         "variants": [

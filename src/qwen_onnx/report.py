@@ -61,6 +61,9 @@ COLUMNS: dict[str, str] = {
     "threads": "intra-op threads of the measured session",
     "provider": "ONNX Runtime execution provider (torch-eager-cpu for pytorch)",
     "top_op": "op type with the largest share of ONNX Runtime kernel time, with its percent",
+    "measured_by": "stage that measured the speed figures: `latency` (each variant on its own) or `peers` "
+                   "(llama.cpp, genai-builder-int4: interleaved rounds, their *_vs_pytorch against that run's "
+                   "own PyTorch row)",
 }
 
 
@@ -116,6 +119,7 @@ def variant_row(model: str, variant: str, inspect: Mapping | None, accuracy: Map
     row.update(model=model, variant=variant)
     row["gate"] = accuracy.get("gate")
     row["gate_failures"] = "; ".join(accuracy.get("gate_failures", []))
+    row["measured_by"] = "latency"
     row["eval_tokens"] = accuracy.get("tokens")
     for key in _ACCURACY_KEYS:
         row[key] = accuracy.get(key)
@@ -189,6 +193,60 @@ def collect_rows(
     return rows
 
 
+#: Peers of the peers stage that become rows of metrics.csv/json (our variants and PyTorch have theirs).
+PEER_VARIANTS = ("llama.cpp", "genai-builder-int4", "genai-builder-int4-ort")
+_PEER_PROVIDER = {"llama.cpp": "llama.cpp CPU", "genai-builder-int4": "onnxruntime-genai CPU",
+                  "genai-builder-int4-ort": "CPUExecutionProvider"}
+
+
+def peer_metric_rows(models: Sequence[str], paths: Sequence[str | os.PathLike],
+                     prompt_lengths: Sequence[int]) -> list[dict[str, Any]]:
+    """metrics.csv/json rows of the measured peers (:data:`PEER_VARIANTS`) of each model's peers JSON
+    (:func:`qwen_onnx.peers.run_peers`), ``variant`` = the peer's name, ``measured_by`` = ``peers``.
+
+    Their ``*_vs_pytorch`` ratios divide by the ``pytorch`` row of the same peers run (the same
+    interleaved rounds), not by the latency stage's PyTorch figures. Prefill columns are filled
+    for the prompt lengths both stages measure.
+    """
+    out = []
+    for model, path in zip(models, paths):
+        result = read_json(path)
+        base = next((r for r in result["rows"] if r["peer"] == "pytorch" and not r.get("skipped")), None)
+        for peer in result["rows"]:
+            if peer["peer"] not in PEER_VARIANTS or peer.get("skipped"):
+                continue
+            row: dict[str, Any] = {c: None for c in COLUMNS}
+            row.update(model=model, variant=peer["peer"], measured_by="peers", threads=result["threads"],
+                       provider=_PEER_PROVIDER[peer["peer"]])
+            for key in ("load_s", "ttft_ms", "decode_tok_s", "peak_rss_mb", "bytes_on_disk"):
+                row[key] = peer.get(key)
+            for n in prompt_lengths:
+                if f"prefill_ms_{n}" in peer:
+                    row[f"prefill_ms_p50_{n}"] = peer[f"prefill_ms_{n}"]
+            if base is not None:
+                for column, source in _RATIO_OF.items():
+                    if row.get(source) is not None and base.get(source):
+                        row[column] = row[source] / base[source]
+                longest = f"prefill_ms_{max(prompt_lengths)}"
+                if peer.get(longest) is not None and base.get(longest):
+                    row["prefill_vs_pytorch"] = peer[longest] / base[longest]
+            out.append(row)
+    return out
+
+
+def peer_tables(models: Sequence[str], paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
+    """Per model the "Against peers" table: ``model``, ``notes`` (lines), ``columns`` and ``rows``."""
+    from .peers import peer_columns, peers_notes
+
+    out = []
+    for model, path in zip(models, paths):
+        result = read_json(path)
+        rows = [{"model": model, **r} for r in result["rows"]]
+        out.append({"model": model, "notes": peers_notes(result), "rows": rows,
+                    "columns": ["model", *peer_columns(result["prompt_lengths"])]})
+    return out
+
+
 def _fmt(value: Any, column: str) -> str:
     if value is None:
         return "–"
@@ -201,7 +259,7 @@ def _fmt(value: Any, column: str) -> str:
             return f"{value:.3g}"
         if column.endswith("ppl_delta_pct"):
             return f"{value:+.2f}"
-        if column.endswith("_vs_pytorch"):
+        if column.endswith(("_vs_pytorch", "_vs_peer")):
             return f"{value:.2f}×"
         return f"{value:.2f}" if abs(value) < 1000 else f"{value:.0f}"
     if column in ("bytes_on_disk", "weight_bytes_per_token", "bytes_pytorch") and isinstance(value, int):
@@ -276,6 +334,8 @@ def write_report(
     prompt_lengths: Sequence[int] = (32, 128, 512),
     graphs: Sequence[Mapping[str, Any]] | None = None,
     sensitivity: Sequence[Mapping[str, Any]] | None = None,
+    peers: Sequence[Mapping[str, Any]] | None = None,
+    peer_rows: Sequence[Mapping[str, Any]] | None = None,
 ) -> None:
     """Write the CSV, JSON, Markdown and HTML reports and the three plots.
 
@@ -287,6 +347,8 @@ def write_report(
         generations: per (model, variant), the ``generation`` details of its accuracy JSON.
         graphs: from :func:`graph_rows`.
         sensitivity: from :func:`sensitivity_rows`.
+        peers: from :func:`peer_tables` (the "Against peers" section).
+        peer_rows: from :func:`peer_metric_rows`, appended to metrics.csv/json (not to the plots).
     """
     from .plots import plot_decode_speed, plot_ppl_vs_size, plot_prefill
 
@@ -294,10 +356,10 @@ def write_report(
     docs = columns(prompt_lengths)
     writer = csv.DictWriter(buffer, fieldnames=list(docs), lineterminator="\n")
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows([*rows, *(peer_rows or [])])
     Path(csv_path).parent.mkdir(parents=True, exist_ok=True)
     Path(csv_path).write_text(buffer.getvalue(), encoding="utf-8")
-    write_json(json_path, rows)
+    write_json(json_path, [*rows, *(peer_rows or [])])
 
     plot_ppl_vs_size(rows, plots["ppl_vs_size"])
     plot_decode_speed(rows, plots["decode_tok_s"])
@@ -318,6 +380,9 @@ def write_report(
     across, across_columns = cross_model_rows(rows)
     if len(across) > 1:
         md += ["## Across models", "", markdown_table(across, across_columns)]
+    for table in peers or []:
+        md += [f"## Against peers: {table['model']}", "", *[f"- {line}" for line in table["notes"]], "",
+               markdown_table(table["rows"], table["columns"])]
     if graphs:
         md += ["## Graphs (inspection, and the change from fp32)", "", markdown_table(graphs, GRAPH_COLUMNS)]
     if sensitivity:
@@ -351,6 +416,10 @@ def write_report(
     ]
     if len(across) > 1:
         parts += ["<h2>Across models</h2>", html_table(across, across_columns)]
+    for table in peers or []:
+        parts += [f"<h2>Against peers: {html.escape(table['model'])}</h2><ul>",
+                  *[f"<li>{html.escape(line)}</li>" for line in table["notes"]], "</ul>",
+                  html_table(table["rows"], table["columns"])]
     if graphs:
         parts += ["<h2>Graphs (inspection, and the change from fp32)</h2>", html_table(graphs, GRAPH_COLUMNS)]
     if sensitivity:
@@ -400,8 +469,10 @@ def build_report(
         generations[key] = read_json(accuracy_path).get("generation", [])
     graphs = graph_rows(models, variants, files)
     sensitivity = sensitivity_rows(models, files.get("sensitivity", []))
+    peer_paths = files.get("peers", [])
     write_report(rows, machine, profiles=profiles, generations=generations, prompt_lengths=prompt_lengths,
-                 graphs=graphs, sensitivity=sensitivity, **outputs)
+                 graphs=graphs, sensitivity=sensitivity, peers=peer_tables(models, peer_paths),
+                 peer_rows=peer_metric_rows(models, peer_paths, prompt_lengths), **outputs)
     return rows
 
 

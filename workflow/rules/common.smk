@@ -56,6 +56,9 @@ MEM_PER_FP32_GB = {
     "accuracy": 2.5,
     "latency": 1.8,
     "latency_pytorch": 1.8,
+    # not yet measured on the workflow: the largest of PyTorch's latency process (1.8) and the
+    # genai builder (loads the fp32 weights and quantizes them), with headroom
+    "peers": 2.5,
 }
 
 
@@ -137,6 +140,28 @@ def get_exclusive_threads(measured):
 
 def get_latency_threads(wildcards):
     return get_exclusive_threads(get_settings(wildcards.model, "latency")["threads"])
+
+
+def get_peers_threads(wildcards):
+    return get_exclusive_threads(get_settings(wildcards.model, "latency")["threads"])
+
+
+def get_peers_variant_dirs(wildcards):
+    """Our variant folders that the peers stage measures (config `peers.variants`)."""
+    variants = config["peers"]["variants"]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(
+            f"config `peers.variants` names {', '.join(unknown)}, not a variant ({', '.join(VARIANTS)})"
+        )
+    return [f"{RESULTS}/{wildcards.model}/{v}" for v in variants]
+
+
+def get_peers_inputs():
+    """Every model's peers report, when the peers stage is enabled."""
+    if not config["peers"]["enabled"]:
+        return []
+    return expand(f"{RESULTS}/{{model}}/reports/peers.json", model=get_models())
 
 
 def get_gate(wildcards):

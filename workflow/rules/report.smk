@@ -12,6 +12,7 @@ rule report:
             f"{RESULTS}/{{model}}/reports/pytorch.latency.json", model=get_models()
         ),
         machine=f"{RESULTS}/machine.json",
+        peers=get_peers_inputs(),
     output:
         markdown=report(
             f"{RESULTS}/report.md", caption="../report/report.rst", category="Summary"

@@ -14,6 +14,7 @@ with logged(snakemake):
             "pytorch": inp.pytorch,
             "diff": inp.diff,
             "sensitivity": inp.sensitivity,
+            "peers": inp.peers,
         },
         inp.machine,
         prompt_lengths=snakemake.params.prompt_lengths,

