@@ -118,13 +118,13 @@ def _schema_ranges():
 
 
 def test_schema_and_library_ranges_agree():
-    from qwen_onnx.options import BLOCK_SIZES, RANGES
+    from qwen_onnx.options import BLOCK_SIZES, CHOICES, RANGES
 
     found = _schema_ranges()
     assert found.pop("block_size") == {BLOCK_SIZES}
     assert found, "the schema names integer ranges"
     for key, ranges in found.items():
-        assert ranges == {RANGES[key]}, key
+        assert ranges == {CHOICES[key] if key in CHOICES else RANGES[key]}, key
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -462,11 +462,16 @@ def test_a_tied_table_is_stored_once_in_every_variant_but_the_quantizers_input(t
     ids = np.array([[1, 5, 9, 33, 100, 7, 250]], dtype=np.int64)
     reference = OnnxCausalLM(tied_pipeline["fp32"]).forward(ids)[0]
     for variant, folder in tied_pipeline.items():
-        tables = tables_of(folder)  # float copies (the INT8 variants add lm_head's quantized weight)
-        # preprocessed, the quantizers' input, keeps both (qwen_onnx.tied explains why)
-        assert len(tables) == (2 if variant == "preprocessed" else 1), (variant, tables)
+        tables = tables_of(folder)  # float copies
+        # preprocessed, the quantizers' input, keeps both (qwen_onnx.tied explains why); the INT8
+        # variants keep none: the lookup is a GatherBlockQuantized table (qwen_onnx.embeddings)
+        expected = {"preprocessed": 2, "int8-dynamic": 0, "int8-static": 0}.get(variant, 1)
+        assert len(tables) == expected, (variant, tables)
         arch = inspect_model(folder)["architecture"]
-        assert (arch["tied_embeddings"], arch["vocab_size"], arch["hidden_size"]) == (True, 384, 64), variant
+        # int8-static: a QDQ lm_head cannot feed GatherBlockQuantized, so the lookup gets an 8-bit
+        # table of its own (two 8-bit copies, half the float table's bytes in all)
+        tied = variant != "int8-static"
+        assert (arch["tied_embeddings"], arch["vocab_size"], arch["hidden_size"]) == (tied, 384, 64), variant
     assert tables_of(tied_pipeline["optimized"]) == ["model.embed_tokens.weight_transposed"]
     np.testing.assert_allclose(OnnxCausalLM(tied_pipeline["optimized"]).forward(ids)[0], reference, atol=1e-4)
     dynamic = inspect_model(tied_pipeline["int8-dynamic"])["op_types"]

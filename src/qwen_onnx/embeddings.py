@@ -80,10 +80,12 @@ class EmbeddingPlan:
 
 
 def check_block_size(block_size: int) -> None:
-    """Raises QwenOnnxError unless ``block_size`` is a power of 2 from 16 to 256 (MatMulNBits and
-    GatherBlockQuantized accept powers of 2 of at least 16; onnxruntime's CPU kernels up to 256)."""
-    if not isinstance(block_size, int) or block_size < 16 or block_size > 256 or block_size & (block_size - 1):
-        raise QwenOnnxError(f"block_size must be a power of 2 from 16 to 256 (MatMulNBits), got {block_size}")
+    """Raises OptionError unless ``block_size`` is a power of 2 from 16 to 256 (MatMulNBits and
+    GatherBlockQuantized accept powers of 2 of at least 16; onnxruntime's CPU kernels up to 256):
+    :func:`qwen_onnx.options.check_option`, the one home of the allowed values."""
+    from .options import check_option
+
+    check_option("block_size", block_size)
 
 
 def find_embedding(graph: onnx.GraphProto) -> tuple[onnx.NodeProto, onnx.TensorProto] | None:

@@ -128,7 +128,7 @@ def _algo_config(settings: Int4Settings, graph_only: Path, float_names: Sequence
     if settings.algorithm == "hqq":
         return HQQWeightOnlyQuantConfig(block_size=settings.block_size, bits=4, op_types_to_quantize=("MatMul",))
     # gptq
-    from transformers import AutoTokenizer
+    from .text import load_tokenizer
 
     from .quantize import TextCalibrationReader
     from .text import token_windows
@@ -138,7 +138,7 @@ def _algo_config(settings: Int4Settings, graph_only: Path, float_names: Sequence
                             "use sensitive scheme blockwise or another algorithm")
     if calibration_text is None:
         raise QwenOnnxError("int4 algorithm gptq needs calibration text (--calibration-text)")
-    tokenizer = AutoTokenizer.from_pretrained(graph_only.parent)
+    tokenizer = load_tokenizer(graph_only.parent)
     windows = token_windows(tokenizer, calibration_text, settings.calibration_sequence_length,
                             settings.calibration_samples)
     return GPTQWeightOnlyQuantConfig(calibration_data_reader=TextCalibrationReader(graph_only, windows),

@@ -11,7 +11,7 @@ from typing import Any
 
 from .errors import OptionError
 
-__all__ = ["BLOCK_SIZES", "RANGES", "OptionError", "check_config", "check_option", "check_options"]
+__all__ = ["BLOCK_SIZES", "CHOICES", "RANGES", "OptionError", "check_config", "check_option", "check_options"]
 
 #: Option name -> (minimum, maximum or None), inclusive, in the option's own unit (tokens, windows,
 #: threads, steps, nodes). opset: 14 (the first with the Trilu the exporter's causal mask needs) to
@@ -36,14 +36,25 @@ RANGES: dict[str, tuple[int, int | None]] = {
     "window_tokens": (8, None),
     "prompt_tokens": (1, None),
     "decode_tokens": (1, None),
+    "calibration_samples": (1, None),
+    "calibration_sequence_length": (8, None),
 }
 #: Block lengths of MatMulNBits (a power of 2 from 16 to 256; onnxruntime contrib op MatMulNBits).
 BLOCK_SIZES = (16, 32, 64, 128, 256)
+#: Options with a few allowed integers: MatMulNBits block lengths and accuracy levels (0: the
+#: kernel's default, 1 fp32, 2 fp16, 3 bf16, 4 int8 activations; onnxruntime contrib op
+#: MatMulNBits), and the bits of MatMulNBits / GatherBlockQuantized weights.
+CHOICES: dict[str, tuple[int, ...]] = {
+    "block_size": BLOCK_SIZES,
+    "accuracy_level": (0, 1, 2, 3, 4),
+    "lm_head_bits": (4, 8),
+    "embedding_bits": (4, 8),
+}
 
 
 def _allowed(name: str) -> str:
-    if name == "block_size":
-        return f"one of {', '.join(map(str, BLOCK_SIZES))}"
+    if name in CHOICES:
+        return f"one of {', '.join(map(str, CHOICES[name]))}"
     low, high = RANGES[name]
     return f"an integer from {low} to {high}" if high is not None else f"an integer of at least {low}"
 
@@ -52,7 +63,7 @@ def check_option(name: str, value: Any, *, key: str | None = None) -> Any:
     """``value`` when it is an allowed value of option ``name`` (a list checks every item).
 
     Args:
-        name: a key of :data:`RANGES`, or ``block_size``.
+        name: a key of :data:`RANGES` or :data:`CHOICES`.
         value: the value given; ``None`` passes (the option is unset).
         key: the name shown in the message (default ``name``, e.g. ``sensitive_max_nodes``).
 
@@ -74,8 +85,8 @@ def check_option(name: str, value: Any, *, key: str | None = None) -> Any:
             value = int(value)
         except (TypeError, ValueError):
             raise OptionError(f"{shown} {value!r} is not an integer; give {_allowed(name)}") from None
-    if name == "block_size":
-        ok = value in BLOCK_SIZES
+    if name in CHOICES:
+        ok = value in CHOICES[name]
     else:
         low, high = RANGES[name]
         ok = value >= low and (high is None or value <= high)
@@ -108,7 +119,7 @@ def check_config(config: dict[str, Any]) -> None:
             where = f"{path}.{key}" if path else str(key)
             if isinstance(value, dict):
                 walk(value, where)
-            elif key in RANGES or key == "block_size":
+            elif key in RANGES or key in CHOICES:
                 check_option(key, value, key=where)
 
     walk({k: v for k, v in config.items() if k != "models"}, "")

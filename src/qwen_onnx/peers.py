@@ -393,7 +393,7 @@ def run_peers(
         QwenOnnxError: fewer than 1 round, fewer than 2 new tokens, or nothing to measure.
         ArtifactError: ``hf_dir`` or a variant folder is missing (checked before measuring).
     """
-    from transformers import AutoTokenizer
+    from .text import load_tokenizer
 
     from .artifacts import model_path
 
@@ -406,7 +406,7 @@ def run_peers(
         model_path(folder)
     settings = {"prompt_lengths": list(prompt_lengths), "decode_prompt_tokens": decode_prompt_tokens,
                 "new_tokens": new_tokens, "threads": threads, "warmup": warmup, "repeats": repeats}
-    tokens = prompt_tokens(AutoTokenizer.from_pretrained(hf_dir), text_path,
+    tokens = prompt_tokens(load_tokenizer(hf_dir), text_path,
                            max([*prompt_lengths, decode_prompt_tokens]))
     text = os.fspath(text_path)
     rows: list[dict[str, Any]] = []

@@ -204,8 +204,6 @@ def sensitive_nodes(
         raise QwenOnnxError(
             f"sensitive scheme {settings.sensitive_scheme!r} unknown; use one of {', '.join(SENSITIVE_SCHEMES)}"
         )
-    if settings.block_size < 16 or settings.block_size > 256 or settings.block_size & (settings.block_size - 1):
-        raise QwenOnnxError(f"block_size must be a power of 2 from 16 to 256 (MatMulNBits), got {settings.block_size}")
     if settings.sensitive_max_nodes <= 0:
         return []
     if sensitivity is None:
