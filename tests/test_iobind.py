@@ -141,7 +141,8 @@ def _og_greedy(folder, prompt, new_tokens):
     return out
 
 
-@pytest.mark.parametrize("name", ["fp32", "preprocessed", "int8-dynamic", "int8-static", "qwen3-fp32", "qwen2-gqa"])
+@pytest.mark.parametrize("name", ["fp32", "preprocessed", "int8-dynamic", "int8-static", "optimized", "int4", "qwen3-fp32",
+                                  "qwen2-gqa"])
 def test_onnxruntime_genai_generates_our_tokens(name, pipeline, qwen3_fp32, qwen2_gqa):
     from qwen_onnx.runtime import OnnxCausalLM
 

@@ -39,6 +39,7 @@ from typing import Any, Mapping, Sequence
 import onnx
 
 from .artifacts import MODEL_FILE, copy_side_files, model_path, staged_dir, write_json, library_versions
+from .genai_config import write_genai_config
 from .embeddings import EmbeddingPlan, check_block_size, embedding_tied, find_lm_head, quantize_embedding
 from .errors import QwenOnnxError
 from .export import normalise_external_data
@@ -260,6 +261,7 @@ def quantize_int4_variant(
             normalise_external_data(stage, search=[input_dir])
         embedding = quantize_embedding(stage, settings.embedding_plan(tied))
         copy_side_files(input_dir, stage)
+        write_genai_config(stage)  # onnxruntime-genai runs the folder
         info = {
             "kind": "int4",
             "settings": asdict(settings),
