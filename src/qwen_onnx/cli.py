@@ -12,6 +12,7 @@ import logging
 import sys
 
 from .errors import QwenOnnxError
+from .gates import DEFAULT_GATES
 from .text import CALIBRATION_TEXT, EVALUATION_TEXT, shipped_text
 
 
@@ -361,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=int, default=256)
     p.add_argument("--max-windows", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--gate-kind", choices=["float", "int8_dynamic", "int8_static"], default=None,
+    p.add_argument("--gate-kind", choices=list(DEFAULT_GATES), default=None,
                    help="gate of this kind (default: from the folder name, as the workflow does)")
     p.add_argument("--gate", action="append", default=None, metavar="FIGURE=LIMIT",
                    help="override one limit of the default gate (repeatable), e.g. --gate ppl_delta_pct=2")
