@@ -137,7 +137,8 @@ def test_full_run_writes_every_artifact(finished_run):
     assert "## Graphs (inspection, and the change from fp32)" in report and "q/k norm" in report
     assert "## INT8 sensitivity per MatMul role" in report and "| tiny-qwen3 | down_proj | 2 |" in report
     sensitivity = json.loads((results / "tiny" / "reports" / "sensitivity.json").read_text())
-    assert len(sensitivity["nodes"]) == 2 * 7 + 1 and (results / "tiny" / "reports" / "sensitivity.md").is_file()
+    # the fused graph packs q/k/v into one qkv_proj MatMul: 2 layers x 5 weight MatMuls + lm_head
+    assert len(sensitivity["nodes"]) == 2 * 5 + 1 and (results / "tiny" / "reports" / "sensitivity.md").is_file()
     # the static variant of tiny-qwen3 keeps its 2 most sensitive MatMuls blockwise (config override)
     info = json.loads((results / "tiny-qwen3" / "int8-static" / "quantize.json").read_text())
     assert [n["name"] for n in info["sensitive_nodes"]] == json.loads(
@@ -145,10 +146,10 @@ def test_full_run_writes_every_artifact(finished_run):
     assert "MatMulNBits" in json.loads((results / "tiny-qwen3" / "reports" / "int8-static.inspect.json").read_text())["op_types"]
     # the default dynamic recipe: every weight MatMul blockwise
     dynamic_ops = json.loads((results / "tiny" / "reports" / "int8-dynamic.inspect.json").read_text())["op_types"]
-    assert dynamic_ops["MatMulNBits"] == 2 * 7 + 1 and "DynamicQuantizeMatMul" not in dynamic_ops
+    assert dynamic_ops["MatMulNBits"] == 2 * 5 + 1 and dynamic_ops["GroupQueryAttention"] == 2 and "DynamicQuantizeMatMul" not in dynamic_ops
     # int4: every weight MatMul MatMulNBits, the embedding GatherBlockQuantized
     int4_ops = json.loads((results / "tiny" / "reports" / "int4.inspect.json").read_text())["op_types"]
-    assert int4_ops["MatMulNBits"] == 2 * 7 + 1 and int4_ops["GatherBlockQuantized"] == 1
+    assert int4_ops["MatMulNBits"] == 2 * 5 + 1 and int4_ops["GroupQueryAttention"] == 2 and int4_ops["GatherBlockQuantized"] == 1
     page = (results / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 3 and "http" not in page.replace("http-equiv", "")
     for plot in ("ppl_vs_size", "decode_tok_s", "prefill_latency"):
