@@ -13,7 +13,8 @@ from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.gates import variant_kind
 from qwen_onnx.inspect_graph import inspect_model
 from qwen_onnx.int4 import Int4Settings, quantize_int4_variant
-from qwen_onnx.quantize import DynamicSettings, quantize_dynamic_variant, weight_matmul_names
+from qwen_onnx.matmuls import weight_matmul_names
+from qwen_onnx.quantize import DynamicSettings, quantize_dynamic_variant
 from qwen_onnx.recipes import DEFAULT_RECIPES, select_recipes
 from qwen_onnx.runtime import OnnxCausalLM
 

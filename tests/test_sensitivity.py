@@ -9,13 +9,13 @@ import onnx
 import pytest
 
 from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.matmuls import node_role
 from qwen_onnx.sensitivity import (
     analyse_sensitivity,
     choose_float_nodes,
     fake_quant_activation,
     fake_quant_blockwise,
     fake_quant_weight,
-    node_role,
     node_sensitivity,
     sqnr_db,
 )
@@ -132,6 +132,7 @@ def test_node_roles_from_exporter_names():
     assert node_role("/model/layers.12/mlp/down_proj/MatMul") == (12, "down_proj")
     assert node_role("/model/layers.0/self_attn/q_proj/MatMul") == (0, "q_proj")
     assert node_role("/lm_head/MatMul") == (None, "lm_head")
+    assert node_role("/model/layers.3/attn/qkv_proj/MatMul") == (3, "qkv_proj")  # the fused graph's packed QKV
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +228,8 @@ def test_sensitive_nodes_need_the_report(pipeline, tmp_path):
 
 def test_dynamic_blockwise_scheme_turns_every_weight_matmul_into_matmulnbits(pipeline, tmp_path):
     from qwen_onnx.artifacts import model_path
-    from qwen_onnx.quantize import DynamicSettings, quantize_dynamic_variant, weight_matmul_names
+    from qwen_onnx.matmuls import weight_matmul_names
+    from qwen_onnx.quantize import DynamicSettings, quantize_dynamic_variant
     from qwen_onnx.runtime import OnnxCausalLM
 
     weights = weight_matmul_names(model_path(pipeline["preprocessed"]))

@@ -11,11 +11,11 @@ from qwen_onnx.accuracy import load_torch_model, torch_logits
 from qwen_onnx.artifacts import DATA_FILE, MODEL_FILE, check_external_data, staged_dir
 from qwen_onnx.errors import ArtifactError, QwenOnnxError
 from qwen_onnx.export import export_onnx
+from qwen_onnx.calibration import TextCalibrationReader
 from qwen_onnx.inspect_graph import inspect_model
 from qwen_onnx.quantize import (
     DynamicSettings,
     StaticSettings,
-    TextCalibrationReader,
     quantize_dynamic_variant,
     quantize_static_variant,
 )
@@ -142,7 +142,7 @@ def test_static_variant_is_qdq_with_norms_and_softmax_float(pipeline):
 
 def test_static_qoperator_variant_runs_qlinear_matmuls(pipeline, texts, tmp_path):
     from qwen_onnx.metrics import AccuracyAccumulator
-    from qwen_onnx.quantize import activation_matmuls
+    from qwen_onnx.matmuls import activation_matmuls
     from qwen_onnx.text import token_windows
     from transformers import AutoTokenizer
 

@@ -18,7 +18,7 @@ Algorithms (``onnxruntime.quantization.matmul_nbits_quantizer``, onnxruntime 1.3
 - ``hqq``: Half-Quadratic Quantization, Badri & Shaji 2023 (``HQQWeightOnlyQuantConfig``;
   asymmetric with float zero points, so the embedding cannot share the lm_head's weight);
 - ``gptq``: GPTQ, Frantar et al. 2022, arXiv:2210.17323 (``GPTQWeightOnlyQuantConfig``), with
-  the Hessians from calibration text (:class:`qwen_onnx.quantize.TextCalibrationReader`).
+  the Hessians from calibration text (:class:`qwen_onnx.calibration.TextCalibrationReader`).
 
 The graph is found by what it computes, not by exporter names: weight MatMuls by their initializer,
 the lm_head as the MatMul producing ``logits``, the embedding as the Gather of a float table; so
@@ -44,7 +44,9 @@ from .embeddings import EmbeddingPlan, check_block_size, embedding_tied, find_lm
 from .errors import QwenOnnxError
 from .export import normalise_external_data
 from .external import ScratchFiles
-from .quantize import _SensitiveSettings, blockwise_int8, lazy_quantization, sensitive_nodes, weight_matmul_names
+from .blockwise import blockwise_int8
+from .matmuls import weight_matmul_names
+from .quantize import _SensitiveSettings, lazy_quantization, sensitive_nodes
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +133,7 @@ def _algo_config(settings: Int4Settings, graph_only: Path, float_names: Sequence
     # gptq
     from .text import load_tokenizer
 
-    from .quantize import TextCalibrationReader
+    from .calibration import TextCalibrationReader
     from .text import token_windows
 
     if float_names:
@@ -211,7 +213,7 @@ def quantize_int4_variant(
     """Weight-only 4-bit quantization of the float variant at ``input_dir`` into ``output_dir``.
 
     Steps: the lm_head (when ``lm_head_bits`` is 8) and the sensitive MatMuls (``blockwise``)
-    become 8-bit MatMulNBits (:func:`qwen_onnx.quantize.blockwise_int8`); every other weight
+    become 8-bit MatMulNBits (:func:`qwen_onnx.blockwise.blockwise_int8`); every other weight
     MatMul 4-bit with ``settings.algorithm``; then the embedding table
     (:func:`qwen_onnx.embeddings.quantize_embedding`, shared with the lm_head when tied). Weights
     are read one at a time from ``input_dir`` (:func:`qwen_onnx.quantize.lazy_quantization`).

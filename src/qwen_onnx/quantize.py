@@ -45,7 +45,11 @@ from .errors import QwenOnnxError
 from .embeddings import EmbeddingPlan, embedding_tied, quantize_embedding
 from .export import normalise_external_data
 from .external import ScratchFiles, lazy_model
+from .blockwise import blockwise_int8
+from .calibration import TextCalibrationReader
 from .genai_config import write_genai_config
+from .matmuls import activation_matmuls, weight_matmul_names
+from .sensitivity import choose_float_nodes
 from .text import token_windows
 
 log = logging.getLogger(__name__)
@@ -171,13 +175,6 @@ SENSITIVE_SCHEMES = ("float", "blockwise")
 DYNAMIC_SCHEMES = ("per_tensor", "blockwise")
 
 
-def weight_matmul_names(path: str | os.PathLike) -> list[str]:
-    """Names of the MatMul nodes whose second input is a 2-D float initializer (the weights)."""
-    from .sensitivity import weight_matmuls
-
-    return [node.name for node, _ in weight_matmuls(onnx.load(str(path), load_external_data=False).graph)]
-
-
 def _flatten_sensitive(section: Mapping[str, Any]) -> dict[str, Any]:
     values = dict(section)
     sensitive = values.pop("sensitive", None) or {}
@@ -198,8 +195,6 @@ def sensitive_nodes(
         QwenOnnxError: ``sensitive_max_nodes`` is set but no sensitivity report is given, or the
             scheme or block size is unknown.
     """
-    from .sensitivity import choose_float_nodes
-
     if settings.sensitive_scheme not in SENSITIVE_SCHEMES:
         raise QwenOnnxError(
             f"sensitive scheme {settings.sensitive_scheme!r} unknown; use one of {', '.join(SENSITIVE_SCHEMES)}"
@@ -279,20 +274,6 @@ def _check_op_types(op_types: Sequence[str]) -> None:
 
 def _node_names(path: Path) -> set[str]:
     return {n.name for n in onnx.load(str(path), load_external_data=False).graph.node}
-
-
-def activation_matmuls(path: str | os.PathLike) -> list[str]:
-    """Names of MatMul nodes whose second input is not a constant weight.
-
-    These are the attention score and context products (Q·Kᵀ, softmax·V) and the rotary
-    embedding's frequency product. onnxruntime's ``MatMulConstBOnly`` option is honoured by its
-    QOperator and dynamic quantizers but not by the QDQ quantizer (onnxruntime 1.32), so the static
-    variant passes these names in ``nodes_to_exclude`` to keep them float.
-    """
-    graph = onnx.load(str(path), load_external_data=False).graph
-    constants = {t.name for t in graph.initializer}
-    constants |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
-    return [n.name for n in graph.node if n.op_type == "MatMul" and n.input[1] not in constants]
 
 
 def _check_excluded(path: Path, names: Sequence[str]) -> None:
@@ -383,111 +364,6 @@ def _embedding_plan(settings: DynamicSettings | StaticSettings, input_dir: Path)
     if plan.mode == "shared":
         plan = EmbeddingPlan(plan.mode, plan.bits, plan.block_size, embedding_tied(input_dir))
     return plan
-
-
-def blockwise_int8(graph_only: Path, names: Sequence[str], block_size: int, scratch: ScratchFiles) -> Path:
-    """Turn the MatMuls ``names`` of ``graph_only`` into MatMulNBits with 8-bit blockwise weights.
-
-    Weights: INT8 symmetric, one scale per ``block_size`` rows of each output column;
-    ``accuracy_level=4``: ONNX Runtime quantizes the activation to INT8 per token and block at run
-    time and accumulates in integers (onnxruntime contrib op MatMulNBits,
-    ``onnxruntime.quantization.matmul_nbits_quantizer``). Outliers then cost only their own block.
-
-    Runs inside :func:`lazy_quantization`: weights are read one at a time from the model's folder,
-    and the new INT8 weights go to a scratch data file there.
-
-    Returns:
-        The path of the new graph (``scratch / "blockwise.onnx"``).
-    """
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
-    proto = onnx.load(str(graph_only), load_external_data=False)
-    wanted = set(names)
-    others = [n.name for n in proto.graph.node if n.op_type == "MatMul" and n.name not in wanted]
-    # nodes_to_include only adds to op_types_to_quantize; nodes_to_exclude is what restricts
-    quantizer = MatMulNBitsQuantizer(
-        proto, bits=8, block_size=block_size, is_symmetric=True, accuracy_level=4, nodes_to_exclude=others,
-        op_types_to_quantize=("MatMul",),
-    )
-    # the quantizer logs one INFO line per MatMul it leaves alone (thousands on a real model)
-    quiet = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
-    level = quiet.level
-    quiet.setLevel(max(level, logging.WARNING))
-    try:
-        quantizer.process()
-    finally:
-        quiet.setLevel(level)
-    converted = sum(n.op_type == "MatMulNBits" for n in quantizer.model.model.graph.node)
-    if converted != len(names):
-        raise QwenOnnxError(f"MatMulNBits converted {converted} of the {len(names)} MatMuls asked for")
-    output = scratch / "blockwise.onnx"
-    onnx.external_data_helper.convert_model_to_external_data(
-        quantizer.model.model, all_tensors_to_one_file=True, location=(scratch / "blockwise.data").name,
-        size_threshold=1024,
-    )
-    onnx.save_model(quantizer.model.model, str(output))
-    return output
-
-
-class TextCalibrationReader:
-    """``onnxruntime.quantization.CalibrationDataReader`` over windows of real text.
-
-    Each sample is one window of ``sequence_length`` tokens fed as a prefill: ``input_ids`` int64
-    [1, sequence], ``attention_mask`` of ones, ``position_ids`` 0..sequence-1, and empty past
-    keys/values [1, kv_heads, 0, head_dim], with names, shapes and dtypes read from the graph's own
-    inputs (what ``InferenceSession.get_inputs()`` would report, read without loading weights).
-
-    Args:
-        model_path: the ONNX model that calibration will run (the pre-processed graph).
-        windows: int64 [samples, sequence] token windows.
-    """
-
-    def __init__(self, model_path: str | os.PathLike, windows: np.ndarray) -> None:
-        graph = onnx.load(str(model_path), load_external_data=False).graph
-        initializers = {t.name for t in graph.initializer}
-        self._inputs = []
-        for value in graph.input:
-            if value.name in initializers:
-                continue
-            tensor = value.type.tensor_type
-            shape = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in tensor.shape.dim]
-            dtype = "tensor(float16)" if tensor.elem_type == onnx.TensorProto.FLOAT16 else "tensor(other)"
-            self._inputs.append((value.name, shape, dtype))
-        self._windows = np.asarray(windows, dtype=np.int64)
-        self._iter: Iterator[dict[str, np.ndarray]] | None = None
-
-    def feeds(self, window: np.ndarray) -> dict[str, np.ndarray]:
-        """Session feeds for one window int64 [sequence]."""
-        sequence = window.shape[0]
-        feeds: dict[str, np.ndarray] = {}
-        for name, shape, dtype in self._inputs:
-            if name == "input_ids":
-                feeds[name] = window.reshape(1, sequence)
-            elif name == "attention_mask":
-                feeds[name] = np.ones((1, sequence), dtype=np.int64)
-            elif name == "position_ids":
-                feeds[name] = np.arange(sequence, dtype=np.int64).reshape(1, sequence)
-            elif name.startswith("past_key_values."):
-                np_dtype = np.float16 if dtype == "tensor(float16)" else np.float32
-                feeds[name] = np.zeros((1, int(shape[1]), 0, int(shape[3])), dtype=np_dtype)
-            else:
-                raise QwenOnnxError(f"calibration cannot feed graph input {name!r} {shape} {dtype}")
-        return feeds
-
-    def __len__(self) -> int:
-        return len(self._windows)
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        """Every window's feeds, from the first (what ``CalibrationDataReader.__iter__`` yields)."""
-        return (self.feeds(w) for w in self._windows)
-
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        if self._iter is None:
-            self._iter = (self.feeds(w) for w in self._windows)
-        return next(self._iter, None)
-
-    def rewind(self) -> None:
-        self._iter = None
 
 
 def _static_extra_options(settings: StaticSettings) -> dict[str, Any]:

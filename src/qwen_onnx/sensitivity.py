@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -44,39 +43,14 @@ import onnx
 
 from .artifacts import library_versions, model_path, reads_variant, write_json
 from .errors import QwenOnnxError
+from .calibration import TextCalibrationReader
 from .external import lazy_model
+from .matmuls import ROLES, node_role, weight_matmuls
 from .text import token_windows
 
 log = logging.getLogger(__name__)
 
-_LAYER = re.compile(r"layers\.(\d+)\b")
-_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 _COLUMN_BLOCK = 8192  # output columns per product block: bounds memory for lm_head [hidden, vocab]
-
-
-def weight_matmuls(graph: onnx.GraphProto) -> list[tuple[onnx.NodeProto, onnx.TensorProto]]:
-    """MatMul nodes whose second input is a 2-D float initializer, with that initializer, in graph order."""
-    initializers = {t.name: t for t in graph.initializer}
-    found = []
-    for node in graph.node:
-        if node.op_type != "MatMul" or len(node.input) < 2:
-            continue
-        weight = initializers.get(node.input[1])
-        if weight is not None and len(weight.dims) == 2 and weight.data_type == onnx.TensorProto.FLOAT:
-            found.append((node, weight))
-    return found
-
-
-def node_role(name: str) -> tuple[int | None, str]:
-    """``(layer, role)`` from an exporter node name such as ``/model/layers.3/mlp/down_proj/MatMul``.
-
-    ``role`` is one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head, or
-    ``other``; ``layer`` is None outside the decoder layers.
-    """
-    match = _LAYER.search(name)
-    layer = int(match.group(1)) if match else None
-    role = next((r for r in _ROLES if r in name), "other")
-    return layer, role
 
 
 def fake_quant_weight(w: np.ndarray, per_channel: bool = True) -> np.ndarray:
@@ -210,7 +184,6 @@ def capture_activations(
     """
     import onnxruntime as ort
 
-    from .quantize import TextCalibrationReader
     from .runtime import session_options
 
     names = list(dict.fromkeys(tensor_names))
@@ -388,7 +361,7 @@ def sensitivity_markdown(result: Mapping[str, Any], top: int = 25) -> str:
         lines.append("")
     lines += ["## Median SQNR per role", "", "| role | nodes | dynamic dB | static dB | weight-only dB | blockwise dB |",
               "|---|---|---|---|---|---|"]
-    roles = sorted({r["role"] for r in rows.values()}, key=lambda x: _ROLES.index(x) if x in _ROLES else 99)
+    roles = sorted({r["role"] for r in rows.values()}, key=lambda x: ROLES.index(x) if x in ROLES else 99)
     for role in roles:
         group = [r for r in rows.values() if r["role"] == role]
         med = {k: float(np.median([r[k] for r in group]))
