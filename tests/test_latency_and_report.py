@@ -58,7 +58,7 @@ def test_latency_protocol_reports_every_figure(pipeline, texts, variant, tmp_pat
     for n in (8, 16):
         assert result[f"prefill_ms_p90_{n}"] >= result[f"prefill_ms_p50_{n}"] > 0
     assert result["ttft_ms"] > 0 and result["decode_tok_s"] > 0 and result["load_s"] > 0
-    assert result["peak_rss_mb"] > 50
+    assert result["peak_rss_mib"] > 50
     ops = result["profile"]["ops"]
     assert sum(o["pct"] for o in ops) == pytest.approx(100.0)
     # which MatMul kernel ranks in the top 12 of the tiny model varies; MatMulIntegerToFloat is ORT's fusion
@@ -134,7 +134,7 @@ def test_pytorch_latency_uses_the_same_protocol(pipeline, texts):
 def _fake_reports(tmp_path, variants):
     files = {"inspect": [], "accuracy": [], "latency": [], "pytorch": []}
     latency_base = {"load_s": 1.0, "prefill_ms_p50_8": 10.0, "prefill_ms_p90_8": 12.0, "ttft_ms": 20.0,
-                    "decode_tok_s": 10.0, "peak_rss_mb": 1000.0, "bytes_on_disk": 4_000_000,
+                    "decode_tok_s": 10.0, "peak_rss_mib": 1000.0, "bytes_on_disk": 4_000_000,
                     "weight_bytes_per_token": 1_000_000_000, "threads": 2, "provider": "x"}
     torch_path = tmp_path / "pytorch.latency.json"
     torch_path.write_text(json.dumps(latency_base))

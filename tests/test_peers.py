@@ -83,7 +83,7 @@ def test_every_peer_is_measured_with_positive_figures(peers_run):
         assert row["decode_tok_s"] == pytest.approx(statistics.median(row["rounds_decode_tok_s"]))
         for figure in ("decode_tok_s", "prefill_ms_8", "prefill_ms_16", "ttft_ms", "load_s"):
             assert row[figure] > 0, (name, figure)
-        assert 50 < row["peak_rss_mb"] < 4000 and row["bytes_on_disk"] > 10_000
+        assert 50 < row["peak_rss_mib"] < 4000 and row["bytes_on_disk"] > 10_000
     assert rows[GENAI]["bytes_on_disk"] == rows[GENAI_ORT]["bytes_on_disk"]
     assert (work / GENAI / "model.onnx").is_file() and (work / GENAI / "genai_config.json").is_file()
     if HAVE_LLAMA:
@@ -100,7 +100,7 @@ def test_ratios_divide_by_the_fastest_peer(peers_run):
     candidates = [rows[p] for p in (LLAMA_CPP, GENAI) if rows[p]["skipped"] is None]
     fastest = max(candidates, key=lambda r: r["decode_tok_s"])
     assert result["reference"] == fastest["peer"]
-    figures = ("decode_tok_s", "prefill_ms_8", "prefill_ms_16", "ttft_ms", "peak_rss_mb", "bytes_on_disk")
+    figures = ("decode_tok_s", "prefill_ms_8", "prefill_ms_16", "ttft_ms", "peak_rss_mib", "bytes_on_disk")
     for row in rows.values():
         if row["skipped"] is None:
             for figure in figures:

@@ -47,7 +47,7 @@ from .text import read_text
 log = logging.getLogger(__name__)
 
 
-def peak_rss_mb() -> float:
+def peak_rss_mib() -> float:
     """Peak resident set size of this process in MiB (``getrusage``; Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
@@ -149,7 +149,7 @@ def measure_latency(
 
     Returns:
         ``load_s``; ``prefill_ms_p50_{n}`` / ``prefill_ms_p90_{n}`` per prompt length; ``ttft_ms``;
-        ``decode_tok_s``; ``peak_rss_mb``; ``bytes_on_disk``; ``weight_bytes_per_token``;
+        ``decode_tok_s``; ``peak_rss_mib``; ``bytes_on_disk``; ``weight_bytes_per_token``;
         ``profile`` (per-op-type kernel time, when ``profile``); ``decode_loop``;
         ``session_settings``; the settings and versions.
 
@@ -184,7 +184,7 @@ def measure_latency(
         result["profile"] = profile_ops(variant_dir, tokens[:decode_prompt_tokens], threads, provider, loop=loop,
                                         settings=settings)
     result.update({
-        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "peak_rss_mib": round(peak_rss_mib(), 1),
         "bytes_on_disk": folder_bytes(variant_dir),
         "weight_bytes_per_token": decode_weight_bytes(load_graph(Path(variant_dir) / MODEL_FILE)),
         **_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats),
@@ -441,7 +441,7 @@ def measure_torch_latency(
                               "load_s": load_s}
     result.update(_protocol(prefill, generate, tokens, prompt_lengths, decode_prompt_tokens, new_tokens, warmup, repeats))
     result.update({
-        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "peak_rss_mib": round(peak_rss_mib(), 1),
         "bytes_on_disk": sum(p.stat().st_size for p in Path(hf_dir).glob("*.safetensors")),
         "weight_bytes_per_token": torch_weight_bytes_per_token(model),
         **_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats),

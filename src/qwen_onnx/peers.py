@@ -48,7 +48,7 @@ import numpy as np
 
 from .artifacts import folder_bytes, library_versions, read_json, staged_dir, write_json
 from .errors import ArtifactError, PartError, QwenOnnxError, SourceError
-from .latency import _protocol, interleaved_rounds, measure_latency, measure_torch_latency, peak_rss_mb, prompt_tokens
+from .latency import _protocol, interleaved_rounds, measure_latency, measure_torch_latency, peak_rss_mib, prompt_tokens
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ INSTALL_HINT = "envs/setup.sh --peers"
 BUILDER_ARGS = ("-p", "int4", "-e", "cpu", "--extra_options", "hf_token=false")
 
 #: Figures per row (prefill_ms_{n} for each prompt length come in between).
-FIGURES = ("decode_tok_s", "ttft_ms", "peak_rss_mb", "bytes_on_disk", "load_s")
+FIGURES = ("decode_tok_s", "ttft_ms", "peak_rss_mib", "bytes_on_disk", "load_s")
 
 
 def _installed(module: str) -> bool:
@@ -97,7 +97,7 @@ def onnx_bytes(folder: str | os.PathLike) -> int:
 
 def _figures(result: Mapping[str, Any], prompt_lengths: Sequence[int]) -> dict[str, Any]:
     out = {"decode_tok_s": result["decode_tok_s"], "ttft_ms": result["ttft_ms"], "load_s": result["load_s"],
-           "peak_rss_mb": result.get("peak_rss_mb", round(peak_rss_mb(), 1))}
+           "peak_rss_mib": result.get("peak_rss_mib", round(peak_rss_mib(), 1))}
     for n in prompt_lengths:
         out[f"prefill_ms_{n}"] = result[f"prefill_ms_p50_{n}"]
     return out
@@ -337,7 +337,7 @@ def add_peer_ratios(rows: list[dict[str, Any]], prompt_lengths: Sequence[int]) -
 
 def ratio_figures(prompt_lengths: Sequence[int]) -> list[str]:
     """The figures that get a ``_vs_peer`` ratio."""
-    return ["decode_tok_s", *[f"prefill_ms_{n}" for n in prompt_lengths], "ttft_ms", "peak_rss_mb", "bytes_on_disk"]
+    return ["decode_tok_s", *[f"prefill_ms_{n}" for n in prompt_lengths], "ttft_ms", "peak_rss_mib", "bytes_on_disk"]
 
 
 def run_peers(
@@ -384,7 +384,7 @@ def run_peers(
     Returns:
         ``rows`` (one per peer in a fixed order: pytorch, our variants, llama.cpp,
         genai-builder-int4, genai-builder-int4-ort) with ``decode_tok_s``, ``prefill_ms_{n}``,
-        ``ttft_ms``, ``peak_rss_mb`` (MiB), ``bytes_on_disk``, ``load_s`` (medians), the
+        ``ttft_ms``, ``peak_rss_mib`` (MiB), ``bytes_on_disk``, ``load_s`` (medians), the
         ``*_vs_peer`` ratios, ``rounds_decode_tok_s`` and ``config``; a row that could not run has
         ``skipped`` (why, and how to install what is missing) instead of figures. Also
         ``reference`` (the fastest peer), the settings and library versions.
@@ -504,7 +504,7 @@ def run_peers(
 
 def peer_columns(prompt_lengths: Sequence[int]) -> list[str]:
     """Columns of the peers table: figures, then their ratios to the fastest peer."""
-    figures = ["decode_tok_s", *[f"prefill_ms_{n}" for n in prompt_lengths], "ttft_ms", "peak_rss_mb", "bytes_on_disk"]
+    figures = ["decode_tok_s", *[f"prefill_ms_{n}" for n in prompt_lengths], "ttft_ms", "peak_rss_mib", "bytes_on_disk"]
     return ["peer", "runtime", *figures, *[f"{f}_vs_peer" for f in ratio_figures(prompt_lengths)], "skipped"]
 
 

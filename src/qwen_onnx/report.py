@@ -48,7 +48,7 @@ COLUMNS: dict[str, str] = {
     "load_s": "session creation (from_pretrained for pytorch), seconds",
     "ttft_ms": "time to first token: prefill of the decode prompt plus argmax, median, ms",
     "decode_tok_s": "single-stream decode tokens/s with the KV cache, median",
-    "peak_rss_mb": "peak RSS of the latency process, MiB",
+    "peak_rss_mib": "peak RSS of the latency process, MiB",
     "weight_bytes_per_token": "bytes of weights read per decoded token (embedding table as one row)",
     "roofline_tok_s": "memory-bandwidth bound on decode: bandwidth / weight bytes per token, tokens/s",
     "roofline_pct": "decode_tok_s as a percentage of roofline_tok_s",
@@ -56,7 +56,7 @@ COLUMNS: dict[str, str] = {
     "ttft_vs_pytorch": "ttft_ms / PyTorch's (below 1 is faster)",
     "prefill_vs_pytorch": "median prefill latency at the longest prompt length / PyTorch's",
     "load_vs_pytorch": "load_s / PyTorch's",
-    "peak_rss_vs_pytorch": "peak_rss_mb / PyTorch's",
+    "peak_rss_vs_pytorch": "peak_rss_mib / PyTorch's",
     "bytes_vs_pytorch": "bytes_on_disk / PyTorch's",
     "threads": "intra-op threads of the measured session",
     "provider": "ONNX Runtime execution provider (torch-eager-cpu for pytorch)",
@@ -81,7 +81,7 @@ def columns(prompt_lengths: Sequence[int]) -> dict[str, str]:
 
 
 SUMMARY = ("model", "variant", "gate", "bytes_on_disk", "ppl", "ppl_delta_pct", "kl_mean", "top1_pct",
-           "ttft_ms", "decode_tok_s", "decode_speedup_vs_pytorch", "roofline_pct", "peak_rss_mb")
+           "ttft_ms", "decode_tok_s", "decode_speedup_vs_pytorch", "roofline_pct", "peak_rss_mib")
 ACCURACY = ("model", "variant", "gate", "eval_tokens", "ppl", "ppl_delta_pct", "kl_mean", "kl_median", "kl_p99",
             "top1_pct", "max_abs_logit_diff", "mean_abs_logit_diff", "padded_batch_max_abs_diff",
             "padded_batch_nonfinite", "kv_cache_max_abs_diff", "generation_match_pct")
@@ -91,7 +91,7 @@ def latency_columns(prompt_lengths: Sequence[int]) -> tuple[str, ...]:
     """Columns of the latency table for the configured prompt lengths."""
     prefill = [c for n in prompt_lengths for c in (f"prefill_ms_p50_{n}", f"prefill_ms_p90_{n}")]
     return ("model", "variant", "load_s", *prefill, "ttft_ms", "decode_tok_s", "weight_bytes_per_token",
-            "roofline_tok_s", "roofline_pct", "peak_rss_mb", "bytes_on_disk", "threads", "provider", "top_op")
+            "roofline_tok_s", "roofline_pct", "peak_rss_mib", "bytes_on_disk", "threads", "provider", "top_op")
 
 
 
@@ -101,13 +101,13 @@ RATIOS = ("model", "variant", "decode_speedup_vs_pytorch", "ttft_vs_pytorch", "p
 _ACCURACY_KEYS = ("ppl", "ppl_delta_pct", "kl_mean", "kl_median", "kl_p99", "top1_pct", "max_abs_logit_diff",
                   "mean_abs_logit_diff", "padded_batch_max_abs_diff", "padded_batch_nonfinite",
                   "kv_cache_max_abs_diff", "generation_match_pct")
-_LATENCY_KEYS = ("load_s", "ttft_ms", "decode_tok_s", "peak_rss_mb", "bytes_on_disk", "weight_bytes_per_token",
+_LATENCY_KEYS = ("load_s", "ttft_ms", "decode_tok_s", "peak_rss_mib", "bytes_on_disk", "weight_bytes_per_token",
                  "threads", "provider")
 _RATIO_OF = {
     "decode_speedup_vs_pytorch": "decode_tok_s",
     "ttft_vs_pytorch": "ttft_ms",
     "load_vs_pytorch": "load_s",
-    "peak_rss_vs_pytorch": "peak_rss_mb",
+    "peak_rss_vs_pytorch": "peak_rss_mib",
     "bytes_vs_pytorch": "bytes_on_disk",
 }
 
@@ -218,7 +218,7 @@ def peer_metric_rows(models: Sequence[str], paths: Sequence[str | os.PathLike],
             row: dict[str, Any] = {c: None for c in COLUMNS}
             row.update(model=model, variant=peer["peer"], measured_by="peers", threads=result["threads"],
                        provider=_PEER_PROVIDER[peer["peer"]])
-            for key in ("load_s", "ttft_ms", "decode_tok_s", "peak_rss_mb", "bytes_on_disk"):
+            for key in ("load_s", "ttft_ms", "decode_tok_s", "peak_rss_mib", "bytes_on_disk"):
                 row[key] = peer.get(key)
             for n in prompt_lengths:
                 if f"prefill_ms_{n}" in peer:
