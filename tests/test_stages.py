@@ -99,11 +99,17 @@ def test_kv_cache_decode_matches_full_pass(pipeline, variant):
         mask = np.ones((1, t + 1), dtype=np.int64)
         logits, past = model.forward(tokens[:, t : t + 1], mask, past)
         steps.append(logits[:, -1])
-    # dynamic quantization picks activation scales per call, so a one-token decode step and the
-    # full pass quantize differently: allow 15% of the logit range there, 1e-4 elsewhere
-    scale = float(np.abs(full).max())
-    tolerance = 0.15 * scale if variant == "int8-dynamic" else 1e-4
-    np.testing.assert_allclose(np.stack(steps, 1), full[:, 9:15], atol=tolerance, rtol=0)
+    steps = np.stack(steps, 1)
+    if variant != "int8-dynamic":
+        np.testing.assert_allclose(steps, full[:, 9:15], atol=1e-4, rtol=0)
+        return
+    # per-tensor dynamic quantization picks activation scales per call, so a one-token decode step
+    # and the full pass quantize differently; that difference is INT8's own error: no larger than
+    # the full pass's distance from fp32 (measured 0.37 against 0.59 on this model); the next token is the same
+    fp32, _ = OnnxCausalLM(pipeline["fp32"]).forward(tokens)
+    int8_error = float(np.abs(full - fp32).max())
+    assert 0 < float(np.abs(steps - full[:, 9:15]).max()) <= int8_error
+    np.testing.assert_array_equal(steps.argmax(-1), full[:, 9:15].argmax(-1))
 
 
 def _consumers_of_dequantize(proto):
