@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from qwen_onnx.variants import NAMES as VARIANTS
 from test_resolve import make_part_packages
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
-VARIANTS = ("fp32", "preprocessed", "int8-dynamic", "int8-static", "int4", "optimized")
 
 pytestmark = pytest.mark.workflow
 
@@ -144,6 +144,16 @@ def test_full_run_writes_every_artifact(finished_run):
     report = (results / "report.md").read_text()
     assert "| tiny | int8-static |" in report and "## Columns" in report
     assert "## Across models" in report and "| tiny-qwen3 |" in report
+    # the pipeline table: one row per job that ran, each with its wall time and peak RSS
+    with (results / "pipeline.csv").open(encoding="utf-8") as f:
+        pipeline = {(r["model"], r["job"]): r for r in csv.DictReader(f)}
+    expected = {("tiny", j) for j in ("resolve", "export", "preprocess", "optimize", "sensitivity",
+                                      "quantize_dynamic", "quantize_static", "quantize_int4", "latency.pytorch", "peers")}
+    expected |= {("tiny", f"{rule}.{v}") for v in VARIANTS for rule in ("inspect", "accuracy", "latency")}
+    expected |= {("tiny", f"diff.{v}") for v in VARIANTS if v != "fp32"} | {("", "machine")}
+    assert expected <= set(pipeline)
+    assert all(float(r["wall_s"]) > 0 and float(r["peak_rss_mib"]) > 50 for r in pipeline.values())
+    assert "## Pipeline: where the time goes" in report and "critical path:" in report
     assert "## Graphs (inspection, and the change from fp32)" in report and "q/k norm" in report
     assert "## INT8 sensitivity per MatMul role" in report and "| tiny-qwen3 | down_proj | 2 |" in report
     sensitivity = json.loads((results / "tiny" / "reports" / "sensitivity.json").read_text())

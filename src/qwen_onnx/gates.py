@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+from .variants import VARIANTS
+
 #: Figures where a larger value is worse.
 LOWER_IS_BETTER = frozenset(
     {"ppl_delta_pct", "kl_mean", "kl_p99", "max_abs_logit_diff", "mean_abs_logit_diff",
@@ -19,15 +21,8 @@ LOWER_IS_BETTER = frozenset(
 #: Figures where a smaller value is worse.
 HIGHER_IS_BETTER = frozenset({"top1_pct", "generation_match_pct"})
 
-#: Variant folder name -> gate kind in the config's ``gates`` section.
-VARIANT_KIND = {
-    "fp32": "float",
-    "preprocessed": "float",
-    "optimized": "float",
-    "int8-dynamic": "int8_dynamic",
-    "int8-static": "int8_static",
-    "int4": "int4",
-}
+#: Variant folder name -> gate kind in the config's ``gates`` section (from the variant registry).
+VARIANT_KIND = {v.name: v.kind for v in VARIANTS}
 
 
 #: Default limits per gate kind: the single home of the defaults. ``config.yaml``'s ``gates``

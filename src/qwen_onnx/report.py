@@ -336,6 +336,7 @@ def write_report(
     sensitivity: Sequence[Mapping[str, Any]] | None = None,
     peers: Sequence[Mapping[str, Any]] | None = None,
     peer_rows: Sequence[Mapping[str, Any]] | None = None,
+    pipeline: Mapping[str, Any] | None = None,
 ) -> None:
     """Write the CSV, JSON, Markdown and HTML reports and the three plots.
 
@@ -349,7 +350,9 @@ def write_report(
         sensitivity: from :func:`sensitivity_rows`.
         peers: from :func:`peer_tables` (the "Against peers" section).
         peer_rows: from :func:`peer_metric_rows`, appended to metrics.csv/json (not to the plots).
+        pipeline: from :func:`qwen_onnx.pipeline.pipeline_table` (the "Pipeline" section).
     """
+    from .pipeline import COLUMNS as PIPELINE_COLUMNS, pipeline_markdown
     from .plots import plot_decode_speed, plot_ppl_vs_size, plot_prefill
 
     buffer = io.StringIO()
@@ -394,6 +397,8 @@ def write_report(
             ops = ", ".join(f"{o['op_type']} {o['pct']:.1f}%" for o in prof.get("ops", [])[:8])
             md.append(f"- {model}/{variant}: {ops}")
         md.append("")
+    if pipeline:
+        md += [pipeline_markdown(pipeline)]
     md += ["## Columns", "", *[f"- `{c}`: {d}" for c, d in docs.items()], ""]
     Path(markdown).write_text("\n".join(md), encoding="utf-8")
 
@@ -439,6 +444,13 @@ def write_report(
                 parts.append(f"<h3>{html.escape(model)}/{html.escape(variant)}: {d['matched_tokens']}/"
                              f"{d['pytorch_tokens']} tokens matched</h3><p>{html.escape(d['prompt'])}</p>"
                              f"<pre>PyTorch: {html.escape(d['pytorch'])}</pre><pre>ONNX:    {html.escape(d['onnx'])}</pre>")
+    if pipeline:
+        parts += ["<h2>Pipeline: where the time goes</h2><ul>",
+                  f"<li>total of job wall times: {pipeline['total_job_s'] / 60:.1f} min</li>",
+                  f"<li>critical path: {pipeline['critical_path_s'] / 60:.1f} min: "
+                  f"{html.escape(' → '.join(pipeline['critical_path']))}</li>",
+                  f"<li>largest job peak RSS: {pipeline['peak_rss_mib']:.0f} MiB</li></ul>",
+                  html_table(sorted(pipeline["rows"], key=lambda r: -r["wall_s"]), PIPELINE_COLUMNS)]
     parts += ["<h2>Columns</h2><ul>", *[f"<li><code>{c}</code>: {html.escape(d)}</li>" for c, d in docs.items()],
               "</ul></body></html>"]
     Path(html_path).write_text("\n".join(parts), encoding="utf-8")
@@ -451,13 +463,18 @@ def build_report(
     machine_json: str | os.PathLike,
     *,
     prompt_lengths: Sequence[int] = (32, 128, 512),
+    results_dir: str | os.PathLike | None = None,
+    pipeline_csv: str | os.PathLike | None = None,
     **outputs: Any,
 ) -> list[dict[str, Any]]:
     """Read every report JSON (see :func:`collect_rows` for ``files``) and write the combined report.
 
     ``outputs`` are :func:`write_report`'s ``markdown``, ``html_path``, ``csv_path``, ``json_path``
-    and ``plots``.
+    and ``plots``. With ``results_dir``, the report gets the pipeline table of the jobs' benchmark
+    files and logs there (:mod:`qwen_onnx.pipeline`), also written to ``pipeline_csv``.
     """
+    from .pipeline import COLUMNS as PIPELINE_COLUMNS, pipeline_table
+
     machine = read_json(machine_json)
     rows = collect_rows(models, variants, files, machine, prompt_lengths)
     keys = [(m, v) for m in models for v in variants]
@@ -470,9 +487,16 @@ def build_report(
     graphs = graph_rows(models, variants, files)
     sensitivity = sensitivity_rows(models, files.get("sensitivity", []))
     peer_paths = files.get("peers", [])
+    pipeline = pipeline_table(results_dir, models) if results_dir is not None else None
+    if pipeline is not None and pipeline_csv is not None:
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=list(PIPELINE_COLUMNS), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(pipeline["rows"])
+        Path(pipeline_csv).write_text(buffer.getvalue(), encoding="utf-8")
     write_report(rows, machine, profiles=profiles, generations=generations, prompt_lengths=prompt_lengths,
                  graphs=graphs, sensitivity=sensitivity, peers=peer_tables(models, peer_paths),
-                 peer_rows=peer_metric_rows(models, peer_paths, prompt_lengths), **outputs)
+                 peer_rows=peer_metric_rows(models, peer_paths, prompt_lengths), pipeline=pipeline, **outputs)
     return rows
 
 

@@ -6,6 +6,7 @@ from snakemake.utils import validate
 
 import qwen_onnx
 import qwen_onnx.options
+import qwen_onnx.variants
 from qwen_onnx.gates import DEFAULT_GATES, variant_kind
 from qwen_onnx.resolve import hub_snapshot_revision, source_files
 
@@ -23,7 +24,7 @@ validate(config, schema="../schemas/config.schema.yaml")
 
 VERSION = qwen_onnx.__version__
 RESULTS = config.get("results", "results")
-VARIANTS = ["fp32", "preprocessed", "int8-dynamic", "int8-static", "int4", "optimized"]
+VARIANTS = list(qwen_onnx.variants.NAMES)  # the variant registry, src/qwen_onnx/variants.py
 STAGES = [
     "export",
     "preprocess",

@@ -24,6 +24,7 @@ rule report:
             category="Summary",
         ),
         json=f"{RESULTS}/metrics.json",
+        pipeline=f"{RESULTS}/pipeline.csv",
         ppl_vs_size=report(
             f"{RESULTS}/plots/ppl_vs_size.png",
             caption="../report/ppl_vs_size.rst",
@@ -51,6 +52,7 @@ rule report:
     params:
         models=get_models(),
         variants=VARIANTS,
+        results=RESULTS,
         prompt_lengths=config["latency"]["prompt_lengths"],
         version=VERSION,
     script:

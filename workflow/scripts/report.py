@@ -18,6 +18,8 @@ with logged(snakemake):
         },
         inp.machine,
         prompt_lengths=snakemake.params.prompt_lengths,
+        results_dir=snakemake.params.results,
+        pipeline_csv=out.pipeline,
         markdown=out.markdown,
         html_path=out.html,
         csv_path=out.csv,

@@ -1,0 +1,76 @@
+"""The pipeline table: jobs' wall time and peak RSS from benchmark files and logs, and the critical path."""
+
+import os
+
+import pytest
+
+from qwen_onnx.pipeline import critical_path, dependencies, pipeline_markdown, pipeline_table
+from qwen_onnx.variants import NAMES, variant
+
+HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+
+
+def _job(results, model, job, wall, rss, cpu, log_peak=None, child=0, ended=None):
+    bench = results / "benchmarks" / model / f"{job}.tsv"
+    bench.parent.mkdir(parents=True, exist_ok=True)
+    bench.write_text(HEADER + f"{wall}\t0:00:01\t{rss}\t1\t1\t1\t1\t1\t50\t{cpu}\n", encoding="utf-8")
+    log = results / "logs" / model / f"{job}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    text = "2026-12-01 INFO working\n"
+    if log_peak is not None:
+        text += f"2026-12-01 INFO qwen_onnx: peak RSS of rule {job}: {log_peak} MiB (largest child process: {child} MiB)\n"
+    log.write_text(text, encoding="utf-8")
+    if ended is not None:
+        os.utime(log, (ended, ended))
+
+
+def test_registry_names_kinds_and_parents():
+    assert NAMES == ("fp32", "preprocessed", "int8-dynamic", "int8-static", "int4", "optimized")
+    assert variant("int4").rule == "quantize_int4" and variant("int4").parent == "optimized"
+    with pytest.raises(KeyError, match="unknown variant 'int2'; known: fp32, preprocessed"):
+        variant("int2")
+
+
+def test_dependencies_follow_the_registry():
+    assert dependencies("quantize_int4") == ["optimize", "sensitivity"]
+    assert dependencies("quantize_int4", {"int4": "preprocessed"}) == ["preprocess", "sensitivity"]
+    assert dependencies("sensitivity") == ["optimize"]
+    assert dependencies("preprocess") == ["export"]
+    assert dependencies("diff.int8-static") == ["quantize_static", "export"]
+    assert dependencies("accuracy.fp32") == ["export", "resolve", "reference"]
+    assert dependencies("latency.pytorch") == ["resolve"]
+
+
+def test_pipeline_table_reads_benchmarks_and_logs(tmp_path):
+    m = "m"
+    _job(tmp_path, m, "resolve", 10.0, 900, 8, log_peak=1000, ended=1000)
+    _job(tmp_path, m, "export", 40.0, 3000, 30, log_peak=2500, child=3500, ended=1040)
+    _job(tmp_path, m, "optimize", 5.0, 2000, 4, ended=1015)  # no peak line: the benchmark's sampled one
+    _job(tmp_path, m, "preprocess", 12.0, 1500, 10, log_peak=1600, ended=1052)
+    _job(tmp_path, m, "sensitivity", 20.0, 1200, 18, log_peak=1300, ended=1035)
+    _job(tmp_path, m, "quantize_int4", 30.0, 1000, 25, log_peak=1100, ended=1065)
+    _job(tmp_path, m, "accuracy.int4", 50.0, 4000, 45, log_peak=4100, ended=1115)
+    _job(tmp_path, m, "latency.preprocessed", 9.0, 800, 9, log_peak=900, ended=1061)
+    (tmp_path / "benchmarks" / "machine.tsv").write_text(HEADER + "2.0\t0\t100\t1\t1\t1\t1\t1\t1\t2\n")
+    (tmp_path / "benchmarks" / "report.tsv").write_text(HEADER + "3.0\t0\t100\t1\t1\t1\t1\t1\t1\t2\n")
+    table = pipeline_table(tmp_path, [m])
+    rows = {r["job"]: r for r in table["rows"]}
+    assert set(rows) == {"machine", "resolve", "export", "optimize", "preprocess", "sensitivity", "quantize_int4",
+                         "accuracy.int4", "latency.preprocessed"}  # the report's own job is not in its table
+    assert rows["export"]["peak_rss_mib"] == 3500  # the child's peak, from the log
+    assert rows["optimize"]["peak_rss_mib"] == 2000 and rows["resolve"]["cpu_s"] == 8
+    assert table["total_job_s"] == pytest.approx(10 + 40 + 5 + 12 + 20 + 30 + 50 + 9 + 2)
+    # resolve 10 -> optimize 5 -> sensitivity 20 -> quantize_int4 30 -> accuracy.int4 50 = 115 s,
+    # longer than resolve -> export -> preprocess -> latency (71 s)
+    assert table["critical_path"] == ["m/resolve", "m/optimize", "m/sensitivity", "m/quantize_int4", "m/accuracy.int4"]
+    assert table["critical_path_s"] == pytest.approx(115)
+    assert {j for j, r in rows.items() if r["critical"]} == {"resolve", "optimize", "sensitivity", "quantize_int4",
+                                                             "accuracy.int4"}
+    assert table["span_s"] == pytest.approx(1115 - (1000 - 10))  # the machine job has no log: not counted
+    text = pipeline_markdown(table)
+    assert "critical path: 1.9 min: m/resolve → m/optimize" in text
+    assert "| m | accuracy.int4 | 50.0 | 45 | 4100 | ✓ |" in text
+
+
+def test_critical_path_of_nothing():
+    assert critical_path([]) == (0.0, [])
