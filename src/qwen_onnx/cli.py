@@ -407,6 +407,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-decode-steps", type=int, default=EVALUATION["kv_decode_steps"],
                    help="decode steps of the KV-cache check")
     p.add_argument("--threads", type=int, default=LATENCY["threads"])
+    p.add_argument("--gate-kind", choices=list(DEFAULT_GATES), default=None,
+                   help="gate of this kind (default: from the folder name, as the workflow does)")
+    p.add_argument("--gate", action="append", default=None, metavar="FIGURE=LIMIT",
+                   help="override one limit of the default gate (repeatable), e.g. --gate ppl_delta_pct=2")
+    p.add_argument("--no-gate", action="store_true", help="no limits: only the NaN and perplexity checks")
+    p.add_argument("-o", "--output", default=None)
     p.set_defaults(func=_accuracy)
 
     p = sub.add_parser("latency", help="load, prefill/TTFT and KV-cache decode tokens/s")
