@@ -33,7 +33,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -73,6 +73,41 @@ def torch_logits(model, input_ids: np.ndarray) -> np.ndarray:
     with torch.inference_mode():
         out = model(input_ids=torch.from_numpy(np.asarray(input_ids, dtype=np.int64)), use_cache=False)
     return out.logits.float().numpy()
+
+
+def write_window_logits(
+    path: str | os.PathLike, windows: np.ndarray, forward: Callable[[np.ndarray], np.ndarray], *,
+    dtype: str = "float32", desc: str | None = None,
+) -> list[int]:
+    """Write the logits of every window to an ``.npy`` file, one window at a time (memory-mapped).
+
+    The one writer of reference logits: PyTorch's here (:func:`write_reference`) and the fp32
+    graph's in :func:`qwen_onnx.recipes.reference_logits`.
+
+    Args:
+        path: the ``.npy`` file to write.
+        windows: int64 [windows, window] token windows, each run as one prefill.
+        forward: ``ids`` int64 [1, window] -> logits float32 [1, window, vocab].
+        dtype: ``float32`` or ``float16`` on disk.
+        desc: progress bar label (None: no progress bar).
+
+    Returns:
+        The stored shape ``[windows, window - 1, vocab]``: the positions that predict a next token
+        inside their window.
+    """
+    from tqdm import tqdm
+
+    store = None
+    for i, ids in enumerate(tqdm(windows, desc=desc, unit="window", disable=desc is None)):
+        logits = forward(ids.reshape(1, -1))[0, :-1]  # [window - 1, vocab]
+        if store is None:
+            store = np.lib.format.open_memmap(path, mode="w+", dtype=np.dtype(dtype),
+                                              shape=(len(windows), *logits.shape))
+        store[i] = logits
+    store.flush()
+    shape = list(store.shape)
+    del store
+    return shape
 
 
 def write_reference(
@@ -131,16 +166,8 @@ def write_reference(
         copied = copy_side_files(hf_dir, tmp / TOKENIZER_DIR)
         np.save(tmp / WINDOWS_FILE, windows)
         model = load_torch_model(hf_dir, threads)
-        store = None
-        for i, ids in enumerate(tqdm(windows, desc="PyTorch reference logits", unit="window")):
-            logits = torch_logits(model, ids.reshape(1, -1))[0, :-1]  # [window - 1, vocab]
-            if store is None:
-                store = np.lib.format.open_memmap(tmp / LOGITS_FILE, mode="w+", dtype=np.dtype(dtype),
-                                                  shape=(len(windows), *logits.shape))
-            store[i] = logits
-        store.flush()
-        shape = list(store.shape)
-        del store
+        shape = write_window_logits(tmp / LOGITS_FILE, windows, lambda ids: torch_logits(model, ids), dtype=dtype,
+                                    desc="PyTorch reference logits")
         from .parity import torch_generate
 
         outputs = [torch_generate(model, ids, generation_tokens, eos, pad_id)
