@@ -34,7 +34,8 @@ def write_config(folder: Path, source, texts, extra_models=None, **overrides) ->
                        "generation_tokens": 6},
         "latency": {"prompt_lengths": [8, 16], "decode_prompt_tokens": 16, "new_tokens": 4, "warmup": 0,
                     "repeats": 2, "threads": 1},
-        "peers": {"prompt_lengths": [8, 16], "prompt_tokens": 16, "new_tokens": 4, "rounds": 1, "warmup": 0},
+        "peers": {"prompt_lengths": [8, 16], "prompt_tokens": 16, "new_tokens": 4, "rounds": 1, "warmup": 0,
+                  "variants": ["fp32", "int8-dynamic", "int8-static"]},
     }
     for section, values in overrides.items():
         config.setdefault(section, {}).update(values)
