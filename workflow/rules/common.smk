@@ -93,7 +93,9 @@ def get_settings(model, section):
 def get_reference_settings(model):
     """The evaluation settings that change the reference stage's output (the rest are the accuracy rule's)."""
     settings = get_settings(model, "evaluation")
-    return {k: settings[k] for k in ("text", "window", "max_windows", "generation_tokens")}
+    return {
+        k: settings[k] for k in ("text", "window", "max_windows", "generation_tokens")
+    }
 
 
 def get_mem_mb(stage):

@@ -83,7 +83,9 @@ rule accuracy:
     resources:
         mem_mb=get_mem_mb("accuracy"),
     params:
-        kv_decode_steps=lambda wc: get_settings(wc.model, "evaluation")["kv_decode_steps"],
+        kv_decode_steps=lambda wc: get_settings(wc.model, "evaluation")[
+            "kv_decode_steps"
+        ],
         gate=get_gate,
         fail_on_gate=lambda wc: get_settings(wc.model, "gates").get("fail_rule", False),
         version=VERSION,
