@@ -34,7 +34,8 @@ def write_config(folder: Path, source, texts, extra_models=None, **overrides) ->
                        "generation_tokens": 6},
         "latency": {"prompt_lengths": [8, 16], "decode_prompt_tokens": 16, "new_tokens": 4, "warmup": 0,
                     "repeats": 2, "threads": 1},
-        "peers": {"prompt_lengths": [8, 16], "prompt_tokens": 16, "new_tokens": 4, "rounds": 1, "warmup": 0},
+        "peers": {"prompt_lengths": [8, 16], "prompt_tokens": 16, "new_tokens": 4, "rounds": 1, "warmup": 0,
+                  "variants": ["fp32", "int8-dynamic", "int8-static"]},
     }
     for section, values in overrides.items():
         config.setdefault(section, {}).update(values)
@@ -214,8 +215,32 @@ def test_adding_a_model_reruns_only_that_models_stages(finished_run, tiny_qwen2)
         (finished_run / "config.yaml").write_text(original)
     assert planned_jobs(result) == {"resolve": 1, "export": 1, "preprocess": 1, "sensitivity": 1, "quantize_dynamic": 1,
                                     "quantize_static": 1, "quantize_int4": 1,
-                    "optimize": 1, "inspect": 6, "diff": 5, "accuracy": 6, "latency": 6, "latency_pytorch": 1,
-                    "peers": 1, "report": 1, "all": 1}
+                    "optimize": 1, "inspect": 6, "diff": 5, "reference": 1, "accuracy": 6, "latency": 6,
+                    "latency_pytorch": 1, "peers": 1, "report": 1, "all": 1}
+
+
+def test_evaluation_settings_rerun_the_reference_only_when_they_change_it(finished_run):
+    """max_windows changes PyTorch's reference (once per model) and every accuracy job; the KV-cache
+    steps are the accuracy jobs' own setting."""
+    reference = finished_run / "results" / "tiny" / "reference"
+    meta = json.loads((reference / "reference.json").read_text())
+    assert (meta["windows"], meta["window"], meta["generation_tokens"]) == (2, 64, 6)
+    assert not any(p.is_dir() and p.name.startswith("reference.partial") for p in reference.parent.iterdir())
+    config = yaml.safe_load((finished_run / "config.yaml").read_text())
+    original = yaml.safe_dump(config)
+    try:
+        config["evaluation"]["max_windows"] = 1
+        (finished_run / "config.yaml").write_text(yaml.safe_dump(config))
+        windows = planned_jobs(snakemake(finished_run, "-n"))
+        config["evaluation"]["max_windows"] = 2
+        config["evaluation"]["kv_decode_steps"] = 3
+        (finished_run / "config.yaml").write_text(yaml.safe_dump(config))
+        steps = planned_jobs(snakemake(finished_run, "-n"))
+    finally:
+        (finished_run / "config.yaml").write_text(original)
+    models = len(config["models"])
+    assert windows == {"reference": models, "accuracy": 6 * models, "report": 1, "all": 1}
+    assert steps == {"accuracy": 6 * models, "report": 1, "all": 1}
 
 
 

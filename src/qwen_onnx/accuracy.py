@@ -1,8 +1,11 @@
 """Accuracy of an ONNX variant against the PyTorch fp32 model on held-out text, with gates.
 
-PyTorch runs first (reference logits of every window go to a scratch ``.npy`` on disk, greedy
-outputs are kept), then is released before ONNX Runtime loads the variant, so the stage holds one
-model at a time.
+PyTorch's side is computed once per model by :func:`qwen_onnx.reference.write_reference` (the
+workflow's ``reference`` stage): logits of every evaluation window (memory-mapped ``.npy``), the
+window and prompt token ids and PyTorch's greedy outputs. :func:`accuracy_from_reference` reads
+that folder and runs only ONNX Runtime, so an accuracy job never loads PyTorch.
+:func:`evaluate_accuracy` (``qwen-onnx accuracy --reference HF_DIR``) writes the reference into a
+temporary folder first and then takes the same path.
 
 Token-level figures: the evaluation text is split into consecutive windows of ``window`` tokens;
 each window runs as one prefill through both models and every position except the last predicts
@@ -14,53 +17,112 @@ KV-cache parity, and greedy generation against PyTorch on fixed chat prompts. Ga
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import tempfile
 import time
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from . import defaults
 from .artifacts import library_versions, write_json
 from .errors import GateError
 from .gates import check_gate
 from .metrics import AccuracyAccumulator
-from .parity import (
-    chat_prompt_ids,
-    eos_token_ids,
-    generation_parity,
-    kv_cache_parity,
-    padded_batch_parity,
-    shipped_prompts,
-    torch_generate,
-)
+from .options import check_options
+from .parity import generation_parity, kv_cache_parity, padded_batch_parity
+from .reference import load_torch_model, read_reference, torch_logits, write_reference  # noqa: F401 (re-exported)
 from .runtime import OnnxCausalLM
-from .text import token_windows
 
 log = logging.getLogger(__name__)
 
 
-def load_torch_model(hf_dir: str | os.PathLike, threads: int | None = None):
-    """The PyTorch fp32 reference (eager attention), in eval mode on the CPU."""
-    import torch
-    from transformers import AutoModelForCausalLM
+def accuracy_from_reference(
+    variant_dir: str | os.PathLike,
+    reference_dir: str | os.PathLike,
+    *,
+    threads: int | None = None,
+    kv_decode_steps: int = defaults.EVALUATION["kv_decode_steps"],
+    gate_limits: Mapping[str, float] | None = None,
+    gate_kind: str | None = None,
+    fail_on_gate: bool = False,
+    output: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Compare a variant with PyTorch fp32's stored outputs and apply its gate (no PyTorch loaded).
 
-    if threads:
-        torch.set_num_threads(int(threads))
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager")
-    return model.eval()
+    Args:
+        variant_dir: ONNX variant folder.
+        reference_dir: folder written by :func:`qwen_onnx.reference.write_reference` (window,
+            windows, text, prompts and generation length are its own).
+        threads: ONNX Runtime CPU threads.
+        kv_decode_steps: decode steps of the KV-cache check (on the first window).
+        gate_limits: ``{figure: limit}`` (see :func:`qwen_onnx.gates.check_gate`); None: no limits,
+            only the NaN and exploded-perplexity checks.
+        gate_kind: the gate kind the limits belong to (``float``, ``int8_dynamic``,
+            ``int8_static``, ``int4``), recorded in the report.
+        fail_on_gate: raise :class:`GateError` on FAIL (after writing ``output``).
+        output: JSON file to write, if given.
+
+    Returns:
+        :meth:`qwen_onnx.metrics.AccuracyAccumulator.summary`, ``window``, ``windows``, the parity
+        figures, ``generation`` details, ``gate`` (``PASS``/``FAIL``), ``gate_failures`` and the
+        settings.
+
+    Raises:
+        OptionError: a number out of its range (:data:`qwen_onnx.options.RANGES`).
+        ArtifactError: the reference folder is incomplete, or the variant's model or external data
+            is missing.
+        GateError: the gate failed and ``fail_on_gate`` is set.
+    """
+    from tqdm import tqdm
+
+    check_options(threads=threads, kv_decode_steps=kv_decode_steps)
+    started = time.time()
+    name = os.path.basename(os.path.normpath(os.fspath(variant_dir)))
+    reference = read_reference(reference_dir)
+    meta = reference.meta
+    windows, window = reference.windows, int(meta["window"])
+    eos = list(meta["eos_token_ids"])
+
+    variant = OnnxCausalLM(variant_dir, threads=threads)
+    acc = AccuracyAccumulator()
+    for i, ids in enumerate(tqdm(windows, desc=f"accuracy {name}", unit="window")):
+        got, _ = variant.forward(ids.reshape(1, -1))
+        acc.add(np.asarray(reference.logits[i], dtype=np.float32), got[0, :-1], ids[1:])
+    result: dict[str, Any] = {**acc.summary(), "window": window, "windows": int(len(windows))}
+    result.update(padded_batch_parity(variant, reference.prompt_ids, int(meta["pad_token_id"])))
+    result.update(kv_cache_parity(variant, windows[0], min(kv_decode_steps, window - 1)))
+    result.update(generation_parity(variant, reference.decoder(), reference.prompts, reference.prompt_ids,
+                                    reference.generations, int(meta["generation_tokens"]), eos))
+    result["eos_token_ids"] = eos
+
+    status, failures = check_gate(result, dict(gate_limits or {}))
+    result.update({
+        "gate": status,
+        "gate_failures": failures,
+        "gate_limits": dict(gate_limits or {}),
+        "gate_kind": gate_kind,
+        "text": meta["text"],
+        "threads": threads,
+        "seconds": round(time.time() - started, 1),
+        "library_versions": library_versions(),
+    })
+    return _finish(name, result, output, fail_on_gate)
 
 
-def torch_logits(model, input_ids: np.ndarray) -> np.ndarray:
-    """PyTorch logits float32 [batch, sequence, vocab] for ``input_ids`` int64 [batch, sequence]."""
-    import torch
-
-    with torch.inference_mode():
-        out = model(input_ids=torch.from_numpy(np.asarray(input_ids, dtype=np.int64)), use_cache=False)
-    return out.logits.float().numpy()
+def _finish(name: str, result: dict[str, Any], output: str | os.PathLike | None, fail_on_gate: bool) -> dict[str, Any]:
+    log.info(
+        "%s: %s; ppl %.3f (PyTorch %.3f, %+.2f%%), KL %.4f, top-1 %.1f%%, max |Δlogit| %.4f over %d tokens; "
+        "generation %.0f%% matched",
+        name, result["gate"], result["ppl"], result["ppl_reference"], result["ppl_delta_pct"], result["kl_mean"],
+        result["top1_pct"], result["max_abs_logit_diff"], result["tokens"], result["generation_match_pct"],
+    )
+    if output is not None:
+        write_json(output, result)
+    if result["gate"] == "FAIL" and fail_on_gate:
+        raise GateError(f"{name} gate FAIL: {'; '.join(result['gate_failures'])}")
+    return result
 
 
 def evaluate_accuracy(
@@ -68,18 +130,22 @@ def evaluate_accuracy(
     hf_dir: str | os.PathLike,
     text_path: str | os.PathLike,
     *,
-    window: int = 256,
-    max_windows: int | None = 12,
+    window: int = defaults.EVALUATION["window"],
+    max_windows: int | None = defaults.EVALUATION["max_windows"],
     threads: int | None = None,
     prompts: Sequence[str] | None = None,
-    kv_decode_steps: int = 16,
-    generation_tokens: int = 32,
+    kv_decode_steps: int = defaults.EVALUATION["kv_decode_steps"],
+    generation_tokens: int = defaults.EVALUATION["generation_tokens"],
     gate_limits: Mapping[str, float] | None = None,
     gate_kind: str | None = None,
     fail_on_gate: bool = False,
     output: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
-    """Compare a variant with PyTorch fp32 and apply its gate.
+    """Compare a variant with PyTorch fp32 computed now, and apply its gate.
+
+    The reference is written to a temporary folder by :func:`qwen_onnx.reference.write_reference`
+    (PyTorch is released before ONNX Runtime loads the variant, so one model is held at a time),
+    then read by :func:`accuracy_from_reference`: the same code path as the workflow's.
 
     Args:
         variant_dir: ONNX variant folder.
@@ -92,90 +158,30 @@ def evaluate_accuracy(
             ``prompts.json``).
         kv_decode_steps: decode steps of the KV-cache check (on the first window).
         generation_tokens: maximum new tokens per greedy generation.
-        gate_limits: ``{figure: limit}`` (see :func:`qwen_onnx.gates.check_gate`); None: no limits,
-            only the NaN and exploded-perplexity checks.
-        gate_kind: the gate kind the limits belong to (``float``, ``int8_dynamic``,
-            ``int8_static``), recorded in the report.
-        fail_on_gate: raise :class:`GateError` on FAIL (after writing ``output``).
-        output: JSON file to write, if given.
+        gate_limits, gate_kind, fail_on_gate, output: as :func:`accuracy_from_reference`.
 
     Returns:
-        :meth:`qwen_onnx.metrics.AccuracyAccumulator.summary`, the parity figures, ``generation``
-        details, ``gate`` (``PASS``/``FAIL``) and ``gate_failures``.
+        As :func:`accuracy_from_reference`; ``seconds`` counts the reference too.
 
     Raises:
         OptionError: a number out of its range (:data:`qwen_onnx.options.RANGES`).
-        QwenOnnxError: the text holds no full window.
+        TextError: the text holds no full window.
         ArtifactError: the variant's model or external data is missing.
         GateError: the gate failed and ``fail_on_gate`` is set.
     """
-    from tqdm import tqdm
-    from .text import load_tokenizer
-
-    from .options import check_options
-
     check_options(window=window, max_windows=max_windows, threads=threads, kv_decode_steps=kv_decode_steps,
                   generation_tokens=generation_tokens)
-
     started = time.time()
-    name = os.path.basename(os.path.normpath(os.fspath(variant_dir)))
-    tokenizer = load_tokenizer(hf_dir)
-    available = token_windows(tokenizer, text_path, window)
-    windows = available if max_windows is None else available[:max_windows]
-    prompts = list(prompts) if prompts is not None else shipped_prompts()
-    prompt_ids = chat_prompt_ids(tokenizer, prompts)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    eos = eos_token_ids(hf_dir)
-
     with tempfile.TemporaryDirectory(prefix="qwen-onnx-accuracy-") as scratch:
-        reference_path = Path(scratch) / "reference_logits.npy"
-        reference = load_torch_model(hf_dir, threads)
-        logits_store = None
-        for i, ids in enumerate(tqdm(windows, desc=f"PyTorch reference for {name}", unit="window")):
-            ref = torch_logits(reference, ids.reshape(1, -1))[0, :-1]  # [window - 1, vocab]
-            if logits_store is None:
-                logits_store = np.lib.format.open_memmap(
-                    reference_path, mode="w+", dtype=np.float32, shape=(len(windows), *ref.shape))
-            logits_store[i] = ref
-        logits_store.flush()
-        del logits_store
-        references = [torch_generate(reference, ids, generation_tokens, eos, pad_id)
-                      for ids in tqdm(prompt_ids, desc="PyTorch greedy generation", unit="prompt")]
-        del reference
-        gc.collect()
-
-        variant = OnnxCausalLM(variant_dir, threads=threads)
-        stored = np.load(reference_path, mmap_mode="r")
-        acc = AccuracyAccumulator()
-        for i, ids in enumerate(tqdm(windows, desc=f"accuracy {name}", unit="window")):
-            got, _ = variant.forward(ids.reshape(1, -1))
-            acc.add(np.array(stored[i]), got[0, :-1], ids[1:])
-        del stored
-    result: dict[str, Any] = {**acc.summary(), "window": window, "windows": int(len(windows))}
-    result.update(padded_batch_parity(variant, prompt_ids, pad_id))
-    result.update(kv_cache_parity(variant, windows[0], min(kv_decode_steps, window - 1)))
-    result.update(generation_parity(variant, tokenizer, prompts, prompt_ids, references, generation_tokens, eos))
-    result["eos_token_ids"] = eos
-
-    status, failures = check_gate(result, dict(gate_limits or {}))
-    result.update({
-        "gate": status,
-        "gate_failures": failures,
-        "gate_limits": dict(gate_limits or {}),
-        "gate_kind": gate_kind,
-        "text": os.fspath(text_path),
-        "threads": threads,
-        "seconds": round(time.time() - started, 1),
-        "library_versions": library_versions(),
-    })
-    log.info(
-        "%s: %s; ppl %.3f (PyTorch %.3f, %+.2f%%), KL %.4f, top-1 %.1f%%, max |Δlogit| %.4f over %d tokens; "
-        "generation %.0f%% matched",
-        name, status, result["ppl"], result["ppl_reference"], result["ppl_delta_pct"], result["kl_mean"],
-        result["top1_pct"], result["max_abs_logit_diff"], result["tokens"], result["generation_match_pct"],
-    )
+        reference_dir = os.path.join(scratch, "reference")
+        write_reference(hf_dir, text_path, reference_dir, window=window, max_windows=max_windows,
+                        generation_tokens=generation_tokens, prompts=prompts, threads=threads)
+        result = accuracy_from_reference(variant_dir, reference_dir, threads=threads, kv_decode_steps=kv_decode_steps,
+                                         gate_limits=gate_limits, gate_kind=gate_kind)
+    result["seconds"] = round(time.time() - started, 1)
     if output is not None:
         write_json(output, result)
-    if status == "FAIL" and fail_on_gate:
-        raise GateError(f"{name} gate FAIL: {'; '.join(failures)}")
+    if result["gate"] == "FAIL" and fail_on_gate:
+        name = os.path.basename(os.path.normpath(os.fspath(variant_dir)))
+        raise GateError(f"{name} gate FAIL: {'; '.join(result['gate_failures'])}")
     return result

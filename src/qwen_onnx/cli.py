@@ -12,6 +12,7 @@ import logging
 import sys
 
 from .errors import QwenOnnxError
+from .defaults import EVALUATION, LATENCY
 from .gates import DEFAULT_GATES
 from .text import CALIBRATION_TEXT, EVALUATION_TEXT, shipped_text
 
@@ -169,13 +170,37 @@ def _gate_of(a) -> tuple[str, dict[str, float]]:
 
 
 def _accuracy(a):
-    from .accuracy import evaluate_accuracy
+    from pathlib import Path
+
+    from .accuracy import accuracy_from_reference, evaluate_accuracy
+    from .reference import REFERENCE_JSON, read_reference
 
     kind, limits = _gate_of(a)
+    settings = {"text": a.text, "window": a.window, "max_windows": a.max_windows,
+                "generation_tokens": a.generation_tokens}
+    if (Path(a.reference) / REFERENCE_JSON).is_file():
+        meta = read_reference(a.reference).meta
+        differ = [f"--{k.replace('_', '-')} {v} (the reference has {meta[k]})" for k, v in settings.items()
+                  if v is not None and str(v) != str(meta[k])]
+        if differ:
+            raise QwenOnnxError(f"{a.reference} is a reference folder written with other settings: {', '.join(differ)}; "
+                                "drop the options or write a new reference with `qwen-onnx reference`")
+        return accuracy_from_reference(a.variant, a.reference, threads=a.threads, kv_decode_steps=a.kv_decode_steps,
+                                       gate_limits=limits, gate_kind=kind, output=a.output)
+    settings = {k: EVALUATION[k] if v is None else v for k, v in settings.items()}
+    text = shipped_text(EVALUATION_TEXT) if a.text is None else a.text
     return evaluate_accuracy(
-        a.variant, a.reference, a.text, window=a.window, max_windows=a.max_windows, threads=a.threads, output=a.output,
-        gate_limits=limits, gate_kind=kind,
+        a.variant, a.reference, text, window=settings["window"], max_windows=settings["max_windows"],
+        generation_tokens=settings["generation_tokens"], kv_decode_steps=a.kv_decode_steps, threads=a.threads,
+        output=a.output, gate_limits=limits, gate_kind=kind,
     )
+
+
+def _reference(a):
+    from .reference import write_reference
+
+    return write_reference(a.hf_dir, a.text, a.output, window=a.window, max_windows=a.max_windows,
+                           generation_tokens=a.generation_tokens, threads=a.threads, dtype=a.dtype)
 
 
 def _latency(a):
@@ -355,13 +380,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--picture", choices=["svg", "png"], default="svg")
     p.set_defaults(func=_extract)
 
+    p = sub.add_parser("reference", help="PyTorch fp32 logits, token ids and greedy outputs on the evaluation text, once")
+    p.add_argument("hf_dir", help="the fp32 Hugging Face folder (results/MODEL/hf)")
+    p.add_argument("-o", "--output", required=True, help="reference folder to write (results/MODEL/reference)")
+    p.add_argument("--text", default=str(shipped_text(EVALUATION_TEXT)))
+    p.add_argument("--window", type=int, default=EVALUATION["window"], help="tokens per window")
+    p.add_argument("--max-windows", type=int, default=EVALUATION["max_windows"], help="windows at most")
+    p.add_argument("--generation-tokens", type=int, default=EVALUATION["generation_tokens"],
+                   help="new tokens at most per greedy generation")
+    p.add_argument("--threads", type=int, default=LATENCY["threads"])
+    p.add_argument("--dtype", choices=["float32", "float16"], default="float32",
+                   help="logits.npy dtype (float16 moves logits by up to 1.3e-2 on the 0.5B; README, 'Reference')")
+    p.set_defaults(func=_reference)
+
     p = sub.add_parser("accuracy", help="perplexity, KL, top-1 agreement, |Δlogit| against PyTorch fp32")
     p.add_argument("variant")
-    p.add_argument("--reference", required=True, help="the fp32 Hugging Face folder")
-    p.add_argument("--text", default=str(shipped_text(EVALUATION_TEXT)))
-    p.add_argument("--window", type=int, default=256)
-    p.add_argument("--max-windows", type=int, default=8)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--reference", required=True,
+                   help="a reference folder (`qwen-onnx reference`), or the fp32 Hugging Face folder "
+                        "(the reference is then computed first, in a temporary folder)")
+    p.add_argument("--text", default=None, help="evaluation text (default: the shipped evaluation.txt)")
+    p.add_argument("--window", type=int, default=None, help=f"tokens per window (default {EVALUATION['window']})")
+    p.add_argument("--max-windows", type=int, default=None,
+                   help=f"windows at most (default {EVALUATION['max_windows']}, as config.yaml)")
+    p.add_argument("--generation-tokens", type=int, default=None,
+                   help=f"new tokens at most per greedy generation (default {EVALUATION['generation_tokens']})")
+    p.add_argument("--kv-decode-steps", type=int, default=EVALUATION["kv_decode_steps"],
+                   help="decode steps of the KV-cache check")
+    p.add_argument("--threads", type=int, default=LATENCY["threads"])
     p.add_argument("--gate-kind", choices=list(DEFAULT_GATES), default=None,
                    help="gate of this kind (default: from the folder name, as the workflow does)")
     p.add_argument("--gate", action="append", default=None, metavar="FIGURE=LIMIT",
@@ -373,16 +418,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("latency", help="load, prefill/TTFT and KV-cache decode tokens/s")
     p.add_argument("variant")
     p.add_argument("--text", default=str(shipped_text(EVALUATION_TEXT)))
-    p.add_argument("--prompt-lengths", type=int, nargs="+", default=[32, 128, 512],
-                   help="prefill prompt lengths in tokens (default: 32 128 512)")
-    p.add_argument("--decode-prompt-tokens", type=int, default=128, help="prompt length before decode (tokens)")
-    p.add_argument("--new-tokens", type=int, default=128, help="decoded tokens with the KV cache")
+    p.add_argument("--prompt-lengths", type=int, nargs="+", default=list(LATENCY["prompt_lengths"]),
+                   help="prefill prompt lengths in tokens (default: %(default)s)")
+    p.add_argument("--decode-prompt-tokens", type=int, default=LATENCY["decode_prompt_tokens"],
+                   help="prompt length before decode (tokens)")
+    p.add_argument("--new-tokens", type=int, default=LATENCY["new_tokens"], help="decoded tokens with the KV cache")
     p.add_argument("--no-profile", action="store_true", help="skip the ONNX Runtime per-op profile")
     p.add_argument("--loop", choices=["bound", "unbound"], default="bound",
                    help="decode loop: IO binding with reused buffers (default) or session.run with numpy feeds")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=LATENCY["threads"])
+    p.add_argument("--warmup", type=int, default=LATENCY["warmup"])
+    p.add_argument("--repeats", type=int, default=LATENCY["repeats"])
     p.add_argument("-o", "--output", default=None)
     p.set_defaults(func=_latency)
 

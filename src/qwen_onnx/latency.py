@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from . import defaults
 from .artifacts import MODEL_FILE, folder_bytes, library_versions, model_path, write_json
 from .errors import ArtifactError
 from .inspect_graph import decode_weight_bytes, load_graph
@@ -130,14 +131,14 @@ def measure_latency(
     variant_dir: str | os.PathLike,
     text_path: str | os.PathLike,
     *,
-    prompt_lengths: Sequence[int] = (32, 128, 512),
-    decode_prompt_tokens: int = 128,
-    new_tokens: int = 128,
-    threads: int = 2,
-    provider: str = "CPUExecutionProvider",
-    warmup: int = 1,
-    repeats: int = 3,
-    profile: bool = True,
+    prompt_lengths: Sequence[int] = defaults.LATENCY["prompt_lengths"],
+    decode_prompt_tokens: int = defaults.LATENCY["decode_prompt_tokens"],
+    new_tokens: int = defaults.LATENCY["new_tokens"],
+    threads: int = defaults.LATENCY["threads"],
+    provider: str = defaults.LATENCY["provider"],
+    warmup: int = defaults.LATENCY["warmup"],
+    repeats: int = defaults.LATENCY["repeats"],
+    profile: bool = defaults.LATENCY["profile"],
     loop: str = "bound",
     settings: Mapping[str, Any] | None = None,
     output: str | os.PathLike | None = None,

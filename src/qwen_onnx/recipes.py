@@ -45,6 +45,7 @@ from .errors import QwenOnnxError
 from .metrics import AccuracyAccumulator
 from .int4 import Int4Settings, quantize_int4_variant
 from .quantize import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
+from .reference import write_window_logits
 from .text import token_windows
 
 log = logging.getLogger(__name__)
@@ -338,17 +339,8 @@ def reference_logits(
         del stored
     model = OnnxCausalLM(model_dir, threads=threads)
     partial = path.with_name(path.name + ".partial.npy")
-    store = None
-    for i, ids in enumerate(windows):
-        logits, _ = model.forward(ids.reshape(1, -1))  # [1, window_tokens, vocab]
-        if store is None:
-            store = np.lib.format.open_memmap(partial, mode="w+", dtype=np.float32,
-                                              shape=(len(windows), logits.shape[1] - 1, logits.shape[2]))
-        store[i] = logits[0, :-1]
+    shape = write_window_logits(partial, windows, lambda ids: model.forward(ids)[0])  # [1, window_tokens, vocab]
     del model
-    store.flush()
-    shape = list(store.shape)
-    del store
     os.replace(partial, path)
     sidecar.write_text(json.dumps({**identity, "shape": shape}) + "\n", encoding="utf-8")
     return np.load(path, mmap_mode="r")

@@ -43,12 +43,34 @@ rule diff:
         "../scripts/diff.py"
 
 
+rule reference:
+    """PyTorch fp32 once per model: logits of the evaluation windows, token ids, greedy outputs (every accuracy job reads them)."""
+    input:
+        hf=f"{RESULTS}/{{model}}/hf",
+        text=lambda wc: get_settings(wc.model, "evaluation")["text"],
+    output:
+        directory(f"{RESULTS}/{{model}}/reference"),
+    log:
+        f"{RESULTS}/logs/{{model}}/reference.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/reference.tsv"
+    conda:
+        "../../envs/qwen-onnx.yaml"
+    threads: 2
+    resources:
+        mem_mb=get_mem_mb("reference"),
+    params:
+        settings=lambda wc: get_reference_settings(wc.model),
+        version=VERSION,
+    script:
+        "../scripts/reference.py"
+
+
 rule accuracy:
     """Perplexity, KL divergence, top-1 agreement, |Δlogit|, padded-batch / KV-cache / generation parity and the gate."""
     input:
         model_dir=get_variant_dir,
-        hf=f"{RESULTS}/{{model}}/hf",
-        text=lambda wc: get_settings(wc.model, "evaluation")["text"],
+        reference=f"{RESULTS}/{{model}}/reference",
     output:
         json=f"{RESULTS}/{{model}}/reports/{{variant}}.accuracy.json",
     log:
@@ -61,7 +83,9 @@ rule accuracy:
     resources:
         mem_mb=get_mem_mb("accuracy"),
     params:
-        settings=lambda wc: get_settings(wc.model, "evaluation"),
+        kv_decode_steps=lambda wc: get_settings(wc.model, "evaluation")[
+            "kv_decode_steps"
+        ],
         gate=get_gate,
         fail_on_gate=lambda wc: get_settings(wc.model, "gates").get("fail_rule", False),
         version=VERSION,

@@ -1,18 +1,13 @@
-"""Snakemake wrapper: accuracy, parity and gate of one variant against PyTorch fp32."""
-from qwen_onnx.accuracy import evaluate_accuracy
+"""Snakemake wrapper: accuracy, parity and gate of one variant against PyTorch fp32's stored reference."""
+from qwen_onnx.accuracy import accuracy_from_reference
 from qwen_onnx.gates import variant_kind
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):
-    settings = snakemake.params.settings
-    evaluate_accuracy(
+    accuracy_from_reference(
         snakemake.input.model_dir,
-        snakemake.input.hf,
-        snakemake.input.text,
-        window=settings["window"],
-        max_windows=settings["max_windows"],
-        kv_decode_steps=settings["kv_decode_steps"],
-        generation_tokens=settings["generation_tokens"],
+        snakemake.input.reference,
+        kv_decode_steps=snakemake.params.kv_decode_steps,
         threads=snakemake.threads,
         gate_limits=snakemake.params.gate,
         gate_kind=variant_kind(snakemake.wildcards.variant),

@@ -1,0 +1,134 @@
+"""One source of defaults: config.yaml, the schema's defaults, the library's and the CLI's agree."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qwen_onnx import defaults
+from qwen_onnx.accuracy import accuracy_from_reference, evaluate_accuracy
+from qwen_onnx.cli import build_parser
+from qwen_onnx.int4 import Int4Settings
+from qwen_onnx.latency import measure_latency
+from qwen_onnx.quantize import DynamicSettings, StaticSettings
+from qwen_onnx.reference import write_reference
+from qwen_onnx.text import EVALUATION_TEXT, shipped_text
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = yaml.safe_load((REPO / "config.yaml").read_text(encoding="utf-8"))
+SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text(encoding="utf-8"))
+
+#: Library defaults that differ from the workflow's on purpose: the library picks no sensitive
+#: MatMuls unless it is handed a sensitivity report, the workflow always makes one.
+LIBRARY_ONLY = {("quantize_static", "sensitive.max_nodes"), ("quantize_static", "sensitive.below_sqnr_db"),
+                ("quantize_static", "sensitive.scheme"), ("quantize_int4", "sensitive.max_nodes")}
+
+
+def schema_defaults(section: str) -> dict:
+    """Flat ``{key or parent.key: default}`` of a config section as the schema fills it (a property's
+    own ``default`` beside a ``$ref`` wins over the referenced definition's)."""
+
+    def resolve(prop: dict) -> dict:
+        if "$ref" in prop:
+            target = SCHEMA["$defs"][prop["$ref"].split("/")[-1]]
+            return {**target, **{k: v for k, v in prop.items() if k != "$ref"}}
+        return prop
+
+    out = {}
+    for key, prop in SCHEMA["$defs"][section]["properties"].items():
+        prop = resolve(prop)
+        if prop.get("type") == "object" and "properties" in prop:
+            inner = {k: resolve(v).get("default") for k, v in prop["properties"].items()}
+            inner.update(prop.get("default") or {})
+            out.update({f"{key}.{k}": v for k, v in inner.items()})
+        else:
+            out[key] = prop.get("default")
+    return out
+
+
+def flat(section: dict) -> dict:
+    return {f"{k}.{kk}" if isinstance(v, dict) else k: vv
+            for k, v in section.items() for kk, vv in (v.items() if isinstance(v, dict) else [(None, v)])}
+
+
+def plain(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+@pytest.mark.parametrize("section", [s for s in CONFIG if s not in ("results", "models", "gates")])
+def test_config_yaml_states_the_schema_defaults(section):
+    """Leaving a key out of config.yaml changes nothing."""
+    expected = schema_defaults(section)
+    assert {k: v for k, v in flat(CONFIG[section]).items()} == {k: expected[k] for k in flat(CONFIG[section])}
+
+
+@pytest.mark.parametrize("section", ["evaluation", "latency"])
+def test_defaults_module_is_the_schema_and_config_yaml(section):
+    assert defaults.section(section) == {k: schema_defaults(section)[k] for k in defaults.section(section)}
+    assert defaults.section(section) == {k: CONFIG[section][k] for k in defaults.section(section)}
+    assert (REPO / defaults.EVALUATION["text"]).read_bytes() == shipped_text(EVALUATION_TEXT).read_bytes()
+
+
+def test_library_functions_read_the_defaults_module():
+    evaluation, latency = defaults.section("evaluation"), defaults.section("latency")
+    for fn in (evaluate_accuracy, write_reference, accuracy_from_reference, measure_latency):
+        for name, parameter in inspect.signature(fn).parameters.items():
+            table = latency if fn is measure_latency else evaluation
+            if name in table and parameter.default is not inspect.Parameter.empty:
+                assert plain(parameter.default) == table[name], (fn.__name__, name)
+    assert inspect.signature(evaluate_accuracy).parameters["max_windows"].default == 6
+
+
+@pytest.mark.parametrize("section, settings", [
+    ("quantize_dynamic", DynamicSettings), ("quantize_static", StaticSettings), ("quantize_int4", Int4Settings)])
+def test_quantization_settings_defaults_are_the_workflows(section, settings):
+    library = {f.name: plain(f.default if f.default is not dataclasses.MISSING else f.default_factory())
+               for f in dataclasses.fields(settings)}
+    compared = 0
+    for key, value in schema_defaults(section).items():
+        field = key.replace(".", "_")
+        if field in library and (section, key) not in LIBRARY_ONLY:
+            assert library[field] == value, (section, key)
+            compared += 1
+    assert compared >= 8
+
+
+def subparser(name: str) -> argparse.ArgumentParser:
+    parser = build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[name]
+
+
+def cli_defaults(name: str) -> dict:
+    return {a.dest: a.default for a in subparser(name)._actions if a.dest != "help"}
+
+
+def test_cli_defaults_are_the_librarys():
+    evaluation, latency = defaults.section("evaluation"), defaults.section("latency")
+    accuracy = cli_defaults("accuracy")
+    # unset on the command line: taken from a reference folder, else the defaults module
+    assert (accuracy["window"], accuracy["max_windows"], accuracy["generation_tokens"]) == (None, None, None)
+    assert accuracy["kv_decode_steps"] == evaluation["kv_decode_steps"] and accuracy["threads"] == latency["threads"]
+    reference = cli_defaults("reference")
+    assert {k: reference[k] for k in ("window", "max_windows", "generation_tokens")} == {
+        k: evaluation[k] for k in ("window", "max_windows", "generation_tokens")}
+    timing = cli_defaults("latency")
+    assert {k: timing[k] for k in ("prompt_lengths", "decode_prompt_tokens", "new_tokens", "warmup", "repeats", "threads")} == {
+        k: latency[k] for k in ("prompt_lengths", "decode_prompt_tokens", "new_tokens", "warmup", "repeats", "threads")}
+    for command, settings, renamed in (
+        ("quantize-dynamic", DynamicSettings, {"exclude": "nodes_to_exclude"}),
+        ("quantize-static", StaticSettings, {"exclude": "nodes_to_exclude"}),
+        ("quantize-int4", Int4Settings, {"exclude": "nodes_to_exclude", "samples": "calibration_samples",
+                                         "sequence_length": "calibration_sequence_length"}),
+    ):
+        library = {f.name: plain(f.default if f.default is not dataclasses.MISSING else f.default_factory())
+                   for f in dataclasses.fields(settings)}
+        for dest, value in cli_defaults(command).items():
+            field = renamed.get(dest, dest)
+            if field in library:
+                assert plain(value) == library[field], (command, dest)
