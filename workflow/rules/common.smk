@@ -132,10 +132,14 @@ def get_int4_calibration_input(wildcards):
 def get_exclusive_threads(measured):
     """Every core given to Snakemake, so that no other job runs beside a measurement.
 
-    The measured code itself uses `measured` threads. On a cluster executor (no meaningful local
-    core count) the job asks for `measured` only.
+    The measured code itself uses `measured` threads. On a cluster executor, and in the job that
+    a cluster runs (`--mode remote`, `--cores all` of whatever node it lands on), the job asks for
+    `measured` only: exclusivity is the scheduler's (README, "Running on a cluster"), and
+    `workflow.cores` is undefined there without --cores.
     """
-    cores = workflow.cores
+    if workflow.non_local_exec or workflow.remote_exec:
+        return measured
+    cores = workflow.resource_settings.cores
     if isinstance(cores, int) and 0 < cores < 1024:
         return max(measured, cores)
     return measured

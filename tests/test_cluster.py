@@ -1,0 +1,152 @@
+"""The workflow through a cluster executor plugin: each job submitted as its own process.
+
+The stand-in cluster is ``profiles/local-cluster`` (snakemake-executor-plugin-cluster-generic with
+``submit.sh``, ``status.sh`` and ``cancel.sh``): every job runs as a separate ``snakemake --mode
+remote`` process started by the submit script, as on SLURM, and the artifacts must equal those of
+a local run of the same targets. Also checks the scripts' job states on their own, and that the
+commented SLURM profile (``profiles/slurm``) is accepted by Snakemake with its resources applied.
+"""
+
+import hashlib
+import json
+import re
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from test_workflow import REPO, SNAKEMAKE, snakemake, write_config
+
+pytestmark = pytest.mark.workflow
+
+PROFILE = REPO / "profiles" / "local-cluster"
+# Targets that cover every kind of stage but peers and report: resolve, export, optimize,
+# sensitivity, the three quantizations, inspect, diff, accuracy and latency.
+TARGETS = (
+    "results/tiny/reports/int8-static.accuracy.json",
+    "results/tiny/reports/int8-static.diff.json",
+    "results/tiny/reports/int8-dynamic.inspect.json",
+    "results/tiny/reports/int4.latency.json",
+)
+JOBS = Counter({rule: 1 for rule in ("resolve", "export", "optimize", "sensitivity", "quantize_dynamic",
+                                     "quantize_static", "quantize_int4", "inspect", "diff", "accuracy", "latency")})
+# Wall-clock figures, which differ from run to run (everything else must be equal).
+MEASURED = re.compile(r"^(seconds|load_s|prefill_ms_.*|ttft_ms.*|decode_tok_s|decode_ms_per_token|profile|peak_rss_mb)$")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_qwen2, texts):
+    """The same targets run locally and through the stand-in cluster, in two folders."""
+    folders = {}
+    for kind, args in (("local", ()), ("cluster", ("--profile", str(PROFILE)))):
+        folder = tmp_path_factory.mktemp(kind)
+        write_config(folder, str(tiny_qwen2), texts)
+        result = snakemake(folder, *args, *TARGETS)
+        assert result.returncode == 0, result.stderr[-4000:]
+        folders[kind] = folder
+    folders["cluster_output"] = result.stdout + result.stderr
+    return folders
+
+
+def normalized(value, folder: Path):
+    """A JSON value with its measured figures dropped and the run's folder replaced by `RUN`."""
+    if isinstance(value, dict):
+        return {k: normalized(v, folder) for k, v in value.items() if not MEASURED.match(k)}
+    if isinstance(value, list):
+        return [normalized(v, folder) for v in value]
+    if isinstance(value, str):
+        return value.replace(str(folder), "RUN")
+    return value
+
+
+def test_every_job_went_through_the_submit_script(runs):
+    spool = runs["cluster"] / ".snakemake" / "local-cluster"
+    submitted = [line.split("\t") for line in (spool / "submitted.tsv").read_text().splitlines()]
+    assert Counter(rule for _, rule, _ in submitted) == JOBS
+    job_ids = [job_id for job_id, _, _ in submitted]
+    assert len(set(job_ids)) == len(job_ids)
+    for job_id, rule, _ in submitted:
+        assert (spool / f"{job_id}.exit").read_text().strip() == "0", rule
+        # each job is its own Snakemake process, run in remote mode for this one job
+        log = (spool / f"{job_id}.log").read_text()
+        assert "--mode remote" in log and f"--allowed-rules {rule} " in log, rule
+        assert f"Finished jobid: 0 (Rule: {rule})" in log, rule
+    for job_id in job_ids:
+        assert f"with external jobid '{job_id}'." in runs["cluster_output"]
+
+
+def test_cluster_artifacts_equal_the_local_runs(runs):
+    local, cluster = runs["local"] / "results", runs["cluster"] / "results"
+    files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(cluster).as_posix() for p in cluster.rglob("*") if p.is_file())
+    for variant in ("fp32", "optimized", "int8-dynamic", "int8-static", "int4"):
+        assert {"model.onnx", "model.onnx_data"} <= {p.name for p in (cluster / "tiny" / variant).iterdir()}
+    compared = 0
+    for name in files:
+        if name.startswith(("logs/", "benchmarks/")):
+            continue
+        if name.endswith(".json"):
+            a, b = (json.loads((root / name).read_text()) for root in (local, cluster))
+            assert normalized(a, runs["local"]) == normalized(b, runs["cluster"]), name
+        else:
+            # ONNX graphs, external data, safetensors, tokenizer, markdown: the same bytes
+            a, b = (hashlib.sha256((root / name).read_bytes()).hexdigest() for root in (local, cluster))
+            assert a == b, name
+        compared += 1
+    assert compared >= 20
+    accuracy = json.loads((cluster / "tiny" / "reports" / "int8-static.accuracy.json").read_text())
+    assert accuracy == json.loads((local / "tiny" / "reports" / "int8-static.accuracy.json").read_text()) | {
+        "seconds": accuracy["seconds"]}
+    ops = json.loads((cluster / "tiny" / "reports" / "int8-dynamic.inspect.json").read_text())["op_types"]
+    assert ops["MatMulNBits"] == 2 * 5 + 1 and ops["GroupQueryAttention"] == 2
+    # the latency job asks the cluster for the measured threads only (no local core count there)
+    latency = json.loads((cluster / "tiny" / "reports" / "int4.latency.json").read_text())
+    assert latency["threads"] == 1 and latency["decode_tok_s"] > 0
+
+
+def test_nothing_to_do_locally_after_the_cluster_run(runs):
+    result = snakemake(runs["cluster"], "-n", *TARGETS)
+    assert result.returncode == 0, result.stderr
+    assert "Nothing to be done" in result.stdout + result.stderr
+
+
+def _state(spool: Path, job_id: str) -> str:
+    return subprocess.run(
+        [str(PROFILE / "status.sh"), job_id], capture_output=True, text=True, check=True,
+        env={"PATH": "/usr/bin:/bin", "QWEN_ONNX_CLUSTER_SPOOL": str(spool)},
+    ).stdout.strip()
+
+
+def _wait_for(spool: Path, job_id: str, state: str, seconds: float = 30) -> str:
+    deadline = time.monotonic() + seconds
+    while (current := _state(spool, job_id)) != state and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return current
+
+
+def test_submit_status_and_cancel_scripts(tmp_path):
+    spool = tmp_path / "spool"
+    env = {"PATH": "/usr/bin:/bin", "QWEN_ONNX_CLUSTER_SPOOL": str(spool)}
+
+    def submit(body: str, rule: str) -> str:
+        script = tmp_path / f"{rule}.sh"
+        script.write_text(f'#!/bin/sh\n# properties = {{"type": "single", "rule": "{rule}"}}\n{body}\n')
+        out = subprocess.run([str(PROFILE / "submit.sh"), str(script)], capture_output=True, text=True,
+                             check=True, env=env, cwd=tmp_path).stdout
+        assert re.fullmatch(r"\d+\n", out), out
+        return out.strip()
+
+    ok = submit("echo done", "ok")
+    failing = submit("echo broken >&2; exit 3", "failing")
+    sleeping = submit("sleep 60", "sleeping")
+    assert _wait_for(spool, ok, "success") == "success"
+    assert _wait_for(spool, failing, "failed") == "failed"
+    assert (spool / f"{failing}.exit").read_text() == "3\n" and "broken" in (spool / f"{failing}.log").read_text()
+    assert _state(spool, sleeping) == "running"
+    subprocess.run([str(PROFILE / "cancel.sh"), sleeping], check=True, env=env)
+    assert _wait_for(spool, sleeping, "failed") == "failed"
+    assert [line.split("\t")[:2] for line in (spool / "submitted.tsv").read_text().splitlines()] == [
+        [ok, "ok"], [failing, "failing"], [sleeping, "sleeping"]]
