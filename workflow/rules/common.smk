@@ -64,6 +64,26 @@ MEM_PER_FP32_GB = {
     "peers": 2.7,
 }
 
+# Declared run time (Snakemake's `runtime` resource, minutes; a cluster executor's time limit,
+# SLURM's --time): 10 minutes plus 5x the wall time measured on the 2-core build machine per GB
+# of fp32 weights, the larger of the 0.5B and 1.5B figures (benchmarks/*.tsv of the session 4
+# run): export 45 s (0.5B) / 401 s (1.5B), resolve 61 / 210 s, quantize_int4 56 / 250 s,
+# accuracy 143 / 135 s, peers 378 s and latency_pytorch 221 s (0.5B). Local runs ignore it.
+RUNTIME_MIN_PER_FP32_GB = {
+    "resolve": 0.6,
+    "export": 1.1,
+    "preprocess": 0.2,
+    "quantize_dynamic": 0.2,
+    "quantize_static": 0.3,
+    "quantize_int4": 0.7,
+    "sensitivity": 0.4,
+    "optimize": 0.3,
+    "accuracy": 1.3,
+    "latency": 0.7,
+    "latency_pytorch": 1.9,
+    "peers": 3.2,
+}
+
 
 wildcard_constraints:
     model="|".join(re.escape(m) for m in config["models"]),
@@ -96,6 +116,16 @@ def get_mem_mb(stage):
         return int(1000 + 1024 * MEM_PER_FP32_GB[stage] * fp32_gb)
 
     return mem_mb
+
+
+def get_runtime(stage):
+    """Declared run time of a stage's job, in minutes, from the model's parameter count."""
+
+    def runtime(wildcards):
+        fp32_gb = 4.0 * float(config["models"][wildcards.model]["params_billion"])
+        return int(10 + 5 * RUNTIME_MIN_PER_FP32_GB[stage] * fp32_gb)
+
+    return runtime
 
 
 def get_optimize_input(wildcards):
