@@ -150,3 +150,45 @@ def test_submit_status_and_cancel_scripts(tmp_path):
     assert _wait_for(spool, sleeping, "failed") == "failed"
     assert [line.split("\t")[:2] for line in (spool / "submitted.tsv").read_text().splitlines()] == [
         [ok, "ok"], [failing, "failing"], [sleeping, "sleeping"]]
+
+
+def test_slurm_profile_resources_apply_to_every_job(tmp_path, tiny_qwen2, texts):
+    """profiles/slurm as the workflow profile, its executor left out (the SLURM plugin is not a
+    requirement): Snakemake accepts every key, the measuring jobs get --exclusive, and every job
+    has its declared memory and run time (sized here for a 1.5B model)."""
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    assert profile.pop("executor") == "slurm"
+    (tmp_path / "profile").mkdir()
+    (tmp_path / "profile" / "config.yaml").write_text(yaml.safe_dump(profile))
+    write_config(tmp_path, str(tiny_qwen2), texts)
+    config = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    config["models"]["tiny"]["params_billion"] = 1.54
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    result = subprocess.run(
+        [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "--workflow-profile",
+         str(tmp_path / "profile"), "-n"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", result.stdout, re.M)
+    resources = {rule: dict(item.split("=", 1) for item in line.split(", ")) for rule, line in jobs}
+    assert set(resources) == {"resolve", "export", "preprocess", "sensitivity", "quantize_dynamic", "quantize_static",
+                              "quantize_int4", "optimize", "inspect", "diff", "accuracy", "latency",
+                              "latency_pytorch", "peers", "machine", "report", "all"}
+    for rule, res in resources.items():
+        assert res["slurm_partition"] == "cpu" and res["slurm_account"] == "my-account", rule
+        if rule != "all":
+            assert int(res["mem_mb"]) >= 1000 and int(res["runtime"]) >= 10, rule
+        assert (res.get("slurm_extra") == "--exclusive") == (rule in ("latency", "latency_pytorch", "peers", "machine"))
+    # declared from params_billion (workflow/rules/common.smk), not replaced by the profile
+    assert (resources["export"]["mem_mb"], resources["export"]["runtime"]) == ("21815", "43")
+    assert resources["latency"]["mem_mb"] == "18031" and resources["accuracy"]["mem_mb"] == "16769"
+
+
+def test_every_rule_declares_threads_memory_and_runtime():
+    rules = re.split(r"^rule ", "".join(p.read_text() for p in sorted((REPO / "workflow" / "rules").glob("*.smk"))),
+                     flags=re.M)[1:]
+    assert len(rules) == 16
+    for body in rules:
+        name = body.split(":", 1)[0]
+        for directive in ("    threads: ", "        mem_mb=", "        runtime=", "    log:", "    conda:"):
+            assert directive in body, (name, directive)
+        assert "\n    run:" not in body and "\n    shell:" not in body, name
