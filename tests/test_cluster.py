@@ -8,7 +8,9 @@ commented SLURM profile (``profiles/slurm``) is accepted by Snakemake with its r
 """
 
 import hashlib
+import importlib.util
 import json
+import os
 import re
 import subprocess
 import time
@@ -78,33 +80,38 @@ def test_every_job_went_through_the_submit_script(runs):
         assert f"with external jobid '{job_id}'." in runs["cluster_output"]
 
 
-def test_cluster_artifacts_equal_the_local_runs(runs):
-    local, cluster = runs["local"] / "results", runs["cluster"] / "results"
+def assert_same_artifacts(local_run: Path, other_run: Path) -> None:
+    """The same files under results/; every non-JSON one byte for byte (ONNX graphs, external data,
+    safetensors, tokenizer, markdown), every JSON one up to its measured figures and run folder."""
+    local, other = local_run / "results", other_run / "results"
     files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
-    assert files == sorted(p.relative_to(cluster).as_posix() for p in cluster.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(other).as_posix() for p in other.rglob("*") if p.is_file())
     for variant in ("fp32", "optimized", "int8-dynamic", "int8-static", "int4"):
-        assert {"model.onnx", "model.onnx_data"} <= {p.name for p in (cluster / "tiny" / variant).iterdir()}
+        assert {"model.onnx", "model.onnx_data"} <= {p.name for p in (other / "tiny" / variant).iterdir()}
     compared = 0
     for name in files:
         if name.startswith(("logs/", "benchmarks/")):
             continue
         if name.endswith(".json"):
-            a, b = (json.loads((root / name).read_text()) for root in (local, cluster))
-            assert normalized(a, runs["local"]) == normalized(b, runs["cluster"]), name
+            a, b = (json.loads((root / name).read_text()) for root in (local, other))
+            assert normalized(a, local_run) == normalized(b, other_run), name
         else:
-            # ONNX graphs, external data, safetensors, tokenizer, markdown: the same bytes
-            a, b = (hashlib.sha256((root / name).read_bytes()).hexdigest() for root in (local, cluster))
+            a, b = (hashlib.sha256((root / name).read_bytes()).hexdigest() for root in (local, other))
             assert a == b, name
         compared += 1
     assert compared >= 20
-    accuracy = json.loads((cluster / "tiny" / "reports" / "int8-static.accuracy.json").read_text())
+    accuracy = json.loads((other / "tiny" / "reports" / "int8-static.accuracy.json").read_text())
     assert accuracy == json.loads((local / "tiny" / "reports" / "int8-static.accuracy.json").read_text()) | {
         "seconds": accuracy["seconds"]}
-    ops = json.loads((cluster / "tiny" / "reports" / "int8-dynamic.inspect.json").read_text())["op_types"]
+    ops = json.loads((other / "tiny" / "reports" / "int8-dynamic.inspect.json").read_text())["op_types"]
     assert ops["MatMulNBits"] == 2 * 5 + 1 and ops["GroupQueryAttention"] == 2
     # the latency job asks the cluster for the measured threads only (no local core count there)
-    latency = json.loads((cluster / "tiny" / "reports" / "int4.latency.json").read_text())
+    latency = json.loads((other / "tiny" / "reports" / "int4.latency.json").read_text())
     assert latency["threads"] == 1 and latency["decode_tok_s"] > 0
+
+
+def test_cluster_artifacts_equal_the_local_runs(runs):
+    assert_same_artifacts(runs["local"], runs["cluster"])
 
 
 def test_nothing_to_do_locally_after_the_cluster_run(runs):
@@ -192,3 +199,28 @@ def test_every_rule_declares_threads_memory_and_runtime():
         for directive in ("    threads: ", "        mem_mb=", "        runtime=", "    log:", "    conda:"):
             assert directive in body, (name, directive)
         assert "\n    run:" not in body and "\n    shell:" not in body, name
+
+
+@pytest.mark.skipif(importlib.util.find_spec("snakemake_executor_plugin_slurm") is None,
+                    reason="snakemake-executor-plugin-slurm is not installed (not in envs/requirements.txt)")
+def test_slurm_plugin_with_a_stand_in_sbatch(runs, tmp_path_factory, tiny_qwen2, texts):
+    """profiles/slurm as it ships, through the SLURM executor plugin, with sbatch, squeue and
+    srun stand-ins (tests/fake_slurm) that run each job as its own process on this machine."""
+    folder = tmp_path_factory.mktemp("slurm")
+    spool = tmp_path_factory.mktemp("slurm-spool")
+    write_config(folder, str(tiny_qwen2), texts)
+    env = {"PATH": os.pathsep.join([str(REPO / "tests" / "fake_slurm"), os.environ["PATH"]]),
+           "FAKE_SLURM_SPOOL": str(spool)}
+    result = snakemake(folder, "--workflow-profile", str(REPO / "profiles" / "slurm"), "--jobs", "2",
+                       "--slurm-init-seconds-before-status-checks", "1", *TARGETS, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    calls = dict(line.split("\t", 1) for line in (spool / "sbatch.log").read_text().splitlines())
+    rules = Counter(re.search(r"--comment rule_(\w+?)_wildcards", args).group(1) for args in calls.values())
+    assert rules == JOBS
+    for args in calls.values():
+        rule = re.search(r"--comment rule_(\w+?)_wildcards", args).group(1)
+        assert " -A my-account -p cpu -t 10 --mem 10" in args and " --ntasks=1 " in args, args
+        assert ("--exclusive" in args) == (rule == "latency"), rule
+        assert f"--cpus-per-task={1 if rule in ('inspect', 'diff', 'latency') else 2}" in args, rule
+    assert len((spool / "srun.log").read_text().splitlines()) == len(calls)
+    assert_same_artifacts(runs["local"], folder)
