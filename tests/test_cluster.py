@@ -3,8 +3,10 @@
 The stand-in cluster is ``profiles/local-cluster`` (snakemake-executor-plugin-cluster-generic with
 ``submit.sh``, ``status.sh`` and ``cancel.sh``): every job runs as a separate ``snakemake --mode
 remote`` process started by the submit script, as on SLURM, and the artifacts must equal those of
-a local run of the same targets. Also checks the scripts' job states on their own, and that the
-commented SLURM profile (``profiles/slurm``) is accepted by Snakemake with its resources applied.
+a local run of the same targets. Also checks the scripts' job states on their own, that the
+commented SLURM profile (``profiles/slurm``) is accepted by Snakemake with its resources applied,
+and, where snakemake-executor-plugin-slurm is installed, runs that profile through the plugin with
+stand-in ``sbatch``/``squeue``/``srun`` (``tests/fake_slurm``).
 """
 
 import hashlib
