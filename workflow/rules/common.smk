@@ -67,6 +67,26 @@ MEM_PER_FP32_GB = {
     "peers": 2.7,
 }
 
+# Declared run time (Snakemake's `runtime` resource, minutes; a cluster executor's time limit,
+# SLURM's --time): 10 minutes plus 5x the wall time measured on the 2-core build machine per GB
+# of fp32 weights, the larger of the 0.5B and 1.5B figures (benchmarks/*.tsv of the session 4
+# run): export 45 s (0.5B) / 401 s (1.5B), resolve 61 / 210 s, quantize_int4 56 / 250 s,
+# accuracy 143 / 135 s, peers 378 s and latency_pytorch 221 s (0.5B). Local runs ignore it.
+RUNTIME_MIN_PER_FP32_GB = {
+    "resolve": 0.6,
+    "export": 1.1,
+    "preprocess": 0.2,
+    "quantize_dynamic": 0.2,
+    "quantize_static": 0.3,
+    "quantize_int4": 0.7,
+    "sensitivity": 0.4,
+    "optimize": 0.3,
+    "accuracy": 1.3,
+    "latency": 0.7,
+    "latency_pytorch": 1.9,
+    "peers": 3.2,
+}
+
 
 wildcard_constraints:
     model="|".join(re.escape(m) for m in config["models"]),
@@ -109,6 +129,16 @@ def get_mem_mb(stage):
     return mem_mb
 
 
+def get_runtime(stage):
+    """Declared run time of a stage's job, in minutes, from the model's parameter count."""
+
+    def runtime(wildcards):
+        fp32_gb = 4.0 * float(config["models"][wildcards.model]["params_billion"])
+        return int(10 + 5 * RUNTIME_MIN_PER_FP32_GB[stage] * fp32_gb)
+
+    return runtime
+
+
 def get_optimize_input(wildcards):
     """The optimize rule's input: the hf folder for the builder method, the fp32 variant otherwise."""
     method = get_settings(wildcards.model, "optimize").get("method", "builder")
@@ -143,10 +173,14 @@ def get_int4_calibration_input(wildcards):
 def get_exclusive_threads(measured):
     """Every core given to Snakemake, so that no other job runs beside a measurement.
 
-    The measured code itself uses `measured` threads. On a cluster executor (no meaningful local
-    core count) the job asks for `measured` only.
+    The measured code itself uses `measured` threads. On a cluster executor, and in the job that
+    a cluster runs (`--mode remote`, `--cores all` of whatever node it lands on), the job asks for
+    `measured` only: exclusivity is the scheduler's (README, "Running on a cluster"), and
+    `workflow.cores` is undefined there without --cores.
     """
-    cores = workflow.cores
+    if workflow.non_local_exec or workflow.remote_exec:
+        return measured
+    cores = workflow.resource_settings.cores
     if isinstance(cores, int) and 0 < cores < 1024:
         return max(measured, cores)
     return measured

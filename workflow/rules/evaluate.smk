@@ -14,6 +14,7 @@ rule inspect:
     threads: 1
     resources:
         mem_mb=1000,
+        runtime=10,
     params:
         version=VERSION,
     script:
@@ -37,6 +38,7 @@ rule diff:
     threads: 1
     resources:
         mem_mb=1000,
+        runtime=10,
     params:
         version=VERSION,
     script:
@@ -82,6 +84,7 @@ rule accuracy:
     threads: 2
     resources:
         mem_mb=get_mem_mb("accuracy"),
+        runtime=get_runtime("accuracy"),
     params:
         kv_decode_steps=lambda wc: get_settings(wc.model, "evaluation")[
             "kv_decode_steps"
@@ -109,6 +112,7 @@ rule latency:
     threads: get_latency_threads
     resources:
         mem_mb=get_mem_mb("latency"),
+        runtime=get_runtime("latency"),
     params:
         settings=lambda wc: get_settings(wc.model, "latency"),
         version=VERSION,
@@ -132,6 +136,7 @@ rule latency_pytorch:
     threads: get_latency_threads
     resources:
         mem_mb=get_mem_mb("latency_pytorch"),
+        runtime=get_runtime("latency_pytorch"),
     params:
         settings=lambda wc: get_settings(wc.model, "latency"),
         version=VERSION,
@@ -152,6 +157,7 @@ rule machine:
     threads: lambda wc: get_exclusive_threads(config["latency"]["threads"])
     resources:
         mem_mb=2500,
+        runtime=10,
     params:
         threads=config["latency"]["threads"],
         version=VERSION,

@@ -13,6 +13,7 @@ rule export:
     threads: 2
     resources:
         mem_mb=get_mem_mb("export"),
+        runtime=get_runtime("export"),
     params:
         settings=lambda wc: get_settings(wc.model, "export"),
         version=VERSION,
@@ -35,6 +36,7 @@ rule preprocess:
     threads: 2
     resources:
         mem_mb=get_mem_mb("preprocess"),
+        runtime=get_runtime("preprocess"),
     params:
         settings=lambda wc: get_settings(wc.model, "preprocess"),
         version=VERSION,

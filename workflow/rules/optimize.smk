@@ -13,6 +13,7 @@ rule optimize:
     threads: 2
     resources:
         mem_mb=get_mem_mb("optimize"),
+        runtime=get_runtime("optimize"),
     params:
         settings=lambda wc: get_settings(wc.model, "optimize"),
         provider=lambda wc: get_settings(wc.model, "latency")["provider"],

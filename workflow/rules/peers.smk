@@ -20,6 +20,7 @@ rule peers:
     threads: get_peers_threads
     resources:
         mem_mb=get_mem_mb("peers"),
+        runtime=get_runtime("peers"),
     params:
         settings=lambda wc: get_settings(wc.model, "peers"),
         threads=lambda wc: get_settings(wc.model, "latency")["threads"],

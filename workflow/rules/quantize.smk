@@ -15,6 +15,7 @@ rule sensitivity:
     threads: 2
     resources:
         mem_mb=get_mem_mb("sensitivity"),
+        runtime=get_runtime("sensitivity"),
     params:
         settings=lambda wc: get_settings(wc.model, "sensitivity"),
         per_channel=lambda wc: get_settings(wc.model, "quantize_static")["per_channel"],
@@ -42,6 +43,7 @@ rule quantize_dynamic:
     threads: 2
     resources:
         mem_mb=get_mem_mb("quantize_dynamic"),
+        runtime=get_runtime("quantize_dynamic"),
     params:
         settings=lambda wc: get_settings(wc.model, "quantize_dynamic"),
         version=VERSION,
@@ -66,6 +68,7 @@ rule quantize_static:
     threads: 2
     resources:
         mem_mb=get_mem_mb("quantize_static"),
+        runtime=get_runtime("quantize_static"),
     params:
         settings=lambda wc: get_settings(wc.model, "quantize_static"),
         version=VERSION,
@@ -90,6 +93,7 @@ rule quantize_int4:
     threads: 2
     resources:
         mem_mb=get_mem_mb("quantize_int4"),
+        runtime=get_runtime("quantize_int4"),
     params:
         settings=lambda wc: get_settings(wc.model, "quantize_int4"),
         version=VERSION,

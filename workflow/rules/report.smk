@@ -49,6 +49,7 @@ rule report:
     threads: 1
     resources:
         mem_mb=1500,
+        runtime=15,
     params:
         models=get_models(),
         variants=VARIANTS,

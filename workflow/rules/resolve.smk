@@ -16,6 +16,7 @@ rule resolve:
     threads: 2
     resources:
         mem_mb=get_mem_mb("resolve"),
+        runtime=get_runtime("resolve"),
     params:
         source=lambda wc: config["models"][wc.model]["source"],
         revision=lambda wc: config["models"][wc.model].get("revision"),
