@@ -28,7 +28,7 @@ pytestmark = pytest.mark.workflow
 
 PROFILE = REPO / "profiles" / "local-cluster"
 # Targets that cover every kind of stage but peers and report: resolve, export, optimize,
-# sensitivity, the three quantizations, inspect, diff, accuracy and latency.
+# sensitivity, the three quantizations, inspect, diff, reference, accuracy and latency.
 TARGETS = (
     "results/tiny/reports/int8-static.accuracy.json",
     "results/tiny/reports/int8-static.diff.json",
@@ -36,9 +36,10 @@ TARGETS = (
     "results/tiny/reports/int4.latency.json",
 )
 JOBS = Counter({rule: 1 for rule in ("resolve", "export", "optimize", "sensitivity", "quantize_dynamic",
-                                     "quantize_static", "quantize_int4", "inspect", "diff", "accuracy", "latency")})
+                                     "quantize_static", "quantize_int4", "inspect", "diff", "reference", "accuracy",
+                                     "latency")})
 # Wall-clock figures, which differ from run to run (everything else must be equal).
-MEASURED = re.compile(r"^(seconds|load_s|prefill_ms_.*|ttft_ms.*|decode_tok_s|decode_ms_per_token|profile|peak_rss_mb)$")
+MEASURED = re.compile(r"^(seconds|load_s|prefill_ms_.*|ttft_ms.*|decode_tok_s|decode_ms_per_token|profile|peak_rss_mib)$")
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +181,7 @@ def test_slurm_profile_resources_apply_to_every_job(tmp_path, tiny_qwen2, texts)
     jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", result.stdout, re.M)
     resources = {rule: dict(item.split("=", 1) for item in line.split(", ")) for rule, line in jobs}
     assert set(resources) == {"resolve", "export", "preprocess", "sensitivity", "quantize_dynamic", "quantize_static",
-                              "quantize_int4", "optimize", "inspect", "diff", "accuracy", "latency",
+                              "quantize_int4", "optimize", "inspect", "diff", "reference", "accuracy", "latency",
                               "latency_pytorch", "peers", "machine", "report", "all"}
     for rule, res in resources.items():
         assert res["slurm_partition"] == "cpu" and res["slurm_account"] == "my-account", rule
@@ -195,7 +196,7 @@ def test_slurm_profile_resources_apply_to_every_job(tmp_path, tiny_qwen2, texts)
 def test_every_rule_declares_threads_memory_and_runtime():
     rules = re.split(r"^rule ", "".join(p.read_text() for p in sorted((REPO / "workflow" / "rules").glob("*.smk"))),
                      flags=re.M)[1:]
-    assert len(rules) == 16
+    assert len(rules) == 17
     for body in rules:
         name = body.split(":", 1)[0]
         for directive in ("    threads: ", "        mem_mb=", "        runtime=", "    log:", "    conda:"):

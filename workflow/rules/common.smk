@@ -24,7 +24,9 @@ validate(config, schema="../schemas/config.schema.yaml")
 
 VERSION = qwen_onnx.__version__
 RESULTS = config.get("results", "results")
-VARIANTS = list(qwen_onnx.variants.NAMES)  # the variant registry, src/qwen_onnx/variants.py
+VARIANTS = list(
+    qwen_onnx.variants.NAMES
+)  # the variant registry, src/qwen_onnx/variants.py
 STAGES = [
     "export",
     "preprocess",
@@ -81,6 +83,7 @@ RUNTIME_MIN_PER_FP32_GB = {
     "quantize_int4": 0.7,
     "sensitivity": 0.4,
     "optimize": 0.3,
+    "reference": 2.0,  # 6.6 min on the 0.5B at load ~7 (3.3 per GB): PyTorch logits and greedy generation
     "accuracy": 1.3,
     "latency": 0.7,
     "latency_pytorch": 1.9,

@@ -61,6 +61,7 @@ rule reference:
     threads: 2
     resources:
         mem_mb=get_mem_mb("reference"),
+        runtime=get_runtime("reference"),
     params:
         settings=lambda wc: get_reference_settings(wc.model),
         version=VERSION,
