@@ -429,6 +429,11 @@ def main(argv: list[str] | None = None) -> int:
     except QwenOnnxError as exc:
         print(f"qwen-onnx {args.command}: {exc}", file=sys.stderr)
         return 2
+    except PermissionError as exc:  # a folder this user may not read or write, met past the checks
+        from .artifacts import permission_message
+
+        print(f"qwen-onnx {args.command}: {permission_message(exc)}", file=sys.stderr)
+        return 2
     if result is not None:
         print(json.dumps(result, indent=2, default=str))
     return 0

@@ -74,9 +74,8 @@ def export_onnx(
     if not (hf_dir / "config.json").is_file():
         raise ArtifactError(f"{hf_dir} has no config.json: run the resolve stage first")
     started = time.time()
-    with staged_dir(output_dir) as stage, tempfile.TemporaryDirectory(
-        prefix="qwen-onnx-export-", dir=Path(output_dir).parent
-    ) as scratch:
+    # the exporter's scratch lives inside the staged folder: a killed export leaves one folder to sweep
+    with staged_dir(output_dir) as stage, tempfile.TemporaryDirectory(prefix="qwen-onnx-export-", dir=stage) as scratch:
         main_export(
             str(hf_dir),
             output=scratch,

@@ -250,7 +250,7 @@ def _builder_optimize(hf_dir: Path, output_dir: Path, *, left_padding: bool) -> 
     started = time.time()
     with (
         staged_dir(output_dir) as stage,
-        tempfile.TemporaryDirectory(prefix="qwen-onnx-builder-", dir=stage.parent) as tmp,
+        tempfile.TemporaryDirectory(prefix="qwen-onnx-builder-", dir=stage) as tmp,  # swept with the stage if killed
     ):
         built, cache = Path(tmp) / "built", Path(tmp) / "cache"
         with contextlib.redirect_stdout(_LogWriter()):
