@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .artifacts import library_versions, write_json
+from .artifacts import library_versions, model_path, write_json
 from .errors import GateError
 from .gates import check_gate
 from .metrics import AccuracyAccumulator
@@ -118,6 +118,7 @@ def evaluate_accuracy(
                   generation_tokens=generation_tokens)
 
     started = time.time()
+    model_path(variant_dir)  # a missing, truncated or damaged variant is named before the reference pass
     name = os.path.basename(os.path.normpath(os.fspath(variant_dir)))
     tokenizer = load_tokenizer(hf_dir)
     available = token_windows(tokenizer, text_path, window)

@@ -93,7 +93,11 @@ def _owner_gone(pid: int, host: str) -> bool:
         return True
     except PermissionError:
         return False
-    return False
+    try:  # a killed process nobody reaped yet (a container without an init) is a zombie: gone too
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def sweep_stale(folder: str | os.PathLike, prefix: str) -> list[Path]:
@@ -165,22 +169,21 @@ def is_disk_full(exc: BaseException) -> bool:
     return False
 
 
-def _disk_full_error(target: Path, written: int) -> DiskFullError:
+def _size(n: int) -> str:
+    """``n`` bytes in decimal units: ``512 B``, ``3.1 MB``, ``2.52 GB``."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.{2 if unit == 'GB' else 1}f} {unit}"
+    return f"{n} B"
+
+
+def _disk_full_error(target: Path, free_before: int | None = None) -> DiskFullError:
     free = shutil.disk_usage(target.parent).free
+    before = f"had {_size(free_before)} free when the stage started, " if free_before is not None else ""
     return DiskFullError(
-        f"no space left on device writing {target} ({free / 2**30:.2f} GiB free in {target.parent} after "
-        f"removing the partial output, which had reached {written / 2**30:.2f} GiB); free disk space or "
-        "put the results on a larger disk, then rerun"
+        f"no space left on device writing {target} ({target.parent} {before}has {_size(free)} free now that the "
+        "partial output is removed); free disk space or put the results on a larger disk, then rerun"
     )
-
-
-def _tree_bytes(folder: Path) -> int:
-    total = 0
-    for root, _, files in os.walk(folder):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_size
-    return total
 
 
 @contextlib.contextmanager
@@ -195,13 +198,15 @@ def staged_dir(final: str | os.PathLike) -> Iterator[Path]:
     at any moment leaves either the old or the new folder whole.
 
     Raises:
-        DiskFullError: the disk filled up while the stage wrote (``ENOSPC``/``EDQUOT``); the
-            message names the folder and the free space, and nothing is left behind.
+        DiskFullError: the disk filled up while the stage wrote (``ENOSPC``/``EDQUOT``, or any error
+            with less than 1 MiB left on the disk); the message names the folder and the free
+            space, and nothing is left behind.
     """
     final = Path(final).resolve()  # stages may change the working directory (lazy weight loading)
     final.parent.mkdir(parents=True, exist_ok=True)
     prefix = f"{final.name}.partial-"
     sweep_stale(final.parent, prefix)
+    free_before = shutil.disk_usage(final.parent).free
     tmp = Path(tempfile.mkdtemp(prefix=prefix + owner_tag(), dir=final.parent))
     umask = os.umask(0)
     os.umask(umask)
@@ -211,11 +216,13 @@ def staged_dir(final: str | os.PathLike) -> Iterator[Path]:
         fault_point(final.name)
         write_manifest(tmp)
     except BaseException as exc:
-        full = is_disk_full(exc)
-        written = _tree_bytes(tmp) if full else 0
+        # onnxruntime's writer says only "Failed to write external initializers": a disk left with
+        # less than 1 MiB when the stage fails counts as full too
+        full = is_disk_full(exc) or (isinstance(exc, Exception) and shutil.disk_usage(tmp).free < 2**20)
         shutil.rmtree(tmp, ignore_errors=True)
         if full:
-            raise _disk_full_error(final, written) from exc
+            log.warning("%s failed on a full disk: %s", final, exc)
+            raise _disk_full_error(final, free_before) from exc
         raise
     if final.exists():
         old = final.with_name(f"{prefix}{owner_tag()}replaced-{uuid.uuid4().hex[:8]}")
@@ -326,7 +333,7 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         if is_disk_full(exc):
-            raise _disk_full_error(path, 0) from exc
+            raise _disk_full_error(path) from exc
         raise
     fault_point(path.name)
     os.replace(tmp, path)

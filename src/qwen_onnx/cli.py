@@ -114,15 +114,14 @@ def _optimize(a):
 
 
 def _inspect(a):
-    from .artifacts import write_json
+    from .artifacts import write_json, write_text
     from .inspect_graph import inspect_model, to_markdown
 
     info = inspect_model(a.model)
     if a.json:
         write_json(a.json, info)
     if a.markdown:
-        with open(a.markdown, "w", encoding="utf-8") as f:
-            f.write(to_markdown(info))
+        write_text(a.markdown, to_markdown(info))
     if not a.json and not a.markdown:
         print(to_markdown(info))
     return None
