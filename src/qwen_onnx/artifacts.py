@@ -121,10 +121,14 @@ def sweep_stale(folder: str | os.PathLike, prefix: str) -> list[Path]:
         match = _OWNED.match(entry.name[len(prefix):])
         if match and _owner_gone(int(match["pid"]), match["host"]):
             log.info("removing %s, left by process %s that no longer runs", entry, match["pid"])
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
+            try:
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink(missing_ok=True)
+            except OSError as exc:  # not ours to remove (another user's folder): leave it
+                log.warning("could not remove %s: %s", entry, exc)
+                continue
             removed.append(entry)
     return removed
 
@@ -382,7 +386,8 @@ def model_path(folder: str | os.PathLike) -> Path:
 
 
 def require_readable(path: str | os.PathLike) -> None:
-    """Check that this process can read ``path`` (and list it, for a folder) and every folder above it.
+    """Check that this process can read ``path`` (and list it, for a folder) and search every
+    folder above it.
 
     Raises:
         ArtifactError: one line naming the first path that cannot be read, its owner and mode, and
@@ -392,12 +397,11 @@ def require_readable(path: str | os.PathLike) -> None:
     for step in [*reversed(path.parents), path]:
         try:
             stat = step.stat()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return  # the caller names a missing path
-        except PermissionError:
-            continue  # the parent that cannot be searched is named below
         is_dir = os.path.isdir(step)
-        if not os.access(step, os.R_OK | (os.X_OK if is_dir else 0)):
+        need = (os.X_OK if is_dir else 0) | (os.R_OK if step == path else 0)
+        if need and not os.access(step, need):
             raise ArtifactError(unreadable_message(step, stat))
 
 
