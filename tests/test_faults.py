@@ -369,7 +369,9 @@ def _killed_then_unlocked(killable: Path, rule: str, pause_at: str, target: str,
 
     _kill_in(killable, rule, pause_at, target)
     refused = snakemake(killable, "--rerun-incomplete", target)
-    assert refused.returncode != 0 and "Directory cannot be locked" in refused.stderr
+    state = (f"{target} exists: {(killable / target).exists()}; leftovers {_leftovers(killable / 'results')}; "
+             f"killed run: {(killable / f'killed-{rule}.log').read_text()[-2500:]}; refused run: {refused.stderr[-1500:]}")
+    assert refused.returncode != 0 and "Directory cannot be locked" in refused.stderr, state
     assert "--unlock" in refused.stderr
     assert snakemake(killable, "--unlock").returncode == 0
     rerun = snakemake(killable, "--rerun-incomplete", target)

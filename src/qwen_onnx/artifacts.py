@@ -133,6 +133,40 @@ def sweep_stale(folder: str | os.PathLike, prefix: str) -> list[Path]:
     return removed
 
 
+_LEFTOVER = re.compile(r"(?:\.partial-|^\.qwen-onnx-(?:linked-)?)(?P<pid>\d+)@(?P<host>[^~/]+)~")
+
+
+def sweep_tree(root: str | os.PathLike) -> list[Path]:
+    """Remove, anywhere under ``root``, the temporary files and folders of stages whose process has
+    ended on this host (``*.partial-PID@HOST~*``, ``.qwen-onnx-PID@HOST~*``; see :func:`owner_tag`).
+
+    The workflow calls it once per Snakemake invocation (``workflow/rules/common.smk``), so a
+    killed job's leftovers go even when no rerun of that job is needed. Entries of live
+    processes and of other hosts are kept.
+
+    Returns:
+        The paths removed.
+    """
+    removed: list[Path] = []
+    for folder, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            match = _LEFTOVER.search(name)
+            if match and _owner_gone(int(match["pid"]), match["host"]):
+                entry = Path(folder) / name
+                log.info("removing %s, left by process %s that no longer runs", entry, match["pid"])
+                try:
+                    if name in dirs:
+                        shutil.rmtree(entry)
+                    else:
+                        entry.unlink(missing_ok=True)
+                except OSError as exc:
+                    log.warning("could not remove %s: %s", entry, exc)
+                    continue
+                removed.append(entry)
+        dirs[:] = [d for d in dirs if Path(folder, d) not in removed]
+    return removed
+
+
 #: Environment variables of the fault-injection hook (:func:`fault_point`), used by tests/test_faults.py.
 PAUSE_AT_ENV = "QWEN_ONNX_TEST_PAUSE_AT"
 PAUSE_SIGNAL_ENV = "QWEN_ONNX_TEST_PAUSE_SIGNAL"
@@ -322,16 +356,16 @@ def write_json(path: str | os.PathLike, obj: object) -> None:
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` (UTF-8) at ``path`` through ``<path>.partial`` and an atomic rename, so that
-    ``path`` is either absent, the old file, or the whole new one (a rerun rewrites a leftover
-    ``.partial``).
+    """Write ``text`` (UTF-8) at ``path`` through ``<path>.partial-PID@HOST~`` and an atomic rename,
+    so that ``path`` is either absent, the old file, or the whole new one (a killed writer's
+    temporary file is removed by :func:`sweep_tree`).
 
     Raises:
         DiskFullError: the disk filled up (the message names the file and the free space).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
+    tmp = path.with_name(f"{path.name}.partial-{owner_tag()}")
     try:
         tmp.write_text(text, encoding="utf-8")
     except OSError as exc:

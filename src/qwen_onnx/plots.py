@@ -71,10 +71,13 @@ def plot_prefill(rows: Sequence[dict[str, Any]], lengths: Sequence[int], path: s
 
 
 def _save(fig, path: str | os.PathLike) -> None:
-    """Save ``fig`` as PNG at ``path`` through ``<path>.partial`` and a rename (never a half-written image)."""
+    """Save ``fig`` as PNG at ``path`` through ``<path>.partial-PID@HOST~`` and a rename (never a
+    half-written image; see :func:`qwen_onnx.artifacts.sweep_tree`)."""
+    from .artifacts import owner_tag
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
+    tmp = path.with_name(f"{path.name}.partial-{owner_tag()}")
     fig.savefig(tmp, format="png")
     plt.close(fig)
     os.replace(tmp, path)

@@ -5,6 +5,7 @@ import sys
 from snakemake.utils import validate
 
 import qwen_onnx
+import qwen_onnx.artifacts
 import qwen_onnx.options
 from qwen_onnx.gates import DEFAULT_GATES, variant_kind
 from qwen_onnx.resolve import hub_snapshot_revision, source_files
@@ -23,6 +24,8 @@ validate(config, schema="../schemas/config.schema.yaml")
 
 VERSION = qwen_onnx.__version__
 RESULTS = config.get("results", "results")
+# temporary files of jobs killed in an earlier run (SIGKILL, OOM killer, power cut) go first
+qwen_onnx.artifacts.sweep_tree(RESULTS)
 VARIANTS = ["fp32", "preprocessed", "int8-dynamic", "int8-static", "int4", "optimized"]
 STAGES = [
     "export",
