@@ -329,8 +329,9 @@ def _kill_in(folder: Path, rule: str, pause_at: str, target: str) -> None:
     signal_file.unlink(missing_ok=True)
     env = {**os.environ, "QWEN_ONNX_TEST_PAUSE_AT": pause_at, "QWEN_ONNX_TEST_PAUSE_SIGNAL": str(signal_file)}
     with open(folder / f"killed-{rule}.log", "w") as log:
-        run = subprocess.Popen([SNAKEMAKE, "-s", str(repo / "Snakefile"), "-d", str(folder), "--cores", "2",
-                                "--forcerun", rule, target], env=env, stdout=log, stderr=subprocess.STDOUT,
+        # the target before --forcerun, which takes every argument after it
+        run = subprocess.Popen([SNAKEMAKE, "-s", str(repo / "Snakefile"), "-d", str(folder), "--cores", "2", target,
+                                "--forcerun", rule], env=env, stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True)
     deadline = time.monotonic() + 600
     while not signal_file.exists():
@@ -343,6 +344,9 @@ def _kill_in(folder: Path, rule: str, pause_at: str, target: str) -> None:
         os.kill(job, signal.SIGKILL)  # in case the job left Snakemake's group
     signal_file.unlink()
     assert [p for p in _leftovers(folder / "results") if pause_at in p], "the stage paused before its output"
+    planned = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", (folder / f"killed-{rule}.log").read_text(),
+                                                   re.MULTILINE)}
+    assert planned == {rule: 1, "total": 1}, planned  # only the target's job ran
 
 
 @pytest.mark.parametrize("rule, pause_at, target, twice", KILLS, ids=[k[0] for k in KILLS])
