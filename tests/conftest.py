@@ -73,3 +73,27 @@ def pipeline(tmp_path_factory, tiny_qwen2, texts) -> dict[str, Path]:
     # int4 from the fused graph, as the workflow builds it (round-to-nearest: fast on the tiny model)
     quantize_int4_variant(dirs["optimized"], dirs["int4"], Int4Settings(algorithm="rtn", block_size=16))
     return dirs
+
+
+@pytest.fixture(scope="session")
+def families(tmp_path_factory):
+    """Tiny Qwen1.5-style (as many KV heads as heads) and Qwen3 (q/k RMSNorm) checkpoints."""
+    root = tmp_path_factory.mktemp("families")
+    return {
+        "tiny-qwen1.5": {"source": str(build_tiny_qwen(root / "qwen1.5", "qwen1.5")), "params_billion": 0.001},
+        "tiny-qwen3": {"source": str(build_tiny_qwen(root / "qwen3", "qwen3")), "params_billion": 0.001,
+                       "quantize_static": {"sensitive": {"max_nodes": 2, "scheme": "blockwise"}, "block_size": 16}},
+    }
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory, tiny_qwen2, texts, families):
+    """The whole workflow run once on the tiny Qwen2, Qwen1.5 and Qwen3 (test_workflow.py reads it,
+    test_faults.py kills stages in a copy of it)."""
+    from test_workflow import snakemake, write_config
+
+    folder = tmp_path_factory.mktemp("workflow")
+    write_config(folder, str(tiny_qwen2), texts, extra_models=families)
+    result = snakemake(folder)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return folder

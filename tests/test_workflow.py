@@ -62,26 +62,8 @@ def planned_jobs(result: subprocess.CompletedProcess) -> dict[str, int]:
     return jobs
 
 
-@pytest.fixture(scope="module")
-def families(tmp_path_factory):
-    """Tiny Qwen1.5-style (as many KV heads as heads) and Qwen3 (q/k RMSNorm) checkpoints."""
-    from tiny_models import build_tiny_qwen
-
-    root = tmp_path_factory.mktemp("families")
-    return {
-        "tiny-qwen1.5": {"source": str(build_tiny_qwen(root / "qwen1.5", "qwen1.5")), "params_billion": 0.001},
-        "tiny-qwen3": {"source": str(build_tiny_qwen(root / "qwen3", "qwen3")), "params_billion": 0.001,
-                       "quantize_static": {"sensitive": {"max_nodes": 2, "scheme": "blockwise"}, "block_size": 16}},
-    }
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory, tiny_qwen2, texts, families):
-    folder = tmp_path_factory.mktemp("workflow")
-    write_config(folder, str(tiny_qwen2), texts, extra_models=families)
-    result = snakemake(folder)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return folder
+# `families` and `finished_run` (the full run on three tiny models) are session fixtures in conftest.py,
+# shared with test_faults.py.
 
 
 def test_full_run_writes_every_artifact(finished_run):

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from . import defaults
-from .artifacts import library_versions, write_json
+from .artifacts import library_versions, model_path, write_json
 from .errors import GateError
 from .gates import check_gate
 from .metrics import AccuracyAccumulator
@@ -172,6 +172,7 @@ def evaluate_accuracy(
     check_options(window=window, max_windows=max_windows, threads=threads, kv_decode_steps=kv_decode_steps,
                   generation_tokens=generation_tokens)
     started = time.time()
+    model_path(variant_dir)  # a missing, truncated or damaged variant is named before the reference pass
     with tempfile.TemporaryDirectory(prefix="qwen-onnx-accuracy-") as scratch:
         reference_dir = os.path.join(scratch, "reference")
         write_reference(hf_dir, text_path, reference_dir, window=window, max_windows=max_windows,

@@ -115,15 +115,14 @@ def _optimize(a):
 
 
 def _inspect(a):
-    from .artifacts import write_json
+    from .artifacts import write_json, write_text
     from .inspect_graph import inspect_model, to_markdown
 
     info = inspect_model(a.model)
     if a.json:
         write_json(a.json, info)
     if a.markdown:
-        with open(a.markdown, "w", encoding="utf-8") as f:
-            f.write(to_markdown(info))
+        write_text(a.markdown, to_markdown(info))
     if not a.json and not a.markdown:
         print(to_markdown(info))
     return None
@@ -474,6 +473,11 @@ def main(argv: list[str] | None = None) -> int:
         result = args.func(args)
     except QwenOnnxError as exc:
         print(f"qwen-onnx {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except PermissionError as exc:  # a folder this user may not read or write, met past the checks
+        from .artifacts import permission_message
+
+        print(f"qwen-onnx {args.command}: {permission_message(exc)}", file=sys.stderr)
         return 2
     if result is not None:
         print(json.dumps(result, indent=2, default=str))

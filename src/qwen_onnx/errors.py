@@ -23,6 +23,14 @@ class ArtifactError(QwenOnnxError):
     """An input artifact is missing or incomplete (for example an ONNX file without its external data)."""
 
 
+class IntegrityError(ArtifactError):
+    """A file of a folder differs from the folder's manifest: truncated, damaged or changed after it was written."""
+
+
+class DiskFullError(QwenOnnxError):
+    """The disk filled up while a stage wrote its output (the message names the folder and the free space)."""
+
+
 class GateError(QwenOnnxError):
     """A variant failed an accuracy gate and the configuration asks for the stage to fail."""
 

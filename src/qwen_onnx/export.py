@@ -31,6 +31,7 @@ from .artifacts import (
     model_path,
     ort_optimize_to_file,
     staged_dir,
+    verify_manifest,
     write_json,
 )
 from .errors import ArtifactError
@@ -63,6 +64,7 @@ def export_onnx(
     Raises:
         OptionError: ``opset`` outside :data:`qwen_onnx.options.RANGES`.
         ArtifactError: ``hf_dir`` is not a model folder, or the exporter wrote no ``model.onnx``.
+        IntegrityError: a file of ``hf_dir`` differs from its manifest.
     """
     from optimum.exporters.onnx import main_export
 
@@ -73,10 +75,10 @@ def export_onnx(
     hf_dir = Path(hf_dir)
     if not (hf_dir / "config.json").is_file():
         raise ArtifactError(f"{hf_dir} has no config.json: run the resolve stage first")
+    verify_manifest(hf_dir)  # the resolved folder is whole (see artifacts.write_manifest)
     started = time.time()
-    with staged_dir(output_dir) as stage, tempfile.TemporaryDirectory(
-        prefix="qwen-onnx-export-", dir=Path(output_dir).parent
-    ) as scratch:
+    # the exporter's scratch lives inside the staged folder: a killed export leaves one folder to sweep
+    with staged_dir(output_dir) as stage, tempfile.TemporaryDirectory(prefix="qwen-onnx-export-", dir=stage) as scratch:
         main_export(
             str(hf_dir),
             output=scratch,

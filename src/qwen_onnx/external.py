@@ -23,7 +23,7 @@ from typing import Iterator, Sequence
 
 import onnx
 
-from .artifacts import DATA_FILE, MODEL_FILE, all_tensors
+from .artifacts import DATA_FILE, MODEL_FILE, all_tensors, owner_tag, sweep_stale
 from .errors import ArtifactError
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,8 @@ def lazy_model(folder: str | os.PathLike) -> Iterator[tuple[onnx.ModelProto, Scr
     if not source.is_file() or not data.is_file():
         raise ArtifactError(f"{folder} needs {MODEL_FILE} and {DATA_FILE}; found {sorted(os.listdir(folder))}")
     times = folder.stat()
-    scratch = ScratchFiles(folder, f".qwen-onnx-{uuid.uuid4().hex[:10]}")
+    sweep_stale(folder, ".qwen-onnx-")  # a killed stage's scratch files
+    scratch = ScratchFiles(folder, f".qwen-onnx-{owner_tag()}{uuid.uuid4().hex[:10]}")
     cwd = os.getcwd()
     proto = onnx.load(str(source), load_external_data=False)
     try:

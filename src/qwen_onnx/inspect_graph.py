@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .artifacts import DATA_FILE, check_external_data, folder_bytes
+from .artifacts import DATA_FILE, check_external_data, folder_bytes, require_readable
 from .errors import ArtifactError
 
 #: Op types inserted by quantization (QDQ and QOperator forms).
@@ -54,9 +54,12 @@ def load_graph(path: str | os.PathLike) -> onnx.ModelProto:
     """Load an ONNX graph without its weights.
 
     Raises:
-        ArtifactError: the file is missing, is not ONNX, or its external data file is missing.
+        ArtifactError: the file is missing, unreadable or not ONNX, or its external data file is
+            missing or truncated (see :func:`qwen_onnx.artifacts.check_external_data`).
+        IntegrityError: a file differs from the folder's manifest.
     """
     path = Path(path)
+    require_readable(path)
     if path.is_dir():
         path = path / "model.onnx"
     if not path.is_file():
@@ -78,6 +81,7 @@ def inspect_model(path: str | os.PathLike) -> dict[str, Any]:
         ArtifactError: see :func:`load_graph`.
     """
     path = Path(path)
+    require_readable(path)
     if path.is_dir():
         path = path / "model.onnx"
     proto = load_graph(path)

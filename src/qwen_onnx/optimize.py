@@ -56,6 +56,7 @@ from .artifacts import (
     reads_variant,
     ort_optimize_to_file,
     staged_dir,
+    verify_manifest,
     write_json,
 )
 from .errors import ArtifactError
@@ -247,10 +248,11 @@ def _builder_optimize(hf_dir: Path, output_dir: Path, *, left_padding: bool) -> 
     if not (hf_dir / "config.json").is_file():
         # create_model takes any other string for a hub ID: never let it reach the hub
         raise ArtifactError(f"{hf_dir} has no config.json: the builder method needs the resolved Hugging Face folder")
+    verify_manifest(hf_dir)  # the resolved folder is whole (see artifacts.write_manifest)
     started = time.time()
     with (
         staged_dir(output_dir) as stage,
-        tempfile.TemporaryDirectory(prefix="qwen-onnx-builder-", dir=stage.parent) as tmp,
+        tempfile.TemporaryDirectory(prefix="qwen-onnx-builder-", dir=stage) as tmp,  # swept with the stage if killed
     ):
         built, cache = Path(tmp) / "built", Path(tmp) / "cache"
         with contextlib.redirect_stdout(_LogWriter()):

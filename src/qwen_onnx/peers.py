@@ -46,7 +46,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .artifacts import folder_bytes, library_versions, read_json, staged_dir, write_json
+from .artifacts import folder_bytes, library_versions, read_json, staged_dir, write_json, write_text
 from .errors import ArtifactError, PartError, QwenOnnxError, SourceError
 from .latency import _protocol, interleaved_rounds, measure_latency, measure_torch_latency, peak_rss_mib, prompt_tokens
 
@@ -497,8 +497,7 @@ def run_peers(
     if output is not None:
         write_json(output, result)
     if markdown is not None:
-        Path(markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(markdown).write_text(peers_markdown(result), encoding="utf-8")
+        write_text(markdown, peers_markdown(result))
     return result
 
 

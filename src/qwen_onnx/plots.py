@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Sequence
 
 import matplotlib
@@ -30,8 +31,7 @@ def plot_ppl_vs_size(rows: Sequence[dict[str, Any]], path: str | os.PathLike) ->
     ax.set_title("Perplexity vs size")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_decode_speed(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> None:
@@ -47,8 +47,7 @@ def plot_decode_speed(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -
     ax.set_title("Decode speed (KV cache, single stream)")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_prefill(rows: Sequence[dict[str, Any]], lengths: Sequence[int], path: str | os.PathLike) -> None:
@@ -68,5 +67,17 @@ def plot_prefill(rows: Sequence[dict[str, Any]], lengths: Sequence[int], path: s
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path)
+    _save(fig, path)
+
+
+def _save(fig, path: str | os.PathLike) -> None:
+    """Save ``fig`` as PNG at ``path`` through ``<path>.partial-PID@HOST~`` and a rename (never a
+    half-written image; see :func:`qwen_onnx.artifacts.sweep_tree`)."""
+    from .artifacts import owner_tag
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.partial-{owner_tag()}")
+    fig.savefig(tmp, format="png")
     plt.close(fig)
+    os.replace(tmp, path)

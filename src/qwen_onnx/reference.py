@@ -40,7 +40,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import defaults
-from .artifacts import copy_side_files, library_versions, staged_dir, write_json
+from .artifacts import copy_side_files, library_versions, staged_dir, verify_manifest, write_json
 from .errors import ArtifactError
 from .options import check_options
 from .parity import chat_prompt_ids, eos_token_ids, shipped_prompts
@@ -264,6 +264,8 @@ def read_reference(folder: str | os.PathLike) -> Reference:
     Raises:
         ArtifactError: ``reference.json`` is missing (the folder is incomplete or not a reference),
             or a file's shape disagrees with it.
+        IntegrityError: a file listed in the folder's ``manifest.json`` is missing, truncated or
+            changed (:func:`qwen_onnx.artifacts.verify_manifest`).
     """
     folder = Path(folder)
     index = folder / REFERENCE_JSON
@@ -272,6 +274,7 @@ def read_reference(folder: str | os.PathLike) -> Reference:
             f"{folder} has no {REFERENCE_JSON}: not a complete reference folder; write it with "
             "`qwen-onnx reference HF_DIR -o FOLDER` (the workflow's `reference` rule)"
         )
+    verify_manifest(folder)
     meta = json.loads(index.read_text(encoding="utf-8"))
     try:
         windows = np.load(folder / WINDOWS_FILE)

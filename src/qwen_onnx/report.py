@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .artifacts import read_json, write_json
+from .artifacts import read_json, write_json, write_text
 from .inspect_graph import FUSED_OPS
 
 #: Column name -> description (units in the text). Order is the CSV's; the prefill columns
@@ -360,8 +360,7 @@ def write_report(
     writer = csv.DictWriter(buffer, fieldnames=list(docs), lineterminator="\n")
     writer.writeheader()
     writer.writerows([*rows, *(peer_rows or [])])
-    Path(csv_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(csv_path).write_text(buffer.getvalue(), encoding="utf-8")
+    write_text(csv_path, buffer.getvalue())  # every file through a rename: a killed report leaves none half-written
     write_json(json_path, [*rows, *(peer_rows or [])])
 
     plot_ppl_vs_size(rows, plots["ppl_vs_size"])
@@ -400,7 +399,7 @@ def write_report(
     if pipeline:
         md += [pipeline_markdown(pipeline)]
     md += ["## Columns", "", *[f"- `{c}`: {d}" for c, d in docs.items()], ""]
-    Path(markdown).write_text("\n".join(md), encoding="utf-8")
+    write_text(markdown, "\n".join(md))
 
     images = {name: base64.b64encode(Path(p).read_bytes()).decode() for name, p in plots.items()}
     parts = [
@@ -453,7 +452,7 @@ def write_report(
                   html_table(sorted(pipeline["rows"], key=lambda r: -r["wall_s"]), PIPELINE_COLUMNS)]
     parts += ["<h2>Columns</h2><ul>", *[f"<li><code>{c}</code>: {html.escape(d)}</li>" for c, d in docs.items()],
               "</ul></body></html>"]
-    Path(html_path).write_text("\n".join(parts), encoding="utf-8")
+    write_text(html_path, "\n".join(parts))
 
 
 def build_report(

@@ -41,7 +41,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from .artifacts import library_versions, model_path, reads_variant, write_json
+from .artifacts import library_versions, model_path, reads_variant, write_json, write_text
 from .errors import QwenOnnxError
 from .calibration import TextCalibrationReader
 from .external import lazy_model
@@ -295,7 +295,7 @@ def analyse_sensitivity(
     if output is not None:
         write_json(output, result)
     if markdown is not None:
-        Path(markdown).write_text(sensitivity_markdown(result), encoding="utf-8")
+        write_text(markdown, sensitivity_markdown(result))
     return result
 
 

@@ -10,6 +10,7 @@ import sys
 import warnings
 from typing import Iterator
 
+from .artifacts import permission_message
 from .errors import QwenOnnxError
 
 
@@ -19,7 +20,8 @@ def logged(snakemake) -> Iterator[None]:
 
     The log ends with the job's peak RSS (``getrusage`` high-water mark).
 
-    A :class:`~qwen_onnx.errors.QwenOnnxError` is written to the log and, as one line, to the
+    A :class:`~qwen_onnx.errors.QwenOnnxError` (or a ``PermissionError``, see
+    :func:`~qwen_onnx.artifacts.permission_message`) is written to the log and, as one line, to the
     original stderr (so the Snakemake console shows it), then the job exits with status 1.
     """
     log_path = snakemake.log[0]
@@ -38,10 +40,11 @@ def logged(snakemake) -> Iterator[None]:
         warnings.simplefilter("default")
         try:
             yield
-        except QwenOnnxError as exc:
-            logging.getLogger("qwen_onnx").error("%s", exc)
+        except (QwenOnnxError, PermissionError) as exc:
+            message = permission_message(exc) if isinstance(exc, PermissionError) else str(exc)
+            logging.getLogger("qwen_onnx").error("%s", message)
             sys.stderr.flush()
-            os.write(saved_stderr, f"qwen-onnx error in rule {snakemake.rule}: {exc}\n".encode())
+            os.write(saved_stderr, f"qwen-onnx error in rule {snakemake.rule}: {message}\n".encode())
             sys.exit(1)
         finally:
             # The kernel's high-water mark, exact where the benchmark file's periodic samples can

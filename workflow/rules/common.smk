@@ -5,6 +5,7 @@ import sys
 from snakemake.utils import validate
 
 import qwen_onnx
+import qwen_onnx.artifacts
 import qwen_onnx.options
 import qwen_onnx.variants
 from qwen_onnx.gates import DEFAULT_GATES, variant_kind
@@ -24,6 +25,8 @@ validate(config, schema="../schemas/config.schema.yaml")
 
 VERSION = qwen_onnx.__version__
 RESULTS = config.get("results", "results")
+# temporary files of jobs killed in an earlier run (SIGKILL, OOM killer, power cut) go first
+qwen_onnx.artifacts.sweep_tree(RESULTS)
 VARIANTS = list(
     qwen_onnx.variants.NAMES
 )  # the variant registry, src/qwen_onnx/variants.py

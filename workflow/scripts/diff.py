@@ -1,11 +1,9 @@
 """Snakemake wrapper: diff of one variant against fp32 (JSON and Markdown)."""
-from pathlib import Path
-
-from qwen_onnx.artifacts import write_json
+from qwen_onnx.artifacts import write_json, write_text
 from qwen_onnx.inspect_graph import diff_markdown, diff_models
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):
     diff = diff_models(snakemake.input.fp32, snakemake.input.model_dir)
     write_json(snakemake.output.json, diff)
-    Path(snakemake.output.markdown).write_text(diff_markdown(diff), encoding="utf-8")
+    write_text(snakemake.output.markdown, diff_markdown(diff))
