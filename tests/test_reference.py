@@ -12,7 +12,7 @@ import pytest
 
 from qwen_onnx.accuracy import accuracy_from_reference, evaluate_accuracy
 from qwen_onnx.cli import main
-from qwen_onnx.errors import ArtifactError, OptionError
+from qwen_onnx.errors import ArtifactError, IntegrityError, OptionError
 from qwen_onnx.metrics import AccuracyAccumulator
 from qwen_onnx.reference import (
     LOGITS_FILE,
@@ -51,7 +51,7 @@ def reference(stages, texts, tmp_path_factory):
 def test_reference_folder_holds_logits_ids_and_greedy_outputs(reference, stages):
     vocab = json.loads((stages["hf"] / "config.json").read_text())["vocab_size"]
     meta = json.loads((reference / REFERENCE_JSON).read_text())
-    assert sorted(p.name for p in reference.iterdir()) == ["logits.npy", "reference.json", "tokenizer", "windows.npy"]
+    assert sorted(p.name for p in reference.iterdir()) == ["logits.npy", "manifest.json", "reference.json", "tokenizer", "windows.npy"]
     assert {"tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json"} <= {
         p.name for p in (reference / "tokenizer").iterdir()}
     logits = np.load(reference / LOGITS_FILE, mmap_mode="r")
@@ -138,6 +138,15 @@ def test_incomplete_or_mismatched_reference_is_refused(reference, tmp_path):
     with pytest.raises(ArtifactError, match="no reference.json: not a complete reference folder"):
         read_reference(broken)
     shutil.copy(reference / REFERENCE_JSON, broken / REFERENCE_JSON)
+    # a truncated logits file is named by the manifest written last
+    size = (broken / LOGITS_FILE).stat().st_size
+    with open(broken / LOGITS_FILE, "r+b") as f:
+        f.truncate(size - 4096)
+    with pytest.raises(IntegrityError, match=rf"logits.npy has {size - 4096:,} bytes, manifest.json records {size:,}"):
+        read_reference(broken)
+    # without a manifest (a folder of another tool), shapes are still checked against reference.json
+    shutil.copy(reference / LOGITS_FILE, broken / LOGITS_FILE)
+    (broken / "manifest.json").unlink()
     np.save(broken / "windows.npy", np.zeros((WINDOWS, WINDOW + 1), dtype=np.int64))
     with pytest.raises(ArtifactError, match=r"do not match reference.json \(3 windows of 32 tokens\)"):
         read_reference(broken)
