@@ -50,3 +50,35 @@ def test_no_import_cycle_between_modules():
     graph = {name: {m for m in _imports(path) if m in modules and m != name} for name, path in modules.items()}
     assert graph["quantize"] >= {"calibration", "matmuls", "blockwise", "sensitivity"}
     assert _cycles(graph) == []
+
+
+def test_workflow_scripts_import_no_torch_before_the_job_starts():
+    """The OpenMP wait policy (snakemake_support.share_cores_politely) must be set before torch loads."""
+    import subprocess
+    import sys
+
+    scripts = sorted((PACKAGE.parents[1] / "workflow" / "scripts").glob("*.py"))
+    assert len(scripts) >= 15
+    imports = []
+    for path in scripts:
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                imports.append(ast.unparse(node))
+    code = "\n".join(dict.fromkeys(imports)) + "\nimport sys\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_jobs_that_share_cores_get_a_passive_openmp_wait_policy(monkeypatch):
+    import os
+
+    from qwen_onnx.snakemake_support import MEASURING_RULES, share_cores_politely
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert share_cores_politely("latency") is False and "OMP_WAIT_POLICY" not in os.environ
+    assert MEASURING_RULES == {"latency", "latency_pytorch", "peers", "machine"}
+    assert share_cores_politely("reference") is True
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's choice wins
+    assert share_cores_politely("export") is False
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"

@@ -1,4 +1,5 @@
-"""Helpers for the thin ``workflow/scripts`` wrappers: logging into the rule's log file."""
+"""Helpers for the thin ``workflow/scripts`` wrappers: logging into the rule's log file, and the
+OpenMP wait policy of jobs that share cores."""
 
 from __future__ import annotations
 
@@ -13,12 +14,40 @@ from typing import Iterator
 from .artifacts import permission_message
 from .errors import QwenOnnxError
 
+#: Rules that measure speed: each claims every core Snakemake was given (README, "Latency jobs
+#: claim every core"), so nothing runs beside it and the libraries keep their default threading.
+MEASURING_RULES = frozenset({"latency", "latency_pytorch", "peers", "machine"})
+
+
+def share_cores_politely(rule: str) -> bool:
+    """Set ``OMP_WAIT_POLICY=PASSIVE`` for a job that runs beside others (every rule but :data:`MEASURING_RULES`).
+
+    PyTorch's OpenMP runtime (libgomp) lets idle worker threads spin by default; with more
+    runnable threads than cores (two torch jobs on 2 cores, or a torch job beside an onnxruntime
+    one) the spinning threads take the cores the working ones need. Measured on the 2-core build
+    machine with the embedded 0.5B, PyTorch greedy generation of 32 tokens (the ``reference``
+    stage's loop) beside other jobs (load average 3-4), two interleaved rounds: 47.0 and 38.6 s
+    with the default policy, 10.0 and 8.5 s with ``PASSIVE`` (4.5x). libgomp reads the variable
+    when it is loaded, so this must run before ``torch`` is imported (the wrappers import it only
+    inside the stage functions; ``tests/test_layout.py`` checks). A value set by the user wins.
+
+    Returns:
+        Whether the policy was set here.
+    """
+    if rule in MEASURING_RULES or "OMP_WAIT_POLICY" in os.environ:
+        return False
+    if "torch" in sys.modules:
+        logging.getLogger("qwen_onnx").warning("torch was imported before the OpenMP wait policy was set")
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    return True
+
 
 @contextlib.contextmanager
 def logged(snakemake) -> Iterator[None]:
     """Send logging, warnings and the process's stdout/stderr (C libraries included) to ``snakemake.log[0]``.
 
-    The log ends with the job's peak RSS (``getrusage`` high-water mark).
+    The log ends with the job's peak RSS (``getrusage`` high-water mark). Jobs that share cores get
+    ``OMP_WAIT_POLICY=PASSIVE`` (:func:`share_cores_politely`).
 
     A :class:`~qwen_onnx.errors.QwenOnnxError` (or a ``PermissionError``, see
     :func:`~qwen_onnx.artifacts.permission_message`) is written to the log and, as one line, to the
@@ -38,6 +67,8 @@ def logged(snakemake) -> Iterator[None]:
         )
         logging.captureWarnings(True)
         warnings.simplefilter("default")
+        if share_cores_politely(snakemake.rule):
+            logging.getLogger("qwen_onnx").info("OMP_WAIT_POLICY=PASSIVE: this job shares the cores")
         try:
             yield
         except (QwenOnnxError, PermissionError) as exc:
