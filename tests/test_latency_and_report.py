@@ -198,3 +198,26 @@ def test_report_rows_ratios_roofline_and_gates(tmp_path):
     page = (tmp_path / "report.html").read_text()
     assert "class='fail'>FAIL" in page and page.count("data:image/png;base64,") == 3
     assert np.isclose(json.loads((tmp_path / "metrics.json").read_text())[1]["decode_speedup_vs_pytorch"], 2.0)
+
+
+def test_protocol_warms_decode_up_with_a_short_run_then_times_full_runs():
+    from qwen_onnx.latency import DECODE_WARMUP_TOKENS, _protocol
+
+    calls = []
+
+    def prefill(ids):
+        calls.append(("prefill", len(ids)))
+
+    def generate(prompt, count, steps):
+        calls.append(("generate", len(prompt), count))
+        steps.extend([0.01] * (count - 1))  # 100 tok/s
+        return 0.05
+
+    result = _protocol(prefill, generate, np.arange(64), [8, 32], 32, 40, 2, 3)
+    assert DECODE_WARMUP_TOKENS == 16
+    assert calls == [("prefill", 8)] * 5 + [("prefill", 32)] * 5 + [("generate", 32, 16)] * 2 + [("generate", 32, 40)] * 3
+    assert result["decode_tok_s"] == pytest.approx(100.0) and result["ttft_ms"] == pytest.approx(50.0)
+    # fewer new tokens than the warm-up length: the warm-up decodes new_tokens
+    calls.clear()
+    _protocol(prefill, generate, np.arange(64), [8], 8, 4, 1, 1)
+    assert calls[2:] == [("generate", 8, 4), ("generate", 8, 4)]

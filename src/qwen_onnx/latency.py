@@ -8,7 +8,10 @@ Protocol (the same for every variant and for PyTorch, at the same thread count):
 - time to first token (TTFT): a prefill of ``decode_prompt_tokens`` tokens plus the argmax of its
   last logits, median ms;
 - decode: ``new_tokens`` greedy tokens with the KV cache after that prefill (end-of-sequence ids
-  ignored so every run decodes the same count); tokens/s over the single-token steps, median. The
+  ignored so every run decodes the same count); tokens/s over the single-token steps, median of
+  ``repeats`` runs, after ``warmup`` untimed runs of :data:`DECODE_WARMUP_TOKENS` tokens each (a
+  warm-up primes the session's allocations and the caches; its length does not need to match the
+  timed runs', and a full-length one cost a quarter of the decode measurement). The
   ONNX decode loop is the IO-bound one by default (``loop="bound"``,
   :class:`qwen_onnx.runtime.BoundDecoder`: no per-step allocation or copy of the KV cache); the
   result records ``decode_loop`` and the resolved ``session_settings``;
@@ -73,6 +76,10 @@ def prompt_tokens(tokenizer, text_path: str | os.PathLike, length: int) -> np.nd
     return np.asarray(ids[:length], dtype=np.int64)
 
 
+#: Greedy tokens of each untimed decode warm-up run (at most ``new_tokens``).
+DECODE_WARMUP_TOKENS = 16
+
+
 def _time(fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
     for _ in range(warmup):
         fn()
@@ -101,7 +108,7 @@ def _protocol(
         result[f"prefill_ms_p90_{length}"] = 1000.0 * percentile(times, 90)
     prompt = tokens[:decode_prompt_tokens]
     for _ in range(warmup):
-        generate(prompt, new_tokens, [])
+        generate(prompt, min(new_tokens, DECODE_WARMUP_TOKENS), [])
     ttfts, rates = [], []
     for _ in range(repeats):
         steps: list[float] = []
