@@ -97,6 +97,10 @@ def assert_same_artifacts(local_run: Path, other_run: Path) -> None:
             continue
         if name.endswith(".json"):
             a, b = (json.loads((root / name).read_text()) for root in (local, other))
+            if name.endswith("/manifest.json"):
+                # the JSON files it lists hold wall-clock figures (each compared on its own, up to those)
+                a, b = ({**m, "files": [f for f in m["files"] if not f["name"].endswith(".json")]} for m in (a, b))
+                assert len(a["files"]) >= 2, name
             assert normalized(a, local_run) == normalized(b, other_run), name
         else:
             a, b = (hashlib.sha256((root / name).read_bytes()).hexdigest() for root in (local, other))

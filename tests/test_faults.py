@@ -334,12 +334,15 @@ def _kill_in(folder: Path, rule: str, pause_at: str, target: str) -> None:
                                 "--forcerun", rule], env=env, stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True)
     deadline = time.monotonic() + 600
-    while not signal_file.exists():
-        assert run.poll() is None and time.monotonic() < deadline, (folder / f"killed-{rule}.log").read_text()[-3000:]
-        time.sleep(0.2)
-    job = int(signal_file.read_text())
-    os.killpg(run.pid, signal.SIGKILL)
-    run.wait()
+    try:
+        while not signal_file.exists():
+            assert run.poll() is None and time.monotonic() < deadline, (folder / f"killed-{rule}.log").read_text()[-3000:]
+            time.sleep(0.2)
+        job = int(signal_file.read_text())
+    finally:  # a failed wait must not leave a paused job behind for the next test
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
     with contextlib.suppress(ProcessLookupError):
         os.kill(job, signal.SIGKILL)  # in case the job left Snakemake's group
     signal_file.unlink()

@@ -117,6 +117,7 @@ def test_genai_config_errors(pipeline, tmp_path):
 
     folder = tmp_path / "v"
     shutil.copytree(pipeline["fp32"], folder)
+    (folder / "manifest.json").unlink()  # the folder is edited by hand below
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
     with pytest.raises(ArtifactError, match="model_type 'llama'"):

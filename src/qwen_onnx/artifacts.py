@@ -187,8 +187,9 @@ def fault_point(name: str) -> None:
         return
     signal = os.environ.get(PAUSE_SIGNAL_ENV)
     log.warning("%s=%s: pausing for a fault test (pid %d)", PAUSE_AT_ENV, name, os.getpid())
-    if signal:
-        Path(signal).write_text(str(os.getpid()), encoding="ascii")
+    if signal:  # whole or absent: a test polling for it never reads an empty file
+        Path(signal + ".tmp").write_text(str(os.getpid()), encoding="ascii")
+        os.replace(signal + ".tmp", signal)
     time.sleep(600)
 
 

@@ -492,7 +492,7 @@ def build_report(
         writer = csv.DictWriter(buffer, fieldnames=list(PIPELINE_COLUMNS), lineterminator="\n")
         writer.writeheader()
         writer.writerows(pipeline["rows"])
-        Path(pipeline_csv).write_text(buffer.getvalue(), encoding="utf-8")
+        write_text(pipeline_csv, buffer.getvalue())
     write_report(rows, machine, profiles=profiles, generations=generations, prompt_lengths=prompt_lengths,
                  graphs=graphs, sensitivity=sensitivity, peers=peer_tables(models, peer_paths),
                  peer_rows=peer_metric_rows(models, peer_paths, prompt_lengths), pipeline=pipeline, **outputs)
