@@ -48,6 +48,11 @@ def _is_peer(row: Mapping[str, Any]) -> bool:
     return row.get("measured_by") == "peers"
 
 
+def _gid(row: Mapping[str, Any]) -> str:
+    """The id of a row's artists, ``model/variant`` (tests read the style back by it)."""
+    return f"{row['model']}/{row['variant']}"
+
+
 def _panels(n: int, height: float = _PANEL_H, sharey: bool = False):
     fig, axes = plt.subplots(1, n, figsize=(_PANEL_W * n, height), dpi=_DPI, squeeze=False, sharey=sharey)
     return fig, list(axes[0])
@@ -115,7 +120,7 @@ def figure_ppl_vs_size(rows: Sequence[Mapping[str, Any]], styles: Mapping[str, S
         for r, (x, y), dx in zip(mine, points, offsets):
             s = styles[r["variant"]]
             ax.scatter([x], [y], s=_MARKER_S, marker=s.marker, linewidths=1.4, edgecolors=s.colour,
-                       facecolors="none" if _failed(r) else s.colour, zorder=3,
+                       facecolors="none" if _failed(r) else s.colour, zorder=3, gid=_gid(r),
                        transform=offset_copy(ax.transData, fig=fig, x=dx, y=0, units="points"))
         ppl = next((r.get("ppl") for r in mine if r["variant"] == "pytorch"), None)
         ax.set_title(f"{model}" + (f" (PyTorch perplexity {ppl:.2f})" if ppl else ""), fontsize=10)
@@ -141,9 +146,10 @@ def figure_decode_speed(rows: Sequence[Mapping[str, Any]], styles: Mapping[str, 
         for y, r in zip(ys, mine):
             s, v = styles[r["variant"]], r["decode_tok_s"]
             ax.barh(y, v, height=0.7, color="white" if _failed(r) else s.colour, edgecolor=s.colour,
-                    linewidth=1.4, hatch="///" if _is_peer(r) else None, alpha=0.55 if _is_peer(r) else 0.85)
+                    linewidth=1.4, hatch="///" if _is_peer(r) else None, alpha=0.55 if _is_peer(r) else 0.85,
+                    gid=_gid(r))
             ax.scatter([v], [y], s=_MARKER_S, marker=s.marker, color=s.colour, edgecolors="black",
-                       linewidths=0.5, zorder=3)
+                       linewidths=0.5, zorder=3, gid=_gid(r))
             ax.annotate(f"{v:.1f}", (v, y), textcoords="offset points", xytext=(7, 0), va="center", fontsize=8)
         ax.set_yticks(ys, [r["variant"] for r in mine], fontsize=8)
         ax.set_xlim(0, max(r["decode_tok_s"] for r in mine) * 1.2)  # room for the value labels
@@ -178,7 +184,8 @@ def figure_prefill(rows: Sequence[Mapping[str, Any]], lengths: Sequence[int],
                 continue
             s = styles[r["variant"]]
             ax.plot(*zip(*points), color=s.colour, marker=s.marker, markersize=7, linewidth=1.3,
-                    linestyle="--" if _is_peer(r) else "-", markerfacecolor="none" if _failed(r) else s.colour)
+                    linestyle="--" if _is_peer(r) else "-", markerfacecolor="none" if _failed(r) else s.colour,
+                    gid=_gid(r))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(list(lengths), [str(n) for n in lengths])
