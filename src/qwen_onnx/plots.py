@@ -64,7 +64,7 @@ def _legend(fig, rows: Sequence[Mapping[str, Any]], styles: Mapping[str, Style],
     handles = [Line2D([], [], color=styles[n].colour, marker=styles[n].marker, linestyle="", markersize=8, label=n)
                for n in names]
     handles += list(extra)
-    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=8, frameon=False)
+    fig.legend(handles=handles, loc="lower center", ncol=max(1, min(len(handles), 6)), fontsize=8, frameon=False)
     rows_of_legend = -(-len(handles) // 6)
     fig.tight_layout(rect=(0, 0.07 * rows_of_legend + 0.02, 1, 1))
 
