@@ -32,6 +32,15 @@ PPL_DELTA_LABEL = "perplexity Δ vs PyTorch (%)"
 DECODE_LABEL = "decode (tokens/s)"
 PREFILL_LABEL = "prefill latency, median (ms)"
 PROMPT_LABEL = "prompt length (tokens)"
+#: The caption under each figure in report.html (Snakemake's report has its own, workflow/report/*.rst).
+CAPTIONS = {
+    "ppl_vs_size": "Perplexity change against PyTorch vs size on disk, one panel per model; lower left is better. "
+                   "Hollow markers fail their gate; markers that would hide each other are set side by side.",
+    "decode_tok_s": "Decode tokens/s with the KV cache, single stream. Hollow bars fail their gate; hatched bars "
+                    "are the peers, measured by the peers stage (interleaved rounds), the others by the latency stage.",
+    "prefill_latency": "Median prefill latency vs prompt length, log-log. Hollow markers fail their gate; dashed "
+                       "lines are the peers, measured by the peers stage.",
+}
 _PANEL_W, _PANEL_H, _DPI = 5.0, 3.8, 110
 _MARKER_S = 64  # scatter marker area, points²
 

@@ -366,6 +366,9 @@ def markdown_table(rows: Sequence[Mapping], columns: Iterable[str]) -> str:
     return "\n".join(out) + "\n"
 
 
+_LEFT = " class='t'"  # text columns left-aligned, numbers right
+
+
 def html_table(rows: Sequence[Mapping], columns: Iterable[str], styles: Mapping[str, Any] | None = None) -> str:
     """An HTML table of ``rows`` in a horizontally scrolling ``div.scroll``, headed by
     :func:`label` (the machine name and its description in the tooltip).
@@ -378,9 +381,8 @@ def html_table(rows: Sequence[Mapping], columns: Iterable[str], styles: Mapping[
     from .styles import swatch_html
 
     columns = list(columns)
-    LEFT = " class='t'"  # noqa: N806
     text = {c for c in columns if isinstance(next((r[c] for r in rows if r.get(c) is not None), None), str)}
-    head = "".join(f"<th{LEFT if c in text else ''} title='{html.escape(c)}: {html.escape(COLUMNS.get(c, ''))}'>"
+    head = "".join(f"<th{_LEFT if c in text else ''} title='{html.escape(c)}: {html.escape(COLUMNS.get(c, ''))}'>"
                    f"{html.escape(label(c))}</th>" for c in columns)
     body = []
     previous = None
@@ -394,7 +396,7 @@ def html_table(rows: Sequence[Mapping], columns: Iterable[str], styles: Mapping[
             if c == r.get("bold") and value is not None:
                 text = f"<b>{text}</b>"
             css = (" class='fail'" if c == "gate" and value == "FAIL" else " class='pass'" if c == "gate" and value == "PASS"
-                   else " class='t'" if isinstance(value, str) else "")  # text left, numbers right
+                   else _LEFT if isinstance(value, str) else "")
             cells.append(f"<td{css}>{text}</td>")
         group = " class='grp'" if "model" in columns and previous is not None and r.get("model") != previous else ""
         previous = r.get("model")
@@ -521,7 +523,7 @@ def write_report(
         pipeline: from :func:`qwen_onnx.pipeline.pipeline_table` (the "Pipeline" section).
     """
     from .pipeline import COLUMNS as PIPELINE_COLUMNS, pipeline_markdown
-    from .plots import plot_decode_speed, plot_ppl_vs_size, plot_prefill
+    from .plots import CAPTIONS, plot_decode_speed, plot_ppl_vs_size, plot_prefill
     from .styles import variant_styles
 
     buffer = io.StringIO()
@@ -554,13 +556,6 @@ def write_report(
                     "token. The deciding figure is bold.")
     across, across_columns = cross_model_rows(rows)
     latency, latency_details = latency_columns(prompt_lengths), latency_detail_columns(prompt_lengths)
-    figure_notes = {
-        "ppl_vs_size": "Perplexity change against PyTorch vs size on disk, one panel per model; lower left is "
-                       "better. Hollow markers fail their gate.",
-        "decode_tok_s": "Decode tokens/s with the KV cache, single stream. Hatched bars are the peers stage's "
-                        "figures (interleaved rounds), the others the latency stage's.",
-        "prefill_latency": "Median prefill latency vs prompt length, log-log. Dashed lines are the peers stage's.",
-    }
 
     md = ["# qwen-onnx report", "", intro, "", "## Which variant to ship", "", answer_intro, ""]
     if answer_rows:
@@ -614,7 +609,7 @@ def write_report(
         "<h2>Summary</h2>", html_table(rows, SUMMARY, styles),
         "<h2>Figures</h2>",
         *[f"<figure><img alt='{name}' src='data:image/png;base64,{data}'>"
-          f"<figcaption>{html.escape(figure_notes.get(name, ''))}</figcaption></figure>" for name, data in images.items()],
+          f"<figcaption>{html.escape(CAPTIONS.get(name, ''))}</figcaption></figure>" for name, data in images.items()],
         "<h2>Accuracy</h2>", html_table(rows, ACCURACY, styles),
         "<h2>Latency</h2>", html_table(rows, latency, styles),
         "<h2>Latency details and the decode roofline</h2>", html_table(rows, latency_details, styles),
