@@ -342,12 +342,10 @@ def _fmt(value: Any, column: str) -> str:
     if isinstance(value, float):
         if math.isnan(value) or math.isinf(value):
             return str(value)
-        if column == "ppl_delta_pct":
-            return f"{value:+.2f}"
+        if column.endswith("ppl_delta_pct"):
+            return f"{value:+.2f}" if round(value, 2) != 0 else "+0.00"  # never "-0.00"
         if column.startswith(("kl_", "max_abs", "mean_abs", "padded_batch_max", "kv_cache")):
             return f"{value:.3g}"
-        if column.endswith("ppl_delta_pct"):
-            return f"{value:+.2f}"
         if column.endswith(("_vs_pytorch", "_vs_peer")):
             return f"{value:.2f}×"
         return f"{value:.2f}" if abs(value) < 1000 else f"{value:.0f}"
@@ -443,7 +441,8 @@ def recommend(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
     Returns:
         Rows of :data:`ANSWER` columns plus ``bold`` (the goal's column); ``note`` names the
-        variants that would have won the goal but FAIL their gate, with their failures. A model
+        variants that would have won the goal but FAIL their gate, with their figure (the report's
+        verdict line below gives their failures). A model
         without a passing variant has one row, ``goal`` ``"none passes"``, ``variant`` None and
         a ``note`` naming its failing variants.
     """
@@ -467,8 +466,7 @@ def recommend(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             better = [r for r in mine if r.get("gate") == "FAIL" and r.get(column) is not None
                       and pick(r[column], best[column]) == r[column] != best[column]]
             unit = label(column).rpartition("(")[2].rstrip(")")
-            note = "; ".join(f"{r['variant']} ({_fmt(r[column], column)} {unit}) fails: {r.get('gate_failures') or 'gate'}"
-                             for r in better)
+            note = ", ".join(f"{r['variant']} ({_fmt(r[column], column)} {unit})" for r in better)
             out.append({**{c: best.get(c) for c in ANSWER}, "goal": goal, "bold": column, "note": note})
     return out
 
