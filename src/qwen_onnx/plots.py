@@ -43,6 +43,8 @@ CAPTIONS = {
 }
 _PANEL_W, _PANEL_H, _DPI = 5.0, 3.8, 110
 _MARKER_S = 64  # scatter marker area, points²
+_PER_ROW = 3  # panels per row
+_LEGEND_H = 0.75  # inches under the panels for the legend (two rows of six entries)
 
 
 def _models(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -62,9 +64,16 @@ def _gid(row: Mapping[str, Any]) -> str:
     return f"{row['model']}/{row['variant']}"
 
 
-def _panels(n: int, height: float = _PANEL_H, sharey: bool = False):
-    fig, axes = plt.subplots(1, n, figsize=(_PANEL_W * n, height), dpi=_DPI, squeeze=False, sharey=sharey)
-    return fig, list(axes[0])
+def _panels(n: int, height: float = _PANEL_H):
+    """A figure with ``n`` panels, at most :data:`_PER_ROW` to a row (unused places hidden), and
+    :data:`_LEGEND_H` inches below them for the legend."""
+    cols, rows = min(n, _PER_ROW), -(-n // _PER_ROW)
+    fig, axes = plt.subplots(rows, cols, figsize=(_PANEL_W * cols, height * rows + _LEGEND_H), dpi=_DPI,
+                             squeeze=False)
+    axes = [ax for row in axes for ax in row]
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, axes[:n]
 
 
 def _legend(fig, rows: Sequence[Mapping[str, Any]], styles: Mapping[str, Style], extra: Sequence = ()) -> None:
@@ -74,8 +83,10 @@ def _legend(fig, rows: Sequence[Mapping[str, Any]], styles: Mapping[str, Style],
                for n in names]
     handles += list(extra)
     fig.legend(handles=handles, loc="lower center", ncol=max(1, min(len(handles), 6)), fontsize=8, frameon=False)
-    rows_of_legend = -(-len(handles) // 6)
-    fig.tight_layout(rect=(0, 0.07 * rows_of_legend + 0.02, 1, 1))
+    need = 0.24 * -(-len(handles) // 6) + 0.27  # inches: rows of six entries, and a margin
+    if need > _LEGEND_H:
+        fig.set_figheight(fig.get_figheight() + need - _LEGEND_H)
+    fig.tight_layout(rect=(0, max(need, _LEGEND_H) / fig.get_figheight(), 1, 1))
 
 
 def _fail_key(rows) -> list:
