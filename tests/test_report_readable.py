@@ -153,3 +153,21 @@ def test_report_leads_with_the_answer_and_its_tables_scroll(tmp_path):
         header = next(csv.reader(f))
     assert "ppl_delta_pct" in header and "decode_tok_s" in header  # machines keep the names
     assert json.loads((tmp_path / "metrics.json").read_text())[0]["variant"] == "pytorch"
+
+
+@pytest.mark.parametrize("models", [["m"], ["m", "n"], ["m", "n", "o", "p"]])
+def test_the_legend_and_every_panel_lie_inside_the_figure(models):
+    """The legend of a single panel sits beside it, of several under them; none is clipped."""
+    import matplotlib.pyplot as plt
+
+    rows = [{**r, "model": model} for model in models for r in _rows() if r["model"] == "m"]
+    rows.append({**_row(models[0], "genai-builder-int4-ort", None, 862, 84.0, 265.0), "measured_by": "peers"})
+    for fig in (figure_ppl_vs_size(rows), figure_decode_speed(rows), figure_prefill(rows, (8, 64))):
+        fig.canvas.draw()
+        box = fig.bbox
+        for artist in [fig.legends[0], *[ax for ax in fig.axes if ax.get_visible()]]:
+            extent = artist.get_window_extent()
+            assert extent.x0 >= box.x0 - 1 and extent.x1 <= box.x1 + 1, (models, artist)
+            assert extent.y0 >= box.y0 - 1 and extent.y1 <= box.y1 + 1, (models, artist)
+        assert sum(ax.get_visible() for ax in fig.axes) == len(models)
+        plt.close(fig)

@@ -44,7 +44,8 @@ CAPTIONS = {
 _PANEL_W, _PANEL_H, _DPI = 5.0, 3.8, 110
 _MARKER_S = 64  # scatter marker area, points²
 _PER_ROW = 3  # panels per row
-_LEGEND_H = 0.75  # inches under the panels for the legend (two rows of six entries)
+_LEGEND_W = 2.3  # inches beside a single panel for the legend
+_LEGEND_ENTRY_W = 1.9  # inches per legend column under the panels
 
 
 def _models(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -65,11 +66,10 @@ def _gid(row: Mapping[str, Any]) -> str:
 
 
 def _panels(n: int, height: float = _PANEL_H):
-    """A figure with ``n`` panels, at most :data:`_PER_ROW` to a row (unused places hidden), and
-    :data:`_LEGEND_H` inches below them for the legend."""
+    """A figure with ``n`` panels, at most :data:`_PER_ROW` to a row (unused places hidden); the
+    legend's room is added by :func:`_legend`."""
     cols, rows = min(n, _PER_ROW), -(-n // _PER_ROW)
-    fig, axes = plt.subplots(rows, cols, figsize=(_PANEL_W * cols, height * rows + _LEGEND_H), dpi=_DPI,
-                             squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(_PANEL_W * cols, height * rows), dpi=_DPI, squeeze=False)
     axes = [ax for row in axes for ax in row]
     for ax in axes[n:]:
         ax.set_visible(False)
@@ -77,16 +77,26 @@ def _panels(n: int, height: float = _PANEL_H):
 
 
 def _legend(fig, rows: Sequence[Mapping[str, Any]], styles: Mapping[str, Style], extra: Sequence = ()) -> None:
-    """One legend under the panels: each variant drawn (colour + marker), then the key to the fills."""
+    """One legend for all panels: each variant drawn (colour + marker), then the key to the fills.
+
+    Beside a single column of panels (the figure widened by :data:`_LEGEND_W`), else under the
+    panels in as many columns as fit (the figure heightened to hold its rows).
+    """
     names = list(dict.fromkeys(r["variant"] for r in rows))
     handles = [Line2D([], [], color=styles[n].colour, marker=styles[n].marker, linestyle="", markersize=8, label=n)
                for n in names]
     handles += list(extra)
-    fig.legend(handles=handles, loc="lower center", ncol=max(1, min(len(handles), 6)), fontsize=8, frameon=False)
-    need = 0.24 * -(-len(handles) // 6) + 0.27  # inches: rows of six entries, and a margin
-    if need > _LEGEND_H:
-        fig.set_figheight(fig.get_figheight() + need - _LEGEND_H)
-    fig.tight_layout(rect=(0, max(need, _LEGEND_H) / fig.get_figheight(), 1, 1))
+    width, height = fig.get_figwidth(), fig.get_figheight()
+    if width <= _PANEL_W:
+        fig.set_figwidth(width + _LEGEND_W)
+        fig.legend(handles=handles, loc="center right", ncol=1, fontsize=8, frameon=False)
+        fig.tight_layout(rect=(0, 0, width / (width + _LEGEND_W), 1))
+        return
+    ncol = max(1, min(len(handles), 6, int(width // _LEGEND_ENTRY_W)))
+    need = 0.24 * -(-len(handles) // ncol) + 0.27  # inches: the rows of entries, and a margin
+    fig.set_figheight(height + need)
+    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, need / (height + need), 1, 1))
 
 
 def _fail_key(rows) -> list:
