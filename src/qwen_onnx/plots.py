@@ -12,6 +12,7 @@ each other are set side by side (:func:`_dodge`).
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -22,6 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import Formatter, FuncFormatter  # noqa: E402
 from matplotlib.transforms import offset_copy  # noqa: E402
 
 from .styles import Style, variant_styles  # noqa: E402
@@ -44,8 +46,21 @@ CAPTIONS = {
 _PANEL_W, _PANEL_H, _DPI = 5.0, 3.8, 110
 _MARKER_S = 64  # scatter marker area, points²
 _PER_ROW = 3  # panels per row
+_PLAIN = FuncFormatter(lambda v, _: f"{v:g}")
 _LEGEND_W = 2.3  # inches beside a single panel for the legend
 _LEGEND_ENTRY_W = 1.9  # inches per legend column under the panels
+
+
+class _MinorPlain(Formatter):
+    """Labels of a log axis's minor ticks: 2, 3 and 5 × 10^k as plain numbers, only when the axis
+    spans less than 1.5 decades (else the major ticks say enough)."""
+
+    def __call__(self, x, pos=None):
+        lo, hi = self.axis.get_view_interval()
+        if x <= 0 or lo <= 0 or hi / lo > 10 ** 1.5:
+            return ""
+        mantissa = x / 10 ** math.floor(math.log10(x))
+        return f"{x:g}" if round(mantissa) in (2, 3, 5) and abs(mantissa - round(mantissa)) < 1e-6 else ""
 
 
 def _models(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -218,6 +233,8 @@ def figure_prefill(rows: Sequence[Mapping[str, Any]], lengths: Sequence[int],
                     gid=_gid(r))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(_PLAIN)  # 100, not 10²; and 6, not 6×10⁰, within a decade
+        ax.yaxis.set_minor_formatter(_MinorPlain())
         ax.set_xticks(list(lengths), [str(n) for n in lengths])
         ax.set_xlabel(PROMPT_LABEL)
         ax.set_ylabel(PREFILL_LABEL)
