@@ -2,7 +2,10 @@
 
 Outputs: ``metrics.csv`` and ``metrics.json`` (machines), ``report.md`` and a self-contained
 ``report.html`` with embedded matplotlib figures (people). Every column is described in
-:data:`COLUMNS`; the same descriptions appear at the end of both human reports.
+:data:`COLUMNS`; the same descriptions appear at the end of both human reports. The machine files
+keep the column names; the human reports head each column with :func:`label` (words and units,
+:data:`LABELS`) and list the mapping under "Columns". Both human reports open with the answer,
+which variant to ship for which goal (:func:`recommend`).
 """
 
 from __future__ import annotations
@@ -68,6 +71,85 @@ COLUMNS: dict[str, str] = {
 
 
 
+#: Column name -> the header people read, with its unit: the one mapping from the machine names of
+#: metrics.csv/json to the tables of report.md/html. Prefill columns, ``*_vs_peer`` ratios and
+#: ``"<model> <column>"`` headers are derived by :func:`label`.
+LABELS: dict[str, str] = {
+    "gate_failures": "gate failures",
+    "bytes_on_disk": "size (MB)",
+    "nodes": "graph nodes",
+    "quant_ops": "quantization ops",
+    "eval_tokens": "evaluated tokens",
+    "ppl": "perplexity",
+    "ppl_delta_pct": "perplexity Δ vs PyTorch (%)",
+    "kl_mean": "KL mean (nats)",
+    "kl_median": "KL median (nats)",
+    "kl_p99": "KL p99 (nats)",
+    "top1_pct": "top-1 agreement (%)",
+    "max_abs_logit_diff": "max |Δlogit|",
+    "mean_abs_logit_diff": "mean |Δlogit|",
+    "padded_batch_max_abs_diff": "padded batch max |Δlogit|",
+    "padded_batch_nonfinite": "padded batch NaN/inf (count)",
+    "kv_cache_max_abs_diff": "KV cache max |Δlogit|",
+    "generation_match_pct": "greedy tokens matched (%)",
+    "load_s": "load (s)",
+    "ttft_ms": "TTFT (ms)",
+    "decode_tok_s": "decode (tokens/s)",
+    "peak_rss_mib": "peak RSS (MiB)",
+    "weight_bytes_per_token": "weights read per token (MB)",
+    "roofline_tok_s": "decode roofline (tokens/s)",
+    "roofline_pct": "decode / roofline (%)",
+    "decode_speedup_vs_pytorch": "decode vs PyTorch (×)",
+    "ttft_vs_pytorch": "TTFT vs PyTorch (×)",
+    "prefill_vs_pytorch": "prefill, longest prompt, vs PyTorch (×)",
+    "load_vs_pytorch": "load vs PyTorch (×)",
+    "peak_rss_vs_pytorch": "peak RSS vs PyTorch (×)",
+    "bytes_vs_pytorch": "size vs PyTorch (×)",
+    "top_op": "top op (% of kernel time)",
+    "measured_by": "measured by",
+    "goal": "goal",
+    "note": "better, but fails its gate",
+    # the graph, sensitivity, peers and profile tables
+    "initializers": "initializers",
+    "fused_ops": "fused ops",
+    "nodes_vs_fp32": "nodes vs fp32",
+    "fusions_vs_fp32": "fusions vs fp32",
+    "quantization_ops_vs_fp32": "quantization ops vs fp32",
+    "role": "MatMul role",
+    "sqnr_dynamic_db": "SQNR dynamic (dB)",
+    "sqnr_static_db": "SQNR static (dB)",
+    "sqnr_blockwise_db": "SQNR blockwise (dB)",
+    "sqnr_weight_only_db": "SQNR weight-only (dB)",
+    "worst_node": "worst MatMul",
+    "worst_sqnr_dynamic_db": "worst SQNR dynamic (dB)",
+    "skipped": "skipped because",
+    "pct": "share of kernel time (%)",
+    "ms": "kernel time (ms)",
+    "wall_s": "wall time (s)",
+    "cpu_s": "CPU time (s)",
+    "critical": "on the critical path",
+}
+
+
+def label(column: str) -> str:
+    """The header of ``column`` in report.md/html: :data:`LABELS`, or derived for
+    ``prefill_ms_p50_{n}``/``prefill_ms_p90_{n}``/``prefill_ms_{n}`` (ms), ``{figure}_vs_peer`` and
+    ``"{model} {column}"``; other names with their underscores as spaces."""
+    if column in LABELS:
+        return LABELS[column]
+    for prefix, what in (("prefill_ms_p50_", "median"), ("prefill_ms_p90_", "p90"), ("prefill_ms_", "")):
+        if column.startswith(prefix) and column[len(prefix):].isdigit():
+            return f"prefill {column[len(prefix):]} tok{', ' + what if what else ''} (ms)"
+    if column.endswith("_vs_peer"):
+        base = label(column[: -len("_vs_peer")])
+        return f"{base.rsplit(' (', 1)[0]} vs fastest peer (×)"
+    if " " in column:
+        head, _, tail = column.rpartition(" ")
+        return f"{head}: {label(tail)}"
+    return column.replace("_", " ")
+
+
+
 def columns(prompt_lengths: Sequence[int]) -> dict[str, str]:
     """:data:`COLUMNS` with the prefill columns of ``prompt_lengths`` inserted after ``load_s``."""
     out: dict[str, str] = {}
@@ -88,11 +170,16 @@ ACCURACY = ("model", "variant", "gate", "eval_tokens", "ppl", "ppl_delta_pct", "
 
 
 def latency_columns(prompt_lengths: Sequence[int]) -> tuple[str, ...]:
-    """Columns of the latency table for the configured prompt lengths."""
-    prefill = [c for n in prompt_lengths for c in (f"prefill_ms_p50_{n}", f"prefill_ms_p90_{n}")]
-    return ("model", "variant", "load_s", *prefill, "ttft_ms", "decode_tok_s", "weight_bytes_per_token",
-            "roofline_tok_s", "roofline_pct", "peak_rss_mib", "bytes_on_disk", "threads", "provider", "top_op")
+    """Columns of the latency table for the configured prompt lengths: the medians people compare."""
+    prefill = [f"prefill_ms_p50_{n}" for n in prompt_lengths]
+    return ("model", "variant", "load_s", *prefill, "ttft_ms", "decode_tok_s", "peak_rss_mib", "bytes_on_disk")
 
+
+def latency_detail_columns(prompt_lengths: Sequence[int]) -> tuple[str, ...]:
+    """Columns of the second latency table: the 90th percentiles, the decode roofline and the session."""
+    prefill = [f"prefill_ms_p90_{n}" for n in prompt_lengths]
+    return ("model", "variant", *prefill, "weight_bytes_per_token", "roofline_tok_s", "roofline_pct", "threads",
+            "provider", "top_op")
 
 
 RATIOS = ("model", "variant", "decode_speedup_vs_pytorch", "ttft_vs_pytorch", "prefill_vs_pytorch",
@@ -250,63 +337,138 @@ def peer_tables(models: Sequence[str], paths: Sequence[str | os.PathLike]) -> li
 def _fmt(value: Any, column: str) -> str:
     if value is None:
         return "–"
+    if column.rpartition(" ")[2] in ("bytes_on_disk", "weight_bytes_per_token") and isinstance(value, (int, float)):
+        return f"{value / 1e6:.1f}"  # the header says MB
     if isinstance(value, float):
         if math.isnan(value) or math.isinf(value):
             return str(value)
-        if column == "ppl_delta_pct":
-            return f"{value:+.2f}"
+        if column.endswith("ppl_delta_pct"):
+            return f"{value:+.2f}" if round(value, 2) != 0 else "+0.00"  # never "-0.00"
         if column.startswith(("kl_", "max_abs", "mean_abs", "padded_batch_max", "kv_cache")):
             return f"{value:.3g}"
-        if column.endswith("ppl_delta_pct"):
-            return f"{value:+.2f}"
         if column.endswith(("_vs_pytorch", "_vs_peer")):
             return f"{value:.2f}×"
         return f"{value:.2f}" if abs(value) < 1000 else f"{value:.0f}"
-    if column in ("bytes_on_disk", "weight_bytes_per_token", "bytes_pytorch") and isinstance(value, int):
-        return f"{value / 1e6:.1f} MB"
     return str(value)
 
 
 def markdown_table(rows: Sequence[Mapping], columns: Iterable[str]) -> str:
-    """A GitHub-flavoured Markdown table of ``rows``."""
+    """A GitHub-flavoured Markdown table of ``rows``, headed by :func:`label`. A row's cell in the
+    column named by its ``bold`` key is bold."""
     columns = list(columns)
-    out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    out += ["| " + " | ".join(_fmt(r.get(c), c) for c in columns) + " |" for r in rows]
+    out = ["| " + " | ".join(label(c) for c in columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        cells = [_fmt(r.get(c), c) for c in columns]
+        cells = [f"**{t}**" if c == r.get("bold") and t != "–" else t for c, t in zip(columns, cells)]
+        out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
 
-def html_table(rows: Sequence[Mapping], columns: Iterable[str]) -> str:
-    """An HTML table of ``rows``; FAIL cells are marked."""
+_LEFT = " class='t'"  # text columns left-aligned, numbers right
+
+
+def html_table(rows: Sequence[Mapping], columns: Iterable[str], styles: Mapping[str, Any] | None = None) -> str:
+    """An HTML table of ``rows`` in a horizontally scrolling ``div.scroll``, headed by
+    :func:`label` (the machine name and its description in the tooltip).
+
+    FAIL/PASS gate cells are marked; a row whose ``model`` differs from the row above starts a
+    group (``tr.grp``, a heavier rule); with ``styles`` (:func:`qwen_onnx.styles.variant_styles`)
+    each ``variant`` and ``peer`` cell starts with its plot marker in its colour; a row's cell in
+    the column named by its ``bold`` key is bold.
+    """
+    from .styles import swatch_html
+
     columns = list(columns)
-    head = "".join(f"<th title='{html.escape(COLUMNS.get(c, ''))}'>{html.escape(c)}</th>" for c in columns)
+    text = {c for c in columns if isinstance(next((r[c] for r in rows if r.get(c) is not None), None), str)}
+    head = "".join(f"<th{_LEFT if c in text else ''} title='{html.escape(c)}: {html.escape(COLUMNS.get(c, ''))}'>"
+                   f"{html.escape(label(c))}</th>" for c in columns)
     body = []
+    previous = None
     for r in rows:
         cells = []
         for c in columns:
-            text = html.escape(_fmt(r.get(c), c))
-            css = " class='fail'" if c == "gate" and r.get(c) == "FAIL" else " class='pass'" if c == "gate" and r.get(c) == "PASS" else ""
+            value = r.get(c)
+            text = html.escape(_fmt(value, c))
+            if styles and c in ("variant", "peer") and value in styles:
+                text = swatch_html(value, styles[value])
+            if c == r.get("bold") and value is not None:
+                text = f"<b>{text}</b>"
+            css = (" class='fail'" if c == "gate" and value == "FAIL" else " class='pass'" if c == "gate" and value == "PASS"
+                   else _LEFT if isinstance(value, str) else "")
             cells.append(f"<td{css}>{text}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+        group = " class='grp'" if "model" in columns and previous is not None and r.get("model") != previous else ""
+        previous = r.get("model")
+        body.append(f"<tr{group}>" + "".join(cells) + "</tr>")
+    return f"<div class='scroll'><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
 
 
 def cross_model_rows(rows: Sequence[Mapping]) -> tuple[list[dict[str, Any]], list[str]]:
-    """One row per model comparing sizes: PyTorch perplexity, then per variant its perplexity
-    change (%) and decode tokens/s. Returns the rows and their columns."""
-    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    """The models side by side: one row per variant (``pytorch`` first), per model its size (MB),
+    perplexity change (%) and decode tokens/s, in columns ``"<model> <column>"``. Returns the rows
+    and their columns."""
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    by_key = {(r["model"], r["variant"]): r for r in rows}
+    figures = ("bytes_on_disk", "ppl_delta_pct", "decode_tok_s")
+    columns = ["variant", *[f"{m} {f}" for m in models for f in figures]]
+    out = []
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        row: dict[str, Any] = {"variant": variant}
+        for m in models:
+            for f in figures:
+                row[f"{m} {f}"] = by_key.get((m, variant), {}).get(f)
+        out.append(row)
+    return out, columns
+
+
+#: The goals of "Which variant to ship": (name, column, ``min`` or ``max``).
+GOALS: tuple[tuple[str, str, Any], ...] = (
+    ("smallest that passes", "bytes_on_disk", min),
+    ("fastest decode that passes", "decode_tok_s", max),
+    ("fastest first token that passes", "ttft_ms", min),
+)
+#: The columns of the "Which variant to ship" table.
+ANSWER = ("model", "goal", "variant", "bytes_on_disk", "ppl_delta_pct", "top1_pct", "decode_tok_s", "ttft_ms",
+          "note")
+
+
+def recommend(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Which variant to ship, per model and goal (:data:`GOALS`), from the report's rows.
+
+    Candidates are a model's rows whose ``gate`` is ``PASS`` (``pytorch``, the reference, and the
+    peers, which have no gate, never are). For each goal the candidate with the smallest size
+    (``bytes_on_disk``), the most decode tokens/s or the shortest TTFT (ms) wins; a tie goes to
+    the earlier row (registry order). Candidates without the goal's figure are skipped.
+
+    Returns:
+        Rows of :data:`ANSWER` columns plus ``bold`` (the goal's column); ``note`` names the
+        variants that would have won the goal but FAIL their gate, with their figure (the report's
+        verdict line below gives their failures). A model
+        without a passing variant has one row, ``goal`` ``"none passes"``, ``variant`` None and
+        a ``note`` naming its failing variants.
+    """
     out = []
     for model in dict.fromkeys(r["model"] for r in rows):
-        mine = {r["variant"]: r for r in rows if r["model"] == model}
-        row: dict[str, Any] = {"model": model, "ppl_pytorch": mine.get("pytorch", {}).get("ppl"),
-                               "bytes_pytorch": mine.get("pytorch", {}).get("bytes_on_disk")}
-        for variant in variants:
-            r = mine.get(variant, {})
-            if variant != "pytorch":
-                row[f"{variant} ppl_delta_pct"] = r.get("ppl_delta_pct")
-            row[f"{variant} decode_tok_s"] = r.get("decode_tok_s")
-        out.append(row)
-    columns = list(out[0]) if out else []
-    return out, columns
+        mine = [r for r in rows if r["model"] == model]
+        passing = [r for r in mine if r.get("gate") == "PASS"]
+        if not passing:
+            failing = [r["variant"] for r in mine if r.get("gate") == "FAIL"]
+            out.append({"model": model, "goal": "none passes", "variant": None, "bold": None,
+                        "note": f"No variant of {model} passes its gate"
+                                + (f" ({', '.join(failing)} fail)" if failing else "") + ": nothing to ship."})
+            continue
+        for goal, column, pick in GOALS:
+            have = [r for r in passing if r.get(column) is not None]
+            if not have:
+                out.append({"model": model, "goal": goal, "variant": None, "bold": None,
+                            "note": f"No passing variant of {model} has {label(column)}."})
+                continue
+            best = pick(have, key=lambda r: r[column])
+            better = [r for r in mine if r.get("gate") == "FAIL" and r.get(column) is not None
+                      and pick(r[column], best[column]) == r[column] != best[column]]
+            unit = label(column).rpartition("(")[2].rstrip(")")
+            note = ", ".join(f"{r['variant']} ({_fmt(r[column], column)} {unit})" for r in better)
+            out.append({**{c: best.get(c) for c in ANSWER}, "goal": goal, "bold": column, "note": note})
+    return out
 
 
 def _machine_lines(machine: Mapping) -> list[str]:
@@ -340,6 +502,11 @@ def write_report(
 ) -> None:
     """Write the CSV, JSON, Markdown and HTML reports and the three plots.
 
+    Both human reports open with "Which variant to ship" (:func:`recommend`), then the gate
+    verdict and the machine; every table is headed by :func:`label` and, in HTML, scrolls
+    sideways when wider than the page; every variant has one colour and marker
+    (:mod:`qwen_onnx.styles`) in the plots and the HTML tables' swatches.
+
     Args:
         rows: from :func:`collect_rows`.
         machine: from :func:`qwen_onnx.machine.describe_machine`.
@@ -349,11 +516,13 @@ def write_report(
         graphs: from :func:`graph_rows`.
         sensitivity: from :func:`sensitivity_rows`.
         peers: from :func:`peer_tables` (the "Against peers" section).
-        peer_rows: from :func:`peer_metric_rows`, appended to metrics.csv/json (not to the plots).
+        peer_rows: from :func:`peer_metric_rows`, appended to metrics.csv/json and drawn, hatched or
+            dashed, in the decode and prefill plots (not in the tables, nor in "Which variant to ship").
         pipeline: from :func:`qwen_onnx.pipeline.pipeline_table` (the "Pipeline" section).
     """
     from .pipeline import COLUMNS as PIPELINE_COLUMNS, pipeline_markdown
-    from .plots import plot_decode_speed, plot_ppl_vs_size, plot_prefill
+    from .plots import CAPTIONS, plot_decode_speed, plot_ppl_vs_size, plot_prefill
+    from .styles import variant_styles
 
     buffer = io.StringIO()
     docs = columns(prompt_lengths)
@@ -363,24 +532,39 @@ def write_report(
     write_text(csv_path, buffer.getvalue())  # every file through a rename: a killed report leaves none half-written
     write_json(json_path, [*rows, *(peer_rows or [])])
 
-    plot_ppl_vs_size(rows, plots["ppl_vs_size"])
-    plot_decode_speed(rows, plots["decode_tok_s"])
-    plot_prefill(rows, prompt_lengths, plots["prefill_latency"])
+    # one style per name for every figure and table: our variants, then the peers
+    styles = variant_styles([*(r["variant"] for r in rows), *(r["variant"] for r in peer_rows or []),
+                             *(r.get("peer") for t in peers or [] for r in t["rows"] if r.get("peer"))])
+    plot_ppl_vs_size(rows, plots["ppl_vs_size"], styles)
+    plot_decode_speed([*rows, *(peer_rows or [])], plots["decode_tok_s"], styles)
+    plot_prefill([*rows, *(peer_rows or [])], prompt_lengths, plots["prefill_latency"], styles)
 
     failing = [r for r in rows if r.get("gate") == "FAIL"]
     verdict = (f"{len(failing)} variant(s) FAIL their gate: "
                + "; ".join(f"{r['model']}/{r['variant']}: {r['gate_failures']}" for r in failing)) if failing \
         else "Every variant passes its gate."
-    models = sorted({r["model"] for r in rows})
+    models = list(dict.fromkeys(r["model"] for r in rows))
     intro = (f"Models: {', '.join(models)}. Accuracy is against PyTorch fp32 (`pytorch`) on the evaluation text; "
              "latency is single-stream on the CPU, same thread count for every variant.")
-
-    md = ["# qwen-onnx report", "", intro, "", *[f"- {line}" for line in _machine_lines(machine)], "",
-          f"**{verdict}**", "", "## Summary", "", markdown_table(rows, SUMMARY), "## Accuracy", "",
-          markdown_table(rows, ACCURACY), "## Latency", "", markdown_table(rows, latency_columns(prompt_lengths)),
-          "## Ratios to PyTorch", "", markdown_table(rows, RATIOS)]
+    answer = recommend(rows)
+    answer_rows = [r for r in answer if r["variant"] is not None]
+    answer_notes = [r["note"] for r in answer if r["variant"] is None]
+    answer_intro = ("Per model, among the variants that PASS their gate (PyTorch is the reference; the peers "
+                    "have no gate): the smallest on disk, the fastest decoder and the shortest time to first "
+                    "token. The deciding figure is bold.")
     across, across_columns = cross_model_rows(rows)
-    if len(across) > 1:
+    latency, latency_details = latency_columns(prompt_lengths), latency_detail_columns(prompt_lengths)
+
+    md = ["# qwen-onnx report", "", intro, "", "## Which variant to ship", "", answer_intro, ""]
+    if answer_rows:
+        md += [markdown_table(answer_rows, ANSWER)]
+    md += [*[f"**{n}**\n" for n in answer_notes],
+           f"**{verdict}**", "", *[f"- {line}" for line in _machine_lines(machine)], "",
+           "## Summary", "", markdown_table(rows, SUMMARY), "## Accuracy", "",
+           markdown_table(rows, ACCURACY), "## Latency", "", markdown_table(rows, latency),
+           "## Latency details and the decode roofline", "", markdown_table(rows, latency_details),
+           "## Ratios to PyTorch", "", markdown_table(rows, RATIOS)]
+    if len(models) > 1:
         md += ["## Across models", "", markdown_table(across, across_columns)]
     for table in peers or []:
         md += [f"## Against peers: {table['model']}", "", *[f"- {line}" for line in table["notes"]], "",
@@ -398,34 +582,45 @@ def write_report(
         md.append("")
     if pipeline:
         md += [pipeline_markdown(pipeline)]
-    md += ["## Columns", "", *[f"- `{c}`: {d}" for c, d in docs.items()], ""]
+    md += ["## Columns", "", "Header in the tables, `name` in metrics.csv/json: description.", "",
+           *[f"- {label(c)}, `{c}`: {d}" for c, d in docs.items()], ""]
     write_text(markdown, "\n".join(md))
 
     images = {name: base64.b64encode(Path(p).read_bytes()).decode() for name, p in plots.items()}
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>qwen-onnx report</title><style>",
-        "body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;margin:1em 0;font-size:13px}",
-        "td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}th{background:#f3f3f3}td:nth-child(-n+2){text-align:left}",
-        ".fail{background:#f8c9c4;font-weight:bold}.pass{background:#cdeccd}img{max-width:100%;margin:0.5em}",
+        "body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:13px}",
+        ".scroll{overflow-x:auto;max-width:100%;margin:1em 0}",
+        "td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}th{background:#f3f3f3;vertical-align:bottom}",
+        "td{white-space:nowrap}.t{text-align:left}tr.grp td{border-top:3px solid #888}",
+        ".fail{background:#f8c9c4;font-weight:bold}.pass{background:#cdeccd}.sw{margin-right:4px}",
+        "figure{margin:1em 0}img{max-width:100%}figcaption{font-size:13px;color:#444}",
+        ".answer table{font-size:15px}.note{font-weight:bold}",
         "pre{white-space:pre-wrap;background:#f7f7f7;padding:4px;font-size:12px}",
         "</style></head><body><h1>qwen-onnx report</h1>",
-        f"<p>{html.escape(intro)}</p><ul>", *[f"<li>{html.escape(x)}</li>" for x in _machine_lines(machine)],
-        f"</ul><p><b>{html.escape(verdict)}</b></p>",
-        "<h2>Summary</h2>", html_table(rows, SUMMARY),
-        "<h2>Figures</h2><div>",
-        *[f"<img alt='{name}' src='data:image/png;base64,{data}'>" for name, data in images.items()],
-        "</div><h2>Accuracy</h2>", html_table(rows, ACCURACY),
-        "<h2>Latency</h2>", html_table(rows, latency_columns(prompt_lengths)),
-        "<h2>Ratios to PyTorch</h2>", html_table(rows, RATIOS),
+        f"<p>{html.escape(intro)}</p>",
+        f"<h2>Which variant to ship</h2><div class='answer'><p>{html.escape(answer_intro)}</p>",
+        html_table(answer_rows, ANSWER, styles) if answer_rows else "",
+        *[f"<p class='note'>{html.escape(n)}</p>" for n in answer_notes],
+        f"</div><p><b>{html.escape(verdict)}</b></p><ul>",
+        *[f"<li>{html.escape(x)}</li>" for x in _machine_lines(machine)], "</ul>",
+        "<h2>Summary</h2>", html_table(rows, SUMMARY, styles),
+        "<h2>Figures</h2>",
+        *[f"<figure><img alt='{name}' src='data:image/png;base64,{data}'>"
+          f"<figcaption>{html.escape(CAPTIONS.get(name, ''))}</figcaption></figure>" for name, data in images.items()],
+        "<h2>Accuracy</h2>", html_table(rows, ACCURACY, styles),
+        "<h2>Latency</h2>", html_table(rows, latency, styles),
+        "<h2>Latency details and the decode roofline</h2>", html_table(rows, latency_details, styles),
+        "<h2>Ratios to PyTorch</h2>", html_table(rows, RATIOS, styles),
     ]
-    if len(across) > 1:
-        parts += ["<h2>Across models</h2>", html_table(across, across_columns)]
+    if len(models) > 1:
+        parts += ["<h2>Across models</h2>", html_table(across, across_columns, styles)]
     for table in peers or []:
         parts += [f"<h2>Against peers: {html.escape(table['model'])}</h2><ul>",
                   *[f"<li>{html.escape(line)}</li>" for line in table["notes"]], "</ul>",
-                  html_table(table["rows"], table["columns"])]
+                  html_table(table["rows"], table["columns"], styles)]
     if graphs:
-        parts += ["<h2>Graphs (inspection, and the change from fp32)</h2>", html_table(graphs, GRAPH_COLUMNS)]
+        parts += ["<h2>Graphs (inspection, and the change from fp32)</h2>", html_table(graphs, GRAPH_COLUMNS, styles)]
     if sensitivity:
         parts += [f"<h2>INT8 sensitivity per MatMul role</h2><p>{html.escape(SENSITIVITY_NOTE)}</p>",
                   html_table(sensitivity, SENSITIVITY_COLUMNS)]
@@ -450,7 +645,8 @@ def write_report(
                   f"{html.escape(' → '.join(pipeline['critical_path']))}</li>",
                   f"<li>largest job peak RSS: {pipeline['peak_rss_mib']:.0f} MiB</li></ul>",
                   html_table(sorted(pipeline["rows"], key=lambda r: -r["wall_s"]), PIPELINE_COLUMNS)]
-    parts += ["<h2>Columns</h2><ul>", *[f"<li><code>{c}</code>: {html.escape(d)}</li>" for c, d in docs.items()],
+    parts += ["<h2>Columns</h2><p>Header in the tables, <code>name</code> in metrics.csv/json: description.</p><ul>",
+              *[f"<li>{html.escape(label(c))}, <code>{c}</code>: {html.escape(d)}</li>" for c, d in docs.items()],
               "</ul></body></html>"]
     write_text(html_path, "\n".join(parts))
 

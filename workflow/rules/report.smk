@@ -53,7 +53,6 @@ rule report:
     params:
         models=get_models(),
         variants=VARIANTS,
-        results=RESULTS,
         prompt_lengths=config["latency"]["prompt_lengths"],
         version=VERSION,
     script:

@@ -1,4 +1,6 @@
 """Snakemake wrapper: the combined report (report.md, report.html, metrics.csv/json, plots)."""
+from pathlib import Path
+
 from qwen_onnx.report import build_report
 from qwen_onnx.snakemake_support import logged
 
@@ -18,7 +20,7 @@ with logged(snakemake):
         },
         inp.machine,
         prompt_lengths=snakemake.params.prompt_lengths,
-        results_dir=snakemake.params.results,
+        results_dir=Path(out.json).parent,  # metrics.json is at the results folder's top
         pipeline_csv=out.pipeline,
         markdown=out.markdown,
         html_path=out.html,
