@@ -12,7 +12,7 @@ import logging
 import sys
 
 from .errors import QwenOnnxError
-from .defaults import EVALUATION, LATENCY
+from .defaults import EVALUATION, EXPORT, LATENCY
 from .gates import DEFAULT_GATES
 from .text import CALIBRATION_TEXT, EVALUATION_TEXT, shipped_text
 
@@ -26,7 +26,7 @@ def _resolve(a):
 def _export(a):
     from .export import export_onnx
 
-    return export_onnx(a.hf_dir, a.output, opset=a.opset)
+    return export_onnx(a.hf_dir, a.output, opset=a.opset, exporter=a.exporter)
 
 
 def _preprocess(a):
@@ -246,7 +246,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="Hugging Face folder -> fp32 ONNX with KV cache and external data")
     p.add_argument("hf_dir")
     p.add_argument("-o", "--output", required=True)
-    p.add_argument("--opset", type=int, default=17)
+    p.add_argument("--opset", type=int, default=EXPORT["opset"], help="ONNX opset (the torch exporter needs 18 or newer)")
+    p.add_argument("--exporter", default=EXPORT["exporter"], metavar="{optimum,torch}",
+                   help="optimum (optimum-onnx, default) or torch (torch.onnx.export with dynamo=True, for "
+                        "architectures optimum does not support yet); README, 'Export routes'")
     p.set_defaults(func=_export)
 
     p = sub.add_parser("preprocess", help="quant_pre_process: symbolic shapes + ORT basic optimization")

@@ -13,7 +13,14 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
-__all__ = ["EVALUATION", "LATENCY", "section"]
+__all__ = ["EVALUATION", "EXPORT", "LATENCY", "section"]
+
+#: ``export:`` (the fp32 export). ``exporter``: ``optimum`` (optimum-onnx) or ``torch``
+#: (``torch.onnx.export(dynamo=True)``, which needs ``opset`` 18 or newer); README, "Export routes".
+EXPORT: Mapping[str, Any] = MappingProxyType({
+    "exporter": "optimum",
+    "opset": 17,
+})
 
 #: ``evaluation:`` (accuracy against PyTorch and its reference stage). ``text`` is the shipped
 #: ``qwen_onnx/data/evaluation.txt`` (the library resolves it with :func:`qwen_onnx.text.shipped_text`;
@@ -39,11 +46,11 @@ LATENCY: Mapping[str, Any] = MappingProxyType({
     "profile": True,
 })
 
-_SECTIONS = {"evaluation": EVALUATION, "latency": LATENCY}
+_SECTIONS = {"export": EXPORT, "evaluation": EVALUATION, "latency": LATENCY}
 
 
 def section(name: str) -> dict[str, Any]:
-    """A copy of the defaults of config section ``name`` (``evaluation``, ``latency``), lists as lists.
+    """A copy of the defaults of config section ``name`` (``export``, ``evaluation``, ``latency``), lists as lists.
 
     Raises:
         KeyError: no defaults are kept here for ``name``.

@@ -134,3 +134,19 @@ def check_config(config: dict[str, Any]) -> None:
     for name, model in (config.get("models") or {}).items():
         if isinstance(model, dict):
             walk({k: v for k, v in model.items() if k != "source"}, f"models.{name}")
+    _check_export_route(config)
+
+
+def _check_export_route(config: dict[str, Any]) -> None:
+    """The torch exporter needs opset 18 or newer (:data:`qwen_onnx.torch_export.MIN_OPSET`), for
+    every model once its own ``export`` section is merged over the global one."""
+    from .defaults import EXPORT
+
+    shared = config.get("export") or {}
+    for name, model in (config.get("models") or {}).items():
+        own = (model or {}).get("export") or {} if isinstance(model, dict) else {}
+        merged = {**EXPORT, **shared, **own}
+        if merged["exporter"] == "torch" and isinstance(merged["opset"], int) and merged["opset"] < 18:
+            where = f"models.{name}.export" if own else "export"
+            raise OptionError(f"{where}.exporter torch needs opset 18 or newer (torch.onnx's exporter), but opset is "
+                              f"{merged['opset']}; set {where}.opset: 18")
