@@ -51,8 +51,8 @@ def test_gate_refuses_a_limit_on_an_unknown_figure():
 
 
 def test_variant_kinds():
-    assert [variant_kind(v) for v in ("fp32", "preprocessed", "optimized", "int8-dynamic", "int8-static")] == [
-        "float", "float", "float", "int8_dynamic", "int8_static"]
+    assert [variant_kind(v) for v in ("fp32", "preprocessed", "optimized", "fp16", "int8-dynamic", "int8-static")] == [
+        "float", "float", "float", "float16", "int8_dynamic", "int8_static"]
 
 
 def test_matched_prefix():

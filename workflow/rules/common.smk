@@ -38,6 +38,7 @@ STAGES = [
     "quantize_int4",
     "sensitivity",
     "optimize",
+    "float16",
     "evaluation",
     "latency",
 ]
@@ -62,6 +63,8 @@ MEM_PER_FP32_GB = {
     "quantize_int4": 1.3,
     "sensitivity": 1.8,
     "optimize": 1.8,
+    # fp32 graph and weights in memory, then their float16 copy and its serialisation
+    "convert_float16": 2.5,
     "accuracy": 2.5,
     # PyTorch fp32 (eager) + one window's logits: 3.5 GB measured on the 0.5B (1.97 GB fp32), 4.6 GB declared
     "reference": 1.8,
@@ -86,6 +89,7 @@ RUNTIME_MIN_PER_FP32_GB = {
     "quantize_int4": 0.7,
     "sensitivity": 0.4,
     "optimize": 0.3,
+    "convert_float16": 0.3,
     "reference": 2.0,  # 6.6 min on the 0.5B at load ~7 (3.3 per GB): PyTorch logits and greedy generation
     "accuracy": 1.3,
     "latency": 0.7,
