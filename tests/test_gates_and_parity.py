@@ -113,6 +113,7 @@ def break_variant(source, target):
     noise = np.random.default_rng(0).normal(0, 1.0, size=tuple(weight.dims)).astype(np.float32)
     weight.CopyFrom(numpy_helper.from_array(noise, weight.name))
     (target / DATA_FILE).unlink()
+    (target / "manifest.json").unlink()  # a hand-made folder: no manifest (else its sha256 check refuses it)
     save_with_external_data(proto, target / MODEL_FILE)
     return target
 
