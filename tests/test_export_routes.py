@@ -116,6 +116,8 @@ def test_bad_exporter_and_opset_answer_in_one_line(tmp_path, capsys):
     with pytest.raises(OptionError, match=r"^models.m.export.exporter torch needs opset 18"):
         check_config({"models": {"m": {**models["m"], "export": {"exporter": "torch", "opset": 17}}}})
     check_config({"models": models, "export": {"exporter": "torch", "opset": 18}})
+    with pytest.raises(OptionError, match=r"^export.exporter 'foo' is unknown; give one of optimum, torch$"):
+        check_config({"models": models, "export": {"exporter": "foo"}})
 
 
 def test_torch_too_old_is_named(monkeypatch, tmp_path):

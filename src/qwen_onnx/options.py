@@ -138,7 +138,7 @@ def check_config(config: dict[str, Any]) -> None:
 
 
 def _check_export_route(config: dict[str, Any]) -> None:
-    """The torch exporter needs opset 18 or newer (:data:`qwen_onnx.torch_export.MIN_OPSET`), for
+    """A known exporter; the torch exporter needs opset 18 or newer (:data:`qwen_onnx.torch_export.MIN_OPSET`), for
     every model once its own ``export`` section is merged over the global one."""
     from .defaults import EXPORT
 
@@ -146,6 +146,9 @@ def _check_export_route(config: dict[str, Any]) -> None:
     for name, model in (config.get("models") or {}).items():
         own = (model or {}).get("export") or {} if isinstance(model, dict) else {}
         merged = {**EXPORT, **shared, **own}
+        where = f"models.{name}.export" if "exporter" in own else "export"
+        if merged["exporter"] not in ("optimum", "torch"):  # qwen_onnx.export.EXPORTERS
+            raise OptionError(f"{where}.exporter {merged['exporter']!r} is unknown; give one of optimum, torch")
         if merged["exporter"] == "torch" and isinstance(merged["opset"], int) and merged["opset"] < 18:
             where = f"models.{name}.export" if own else "export"
             raise OptionError(f"{where}.exporter torch needs opset 18 or newer (torch.onnx's exporter), but opset is "
