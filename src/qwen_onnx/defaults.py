@@ -13,7 +13,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
-__all__ = ["EVALUATION", "EXPORT", "FLOAT16", "LATENCY", "section"]
+__all__ = ["EVALUATION", "EXPORT", "EXPORTERS", "FLOAT16", "LATENCY", "section"]
 
 #: ``export:`` (the fp32 export). ``exporter``: ``optimum`` (optimum-onnx) or ``torch``
 #: (``torch.onnx.export(dynamo=True)``, which needs ``opset`` 18 or newer); README, "Export routes".
@@ -21,6 +21,8 @@ EXPORT: Mapping[str, Any] = MappingProxyType({
     "exporter": "optimum",
     "opset": 17,
 })
+#: The allowed values of ``export.exporter``.
+EXPORTERS: tuple[str, ...] = ("optimum", "torch")
 
 #: ``float16:`` (the fp16 variant): op types and node names kept float32, on top of onnxruntime's
 #: ``float16.DEFAULT_OP_BLOCK_LIST``. Pow and ReduceMean (the RMSNorm's variance) and Softmax: chosen

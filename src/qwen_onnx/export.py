@@ -39,7 +39,7 @@ from .artifacts import (
     verify_manifest,
     write_json,
 )
-from .defaults import EXPORT
+from .defaults import EXPORT, EXPORTERS
 from .errors import ArtifactError, OptionError
 from .external import consolidate_external_data, external_locations, has_large_inline_tensor, lazy_model
 from .genai_config import write_genai_config
@@ -47,8 +47,6 @@ from .genai_config import write_genai_config
 log = logging.getLogger(__name__)
 
 TASK = "text-generation-with-past"
-#: The export routes (``export.exporter`` in the config, ``qwen-onnx export --exporter``).
-EXPORTERS = ("optimum", "torch")
 
 
 def export_onnx(
