@@ -44,6 +44,7 @@ from .artifacts import (
     write_json,
 )
 from .defaults import FLOAT16
+from .external import lazy_model
 from .genai_config import write_genai_config
 
 log = logging.getLogger(__name__)
@@ -107,9 +108,11 @@ def convert_float16_variant(
     source = model_path(input_dir)
     started = time.time()
     blocked = op_block_list(blocked_ops)
-    proto = onnx.load(str(source), load_external_data=False)
-    _infer_types(proto)  # on the graph alone: onnx's own inference refuses protos past 2 GiB
-    load_external_data_for_model(proto, str(source.parent))  # fp32 weights in memory: 4 bytes/parameter
+    # types from the graph alone (onnx's own inference refuses protos past 2 GiB); inside lazy_model the
+    # working directory is the folder, where symbolic inference reads the few constants it evaluates
+    with lazy_model(source.parent) as (proto, _):
+        _infer_types(proto)
+    load_external_data_for_model(proto, str(source.parent.resolve()))  # fp32 weights in memory: 4 bytes/parameter
     proto = convert_float_to_float16(proto, keep_io_types=True, disable_shape_infer=True,
                                      op_block_list=blocked, node_block_list=list(blocked_nodes))
     model = OnnxModel(proto)
