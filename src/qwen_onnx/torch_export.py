@@ -26,8 +26,10 @@ the cache as flat tensors and builds the ``DynamicCache`` inside ``forward`` (it
 registration, no patch of transformers. Attention runs ``eager`` (a float additive mask: a
 left-padded row that sees no token gets a uniform softmax, never NaN).
 
-Opset: the exporter writes opset 18 natively; onnx's version converter cannot lower the Qwen graph
-to 17 (its ``Squeeze``/``ReduceMean`` axes are computed), so this route needs ``opset >= 18``.
+Opset: the exporter writes opset 18 natively; asked for 17, it runs onnx's version converter, which
+fails on the Qwen graph (torch 2.13, onnx 1.23: "axes_input_to_attribute ... No initializer or
+constant input to node found": an opset-18 ``axes`` input it cannot turn back into an attribute) and
+the exporter keeps opset 18 with a warning. This route therefore asks for ``opset >= 18``.
 """
 
 from __future__ import annotations
