@@ -18,8 +18,8 @@ by measuring on Qwen2.5-Coder-0.5B (README, "fp16"): the RMSNorm's ``Pow`` and `
 (float16 squares of Qwen's large hidden activations overflow 65504) and ``Softmax``.
 
 Speed: float16 is meant for execution providers with float16 kernels (CUDA, DirectML, CoreML,
-ARM64 CPUs with FP16). On this project's x86 build machine (no AVX512-FP16) onnxruntime 1.32's CPU
-provider still runs the float16 MatMuls (MatMul 84% of the profiled time, the inserted Casts 2.8%);
+ARM64 CPUs with FP16). On this project's x86 build machine (no AVX512-FP16) the op profile of its
+latency run with onnxruntime 1.32's CPU provider lists MatMul at 84% of the time and Cast at 2.8%;
 README, "fp16", has the measured latency against fp32.
 """
 
