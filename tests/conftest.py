@@ -51,15 +51,17 @@ def tiny_qwen2(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def pipeline(tmp_path_factory, tiny_qwen2, texts) -> dict[str, Path]:
-    """The stages run once on the tiny Qwen2: hf, fp32, preprocessed, int8-dynamic, int8-static, optimized, int4."""
+    """The stages run once on the tiny Qwen2: hf, fp32, preprocessed, int8-dynamic, int8-static, optimized, int4, fp16."""
     from qwen_onnx.export import export_onnx, preprocess
+    from qwen_onnx.float16 import convert_float16_variant
     from qwen_onnx.int4 import Int4Settings, quantize_int4_variant
     from qwen_onnx.optimize import optimize_variant
     from qwen_onnx.quantize import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
     from qwen_onnx.resolve import resolve
 
     root = tmp_path_factory.mktemp("pipeline")
-    dirs = {name: root / name for name in ("hf", "fp32", "preprocessed", "int8-dynamic", "int8-static", "optimized", "int4")}
+    dirs = {name: root / name for name in ("hf", "fp32", "preprocessed", "int8-dynamic", "int8-static", "optimized", "int4",
+                                              "fp16")}
     resolve(str(tiny_qwen2), dirs["hf"])
     export_onnx(dirs["hf"], dirs["fp32"], opset=17)
     preprocess(dirs["fp32"], dirs["preprocessed"])
@@ -72,6 +74,7 @@ def pipeline(tmp_path_factory, tiny_qwen2, texts) -> dict[str, Path]:
     optimize_variant(dirs["hf"], dirs["optimized"])
     # int4 from the fused graph, as the workflow builds it (round-to-nearest: fast on the tiny model)
     quantize_int4_variant(dirs["optimized"], dirs["int4"], Int4Settings(algorithm="rtn", block_size=16))
+    convert_float16_variant(dirs["fp32"], dirs["fp16"])
     return dirs
 
 

@@ -185,7 +185,7 @@ def test_slurm_profile_resources_apply_to_every_job(tmp_path, tiny_qwen2, texts)
     jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", result.stdout, re.M)
     resources = {rule: dict(item.split("=", 1) for item in line.split(", ")) for rule, line in jobs}
     assert set(resources) == {"resolve", "export", "preprocess", "sensitivity", "quantize_dynamic", "quantize_static",
-                              "quantize_int4", "optimize", "inspect", "diff", "reference", "accuracy", "latency",
+                              "quantize_int4", "convert_float16", "optimize", "inspect", "diff", "reference", "accuracy", "latency",
                               "latency_pytorch", "peers", "machine", "report", "all"}
     for rule, res in resources.items():
         assert res["slurm_partition"] == "cpu" and res["slurm_account"] == "my-account", rule
@@ -194,13 +194,14 @@ def test_slurm_profile_resources_apply_to_every_job(tmp_path, tiny_qwen2, texts)
         assert (res.get("slurm_extra") == "--exclusive") == (rule in ("latency", "latency_pytorch", "peers", "machine"))
     # declared from params_billion (workflow/rules/common.smk), not replaced by the profile
     assert (resources["export"]["mem_mb"], resources["export"]["runtime"]) == ("21815", "43")
-    assert resources["latency"]["mem_mb"] == "18031" and resources["accuracy"]["mem_mb"] == "16769"
+    assert resources["latency"]["mem_mb"] == "21815" and resources["accuracy"]["mem_mb"] == "16769"
+    assert resources["peers"]["mem_mb"] == "18031" and resources["convert_float16"]["mem_mb"] == "21815"
 
 
 def test_every_rule_declares_threads_memory_and_runtime():
     rules = re.split(r"^rule ", "".join(p.read_text() for p in sorted((REPO / "workflow" / "rules").glob("*.smk"))),
                      flags=re.M)[1:]
-    assert len(rules) == 17
+    assert len(rules) == 18
     for body in rules:
         name = body.split(":", 1)[0]
         for directive in ("    threads: ", "        mem_mb=", "        runtime=", "    log:", "    conda:"):

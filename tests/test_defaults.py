@@ -67,11 +67,25 @@ def test_config_yaml_states_the_schema_defaults(section):
     assert {k: v for k, v in flat(CONFIG[section]).items()} == {k: expected[k] for k in flat(CONFIG[section])}
 
 
-@pytest.mark.parametrize("section", ["evaluation", "latency"])
+@pytest.mark.parametrize("section", ["export", "float16", "evaluation", "latency"])
 def test_defaults_module_is_the_schema_and_config_yaml(section):
     assert defaults.section(section) == {k: schema_defaults(section)[k] for k in defaults.section(section)}
     assert defaults.section(section) == {k: CONFIG[section][k] for k in defaults.section(section)}
     assert (REPO / defaults.EVALUATION["text"]).read_bytes() == shipped_text(EVALUATION_TEXT).read_bytes()
+
+
+def test_export_and_float16_defaults_are_the_librarys_and_the_clis():
+    from qwen_onnx.export import export_onnx
+    from qwen_onnx.float16 import EXTRA_BLOCKED_OPS, convert_float16_variant
+
+    export, float16 = defaults.section("export"), defaults.section("float16")
+    parameters = inspect.signature(export_onnx).parameters
+    assert {k: parameters[k].default for k in export} == export
+    assert list(EXTRA_BLOCKED_OPS) == float16["blocked_ops"]
+    assert inspect.signature(convert_float16_variant).parameters["blocked_ops"].default == EXTRA_BLOCKED_OPS
+    assert {k: cli_defaults("export")[k] for k in export} == export
+    assert cli_defaults("float16")["blocked_ops"] == float16["blocked_ops"]
+    assert cli_defaults("float16")["blocked_nodes"] == float16["blocked_nodes"]
 
 
 def test_library_functions_read_the_defaults_module():

@@ -51,8 +51,8 @@ def test_gate_refuses_a_limit_on_an_unknown_figure():
 
 
 def test_variant_kinds():
-    assert [variant_kind(v) for v in ("fp32", "preprocessed", "optimized", "int8-dynamic", "int8-static")] == [
-        "float", "float", "float", "int8_dynamic", "int8_static"]
+    assert [variant_kind(v) for v in ("fp32", "preprocessed", "optimized", "fp16", "int8-dynamic", "int8-static")] == [
+        "float", "float", "float", "float16", "int8_dynamic", "int8_static"]
 
 
 def test_matched_prefix():
@@ -113,6 +113,7 @@ def break_variant(source, target):
     noise = np.random.default_rng(0).normal(0, 1.0, size=tuple(weight.dims)).astype(np.float32)
     weight.CopyFrom(numpy_helper.from_array(noise, weight.name))
     (target / DATA_FILE).unlink()
+    (target / "manifest.json").unlink()  # a hand-made folder: no manifest (else its sha256 check refuses it)
     save_with_external_data(proto, target / MODEL_FILE)
     return target
 

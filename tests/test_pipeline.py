@@ -25,7 +25,9 @@ def _job(results, model, job, wall, rss, cpu, log_peak=None, child=0, ended=None
 
 
 def test_registry_names_kinds_and_parents():
-    assert NAMES == ("fp32", "preprocessed", "int8-dynamic", "int8-static", "int4", "optimized")
+    assert NAMES == ("fp32", "preprocessed", "int8-dynamic", "int8-static", "int4", "optimized", "fp16")
+    assert variant("fp16").rule == "convert_float16" and variant("fp16").parent == "fp32"
+    assert variant("fp16").kind == "float16"
     assert variant("int4").rule == "quantize_int4" and variant("int4").parent == "optimized"
     with pytest.raises(KeyError, match="unknown variant 'int2'; known: fp32, preprocessed"):
         variant("int2")
@@ -36,6 +38,8 @@ def test_dependencies_follow_the_registry():
     assert dependencies("quantize_int4", {"int4": "preprocessed"}) == ["preprocess", "sensitivity"]
     assert dependencies("sensitivity") == ["optimize"]
     assert dependencies("preprocess") == ["export"]
+    assert dependencies("convert_float16") == ["export"]
+    assert dependencies("accuracy.fp16") == ["convert_float16", "resolve", "reference"]
     assert dependencies("diff.int8-static") == ["quantize_static", "export"]
     assert dependencies("accuracy.fp32") == ["export", "resolve", "reference"]
     assert dependencies("latency.pytorch") == ["resolve"]

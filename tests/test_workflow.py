@@ -186,6 +186,25 @@ def test_calibration_change_reruns_only_the_static_variant(finished_run, texts):
     assert one_model == {**per_model, "report": 1, "all": 1}
 
 
+def test_float16_settings_rerun_only_the_fp16_variant_and_the_exporter_reruns_all(finished_run):
+    config = yaml.safe_load((finished_run / "config.yaml").read_text())
+    original = yaml.safe_dump(config)
+    try:
+        config["float16"] = {"blocked_ops": ["Pow", "ReduceMean"]}
+        (finished_run / "config.yaml").write_text(yaml.safe_dump(config))
+        blocked = planned_jobs(snakemake(finished_run, "-n"))
+        config["float16"] = {}
+        config["export"] = {"exporter": "torch", "opset": 18}
+        (finished_run / "config.yaml").write_text(yaml.safe_dump(config))
+        exporter = planned_jobs(snakemake(finished_run, "-n"))
+    finally:
+        (finished_run / "config.yaml").write_text(original)
+    per_model = {"convert_float16": 1, "inspect": 1, "diff": 1, "accuracy": 1, "latency": 1}
+    assert blocked == {**{rule: 3 for rule in per_model}, "report": 1, "all": 1}
+    assert exporter["export"] == 3 and exporter["preprocess"] == 3 and exporter["convert_float16"] == 3
+    assert "optimize" not in exporter  # the builder starts from hf, not from the export
+
+
 def test_adding_a_model_reruns_only_that_models_stages(finished_run, tiny_qwen2):
     config = yaml.safe_load((finished_run / "config.yaml").read_text())
     original = yaml.safe_dump(config)
@@ -195,9 +214,10 @@ def test_adding_a_model_reruns_only_that_models_stages(finished_run, tiny_qwen2)
         result = snakemake(finished_run, "-n")
     finally:
         (finished_run / "config.yaml").write_text(original)
+    n = len(VARIANTS)
     assert planned_jobs(result) == {"resolve": 1, "export": 1, "preprocess": 1, "sensitivity": 1, "quantize_dynamic": 1,
-                                    "quantize_static": 1, "quantize_int4": 1,
-                    "optimize": 1, "inspect": 6, "diff": 5, "reference": 1, "accuracy": 6, "latency": 6,
+                                    "quantize_static": 1, "quantize_int4": 1, "convert_float16": 1,
+                    "optimize": 1, "inspect": n, "diff": n - 1, "reference": 1, "accuracy": n, "latency": n,
                     "latency_pytorch": 1, "peers": 1, "report": 1, "all": 1}
 
 
@@ -221,8 +241,8 @@ def test_evaluation_settings_rerun_the_reference_only_when_they_change_it(finish
     finally:
         (finished_run / "config.yaml").write_text(original)
     models = len(config["models"])
-    assert windows == {"reference": models, "accuracy": 6 * models, "report": 1, "all": 1}
-    assert steps == {"accuracy": 6 * models, "report": 1, "all": 1}
+    assert windows == {"reference": models, "accuracy": len(VARIANTS) * models, "report": 1, "all": 1}
+    assert steps == {"accuracy": len(VARIANTS) * models, "report": 1, "all": 1}
 
 
 

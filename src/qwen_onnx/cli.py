@@ -12,7 +12,7 @@ import logging
 import sys
 
 from .errors import QwenOnnxError
-from .defaults import EVALUATION, LATENCY
+from .defaults import EVALUATION, EXPORT, FLOAT16, LATENCY
 from .gates import DEFAULT_GATES
 from .text import CALIBRATION_TEXT, EVALUATION_TEXT, shipped_text
 
@@ -26,7 +26,7 @@ def _resolve(a):
 def _export(a):
     from .export import export_onnx
 
-    return export_onnx(a.hf_dir, a.output, opset=a.opset)
+    return export_onnx(a.hf_dir, a.output, opset=a.opset, exporter=a.exporter)
 
 
 def _preprocess(a):
@@ -73,6 +73,12 @@ def _int4(a):
     )
     return quantize_int4_variant(a.input, a.output, settings, sensitivity=a.sensitivity,
                                  calibration_text=a.calibration_text)
+
+
+def _float16(a):
+    from .float16 import convert_float16_variant
+
+    return convert_float16_variant(a.input, a.output, blocked_ops=a.blocked_ops, blocked_nodes=a.blocked_nodes)
 
 
 def _sensitivity(a):
@@ -246,7 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="Hugging Face folder -> fp32 ONNX with KV cache and external data")
     p.add_argument("hf_dir")
     p.add_argument("-o", "--output", required=True)
-    p.add_argument("--opset", type=int, default=17)
+    p.add_argument("--opset", type=int, default=EXPORT["opset"], help="ONNX opset (the torch exporter needs 18 or newer)")
+    p.add_argument("--exporter", default=EXPORT["exporter"], metavar="{optimum,torch}",
+                   help="optimum (optimum-onnx, default) or torch (torch.onnx.export with dynamo=True, for "
+                        "architectures optimum does not support yet); README, 'Export routes'")
     p.set_defaults(func=_export)
 
     p = sub.add_parser("preprocess", help="quant_pre_process: symbolic shapes + ORT basic optimization")
@@ -317,6 +326,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=8, help="gptq calibration windows")
     p.add_argument("--sequence-length", type=int, default=128, help="gptq tokens per window")
     p.set_defaults(func=_int4)
+
+    p = sub.add_parser("float16", help="fp16 variant: onnxruntime float16 conversion, float32 inputs, outputs and KV cache")
+    p.add_argument("input", help="float32 variant folder (fp32)")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--blocked-ops", nargs="*", default=list(FLOAT16["blocked_ops"]), metavar="OP",
+                   help="op types kept float32, on top of onnxruntime's DEFAULT_OP_BLOCK_LIST (default: %(default)s)")
+    p.add_argument("--blocked-nodes", nargs="*", default=list(FLOAT16["blocked_nodes"]), metavar="NODE",
+                   help="node names kept float32")
+    p.set_defaults(func=_float16)
 
     p = sub.add_parser("sensitivity", help="per-MatMul INT8 error (SQNR) on calibration text, lowest first")
     p.add_argument("input", help="pre-processed variant folder")

@@ -13,7 +13,24 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
-__all__ = ["EVALUATION", "LATENCY", "section"]
+__all__ = ["EVALUATION", "EXPORT", "EXPORTERS", "FLOAT16", "LATENCY", "section"]
+
+#: ``export:`` (the fp32 export). ``exporter``: ``optimum`` (optimum-onnx) or ``torch``
+#: (``torch.onnx.export(dynamo=True)``, which needs ``opset`` 18 or newer); README, "Export routes".
+EXPORT: Mapping[str, Any] = MappingProxyType({
+    "exporter": "optimum",
+    "opset": 17,
+})
+#: The allowed values of ``export.exporter``.
+EXPORTERS: tuple[str, ...] = ("optimum", "torch")
+
+#: ``float16:`` (the fp16 variant): op types and node names kept float32, on top of onnxruntime's
+#: ``float16.DEFAULT_OP_BLOCK_LIST``. Pow and ReduceMean (the RMSNorm's variance) and Softmax: chosen
+#: by measuring on the 0.5B (README, "fp16"; :mod:`qwen_onnx.float16`).
+FLOAT16: Mapping[str, Any] = MappingProxyType({
+    "blocked_ops": ("Pow", "ReduceMean", "Softmax"),
+    "blocked_nodes": (),
+})
 
 #: ``evaluation:`` (accuracy against PyTorch and its reference stage). ``text`` is the shipped
 #: ``qwen_onnx/data/evaluation.txt`` (the library resolves it with :func:`qwen_onnx.text.shipped_text`;
@@ -39,11 +56,11 @@ LATENCY: Mapping[str, Any] = MappingProxyType({
     "profile": True,
 })
 
-_SECTIONS = {"evaluation": EVALUATION, "latency": LATENCY}
+_SECTIONS = {"export": EXPORT, "float16": FLOAT16, "evaluation": EVALUATION, "latency": LATENCY}
 
 
 def section(name: str) -> dict[str, Any]:
-    """A copy of the defaults of config section ``name`` (``evaluation``, ``latency``), lists as lists.
+    """A copy of the defaults of config section ``name`` (``export``, ``float16``, ``evaluation``, ``latency``), lists as lists.
 
     Raises:
         KeyError: no defaults are kept here for ``name``.

@@ -41,3 +41,7 @@ class OptionError(QwenOnnxError, ValueError):
 
 class TextError(QwenOnnxError, ValueError):
     """A text input cannot serve: too short for the windows or prompts asked, or not UTF-8."""
+
+
+class ExportError(QwenOnnxError):
+    """An exporter cannot run in this environment (torch too old, onnxscript missing) or failed on the model."""

@@ -1,9 +1,14 @@
-"""fp32 ONNX export of a Qwen Hugging Face folder through optimum-onnx, and the ONNX Runtime pre-processing.
+"""fp32 ONNX export of a Qwen Hugging Face folder (optimum-onnx or torch.onnx), and the ONNX Runtime pre-processing.
 
-Export: optimum's ``main_export`` with task ``text-generation-with-past`` (one decoder graph that
-takes ``past_key_values.*`` and returns ``present.*``;
-https://huggingface.co/docs/optimum-onnx/onnx/usage_guides/export_a_model). Weights are written as
-one external data file ``model.onnx_data``.
+Export, two routes (:data:`EXPORTERS`) writing the same graph interface:
+
+- ``optimum`` (default): optimum's ``main_export`` with task ``text-generation-with-past`` (one
+  decoder graph that takes ``past_key_values.*`` and returns ``present.*``;
+  https://huggingface.co/docs/optimum-onnx/onnx/usage_guides/export_a_model);
+- ``torch``: ``torch.onnx.export(dynamo=True)`` through :mod:`qwen_onnx.torch_export`, for
+  architectures optimum-onnx does not support yet (it pins transformers < 4.58).
+
+Either way the weights are written as one external data file ``model.onnx_data``.
 
 Pre-processing: the three steps of onnxruntime's ``quant_pre_process`` (symbolic shape
 inference, ORT basic graph optimization, ONNX shape inference), the step ORT recommends before
@@ -34,7 +39,8 @@ from .artifacts import (
     verify_manifest,
     write_json,
 )
-from .errors import ArtifactError
+from .defaults import EXPORT, EXPORTERS
+from .errors import ArtifactError, OptionError
 from .external import consolidate_external_data, external_locations, has_large_inline_tensor, lazy_model
 from .genai_config import write_genai_config
 
@@ -47,30 +53,43 @@ def export_onnx(
     hf_dir: str | os.PathLike,
     output_dir: str | os.PathLike,
     *,
-    opset: int = 17,
+    opset: int = EXPORT["opset"],
     task: str = TASK,
+    exporter: str = EXPORT["exporter"],
 ) -> dict:
     """Export ``hf_dir`` to ``output_dir/model.onnx`` + ``model.onnx_data`` in fp32.
+
+    Both routes write the graph of :mod:`qwen_onnx.runtime`'s contract: ``input_ids``,
+    ``attention_mask``, ``position_ids``, ``past_key_values.{i}.key/value`` (float32
+    [batch_size, kv_heads, past_sequence_length, head_dim]) -> ``logits`` float32
+    [batch_size, sequence_length, vocab], ``present.{i}.key/value``, with the same named axes.
 
     Args:
         hf_dir: Hugging Face folder written by :func:`qwen_onnx.resolve.resolve`.
         output_dir: variant folder to create (replaced if present).
-        opset: ONNX opset (17 and 18 are tested).
-        task: optimum task; the pipeline needs ``text-generation-with-past``.
+        opset: ONNX opset (17 and 18 are tested; the torch route needs 18 or newer).
+        task: optimum task; the pipeline needs ``text-generation-with-past`` (optimum route only).
+        exporter: ``optimum`` or ``torch`` (:data:`EXPORTERS`; README, "Export routes").
 
     Returns:
-        Provenance written to ``output_dir/export.json``: opset, task, seconds, versions.
+        Provenance written to ``output_dir/export.json``: exporter, opset, task, seconds, versions.
 
     Raises:
-        OptionError: ``opset`` outside :data:`qwen_onnx.options.RANGES`.
+        OptionError: ``opset`` outside :data:`qwen_onnx.options.RANGES`, an unknown ``exporter``,
+            or the torch route below opset 18.
+        ExportError: the torch route cannot run here (torch too old, onnxscript missing) or failed.
         ArtifactError: ``hf_dir`` is not a model folder, or the exporter wrote no ``model.onnx``.
         IntegrityError: a file of ``hf_dir`` differs from its manifest.
     """
-    from optimum.exporters.onnx import main_export
-
     from .options import check_options
 
     check_options(opset=opset)
+    if exporter not in EXPORTERS:
+        raise OptionError(f"exporter {exporter!r} is unknown; give one of {', '.join(EXPORTERS)}")
+    if exporter == "torch":
+        from .torch_export import check_torch_exporter
+
+        check_torch_exporter(opset)  # before any folder is made
 
     hf_dir = Path(hf_dir)
     if not (hf_dir / "config.json").is_file():
@@ -79,26 +98,36 @@ def export_onnx(
     started = time.time()
     # the exporter's scratch lives inside the staged folder: a killed export leaves one folder to sweep
     with staged_dir(output_dir) as stage, tempfile.TemporaryDirectory(prefix="qwen-onnx-export-", dir=stage) as scratch:
-        main_export(
-            str(hf_dir),
-            output=scratch,
-            task=task,
-            opset=opset,
-            device="cpu",
-            do_validation=False,  # the accuracy stage compares against PyTorch on real text
-            library_name="transformers",
-        )
+        route: dict = {}
+        if exporter == "torch":
+            from .torch_export import export_torch
+
+            route = export_torch(hf_dir, scratch, opset=opset)
+        else:
+            from optimum.exporters.onnx import main_export
+
+            main_export(
+                str(hf_dir),
+                output=scratch,
+                task=task,
+                opset=opset,
+                device="cpu",
+                do_validation=False,  # the accuracy stage compares against PyTorch on real text
+                library_name="transformers",
+            )
         exported = Path(scratch) / MODEL_FILE
         if not exported.is_file():
-            raise ArtifactError(f"optimum wrote no {MODEL_FILE} in {scratch}: {sorted(os.listdir(scratch))}")
+            raise ArtifactError(f"{exporter} wrote no {MODEL_FILE} in {scratch}: {sorted(os.listdir(scratch))}")
         consolidate_external_data(
             onnx.load(str(exported), load_external_data=False), stage / MODEL_FILE, search=[scratch]
         )
         copy_side_files(hf_dir, stage)
         write_genai_config(stage)  # onnxruntime-genai runs the folder
         info = {
+            "exporter": exporter,
             "task": task,
             "opset": opset,
+            **route,
             "seconds": round(time.time() - started, 1),
             "library_versions": library_versions(),
         }

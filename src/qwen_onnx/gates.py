@@ -38,6 +38,8 @@ DEFAULT_GATES: dict[str, dict[str, float]] = {
         "kv_cache_max_abs_diff": 0.05,
         "generation_match_pct": 90,
     },
+    # fp16: float16 weights and activations, float32 at the edges (README, "fp16")
+    "float16": {"ppl_delta_pct": 0.5, "top1_pct": 98},
     "int8_dynamic": {"ppl_delta_pct": 1.0, "top1_pct": 95, "kl_mean": 0.05},
     "int8_static": {"ppl_delta_pct": 2.0, "top1_pct": 93, "kl_mean": 0.08},
     "int4": {"ppl_delta_pct": 3.0, "top1_pct": 90, "kl_mean": 0.1},
@@ -45,7 +47,7 @@ DEFAULT_GATES: dict[str, dict[str, float]] = {
 
 
 def default_gate(kind: str) -> dict[str, float]:
-    """A copy of the default limits of gate ``kind`` (``float``, ``int8_dynamic``, ``int8_static``, ``int4``).
+    """A copy of the default limits of gate ``kind`` (``float``, ``float16``, ``int8_dynamic``, ``int8_static``, ``int4``).
 
     Raises:
         KeyError: unknown kind.

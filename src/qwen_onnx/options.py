@@ -134,3 +134,23 @@ def check_config(config: dict[str, Any]) -> None:
     for name, model in (config.get("models") or {}).items():
         if isinstance(model, dict):
             walk({k: v for k, v in model.items() if k != "source"}, f"models.{name}")
+    _check_export_route(config)
+
+
+def _check_export_route(config: dict[str, Any]) -> None:
+    """A known exporter; the torch exporter needs opset 18 or newer (:data:`qwen_onnx.torch_export.MIN_OPSET`), for
+    every model once its own ``export`` section is merged over the global one."""
+    from .defaults import EXPORT, EXPORTERS
+    from .torch_export import MIN_OPSET
+
+    shared = config.get("export") or {}
+    for name, model in (config.get("models") or {}).items():
+        own = (model or {}).get("export") or {} if isinstance(model, dict) else {}
+        merged = {**EXPORT, **shared, **own}
+        where = f"models.{name}.export" if "exporter" in own else "export"
+        if merged["exporter"] not in EXPORTERS:
+            raise OptionError(f"{where}.exporter {merged['exporter']!r} is unknown; give one of {', '.join(EXPORTERS)}")
+        if merged["exporter"] == "torch" and isinstance(merged["opset"], int) and merged["opset"] < MIN_OPSET:
+            where = f"models.{name}.export" if own else "export"
+            raise OptionError(f"{where}.exporter torch needs opset {MIN_OPSET} or newer (torch.onnx's exporter), but "
+                              f"opset is {merged['opset']}; set {where}.opset: {MIN_OPSET}")

@@ -16,8 +16,8 @@ class Variant:
 
     Attributes:
         name: the folder name, and the ``variant`` column of the report.
-        kind: the gate kind in the config's ``gates`` section (``float``, ``int8_dynamic``,
-            ``int8_static``, ``int4``).
+        kind: the gate kind in the config's ``gates`` section (``float``, ``float16``,
+            ``int8_dynamic``, ``int8_static``, ``int4``).
         rule: the Snakemake rule that writes the folder.
         parent: the folder it is built from (``hf`` is the resolved checkpoint). The quantized
             variants start from ``optimized``, or from ``preprocessed`` when the config's
@@ -43,6 +43,8 @@ VARIANTS: tuple[Variant, ...] = (
             "QDQ INT8 with calibrated activation scales"),
     Variant("int4", "int4", "quantize_int4", "optimized", "MatMulNBits 4-bit, accuracy_level 4"),
     Variant("optimized", "float", "optimize", "hf", "fused decoder graph (GroupQueryAttention)"),
+    Variant("fp16", "float16", "convert_float16", "fp32",
+            "onnxruntime's float16 conversion, float32 inputs, outputs and KV cache"),
 )
 
 #: Variant names in report order.

@@ -1,5 +1,5 @@
 rule export:
-    """fp32 ONNX with KV cache inputs (past_key_values.*) and one external data file."""
+    """fp32 ONNX with KV cache inputs (past_key_values.*) and one external data file, through optimum or torch.onnx."""
     input:
         hf=f"{RESULTS}/{{model}}/hf",
     output:
