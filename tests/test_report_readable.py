@@ -59,14 +59,14 @@ def test_recommend_picks_passing_variants_per_goal_and_says_when_none_passes():
 def test_every_variant_and_peer_has_its_own_style_and_new_names_get_one_too():
     known = ["pytorch", *NAMES, *PEER_VARIANTS]
     assert set(known) <= set(STYLES)
-    styles = variant_styles([*known, "fp16", "int8-mixed"])
+    styles = variant_styles([*known, "bf16", "int3"])  # names nobody registered yet
     pairs = [(s.colour, s.marker) for s in styles.values()]
     assert len(set(pairs)) == len(pairs) == len(known) + 2
     colours = [s.colour for s in styles.values()]
     assert len(set(colours)) == len(colours)  # even the colours alone tell them apart
     # a name's style does not depend on which other names are drawn
-    assert variant_styles(["fp16"])["fp16"] == styles["fp16"] and variant_styles(["int4"])["int4"] == STYLES["int4"]
-    assert variant_styles(["fp16"]) == variant_styles(["fp16"])
+    assert variant_styles(["bf16"])["bf16"] == styles["bf16"] and variant_styles(["int4"])["int4"] == STYLES["int4"]
+    assert variant_styles(["bf16"]) == variant_styles(["bf16"])
 
 
 def _drawn(fig):

@@ -28,7 +28,8 @@ class Style:
     marker: str
 
 
-#: Fixed styles: matplotlib's tab10 colours, one marker each. PyTorch, the reference, is black.
+#: Fixed styles: matplotlib's tab10 colours (tab20b for the later variants), one marker each. PyTorch,
+#: the reference, is black.
 STYLES: dict[str, Style] = {
     "pytorch": Style("#000000", "*"),
     "fp32": Style("#1f77b4", "o"),
@@ -37,6 +38,8 @@ STYLES: dict[str, Style] = {
     "int8-dynamic": Style("#ff7f0e", "^"),
     "int8-static": Style("#d62728", "v"),
     "int4": Style("#2ca02c", "P"),
+    "fp16": Style("#bd9e39", "d"),  # tab20b's gold
+    "int8-mixed": Style("#ad494a", "<"),  # tab20b's dark red, a sibling of int8-static
     "llama.cpp": Style("#8c564b", "X"),
     "genai-builder-int4": Style("#e377c2", "h"),
     "genai-builder-int4-ort": Style("#bcbd22", "p"),
