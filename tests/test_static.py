@@ -10,7 +10,8 @@ import onnx
 import pytest
 
 from qwen_onnx.artifacts import MODEL_FILE
-from qwen_onnx.calibration import StreamingCalibrator, TextCalibrationReader, stream_ranges
+from qwen_onnx.activation_ranges import StreamingCalibrator, stream_ranges
+from qwen_onnx.calibration import TextCalibrationReader
 from qwen_onnx.external import lazy_model
 from qwen_onnx.matmuls import weight_matmuls
 from qwen_onnx.quantize import StaticSettings, quantize_static_variant
@@ -138,7 +139,7 @@ def test_streaming_calibrator_matches_onnxruntime(pipeline, texts, tmp_path, met
 
 
 def test_search_calibration_clips_an_outlier():
-    from qwen_onnx.calibration import search_clip_ratio
+    from qwen_onnx.activation_ranges import search_clip_ratio
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(256, 32)).astype(np.float32)

@@ -46,7 +46,7 @@ from .embeddings import EmbeddingPlan, embedding_tied, quantize_embedding
 from .export import normalise_external_data
 from .external import ScratchFiles, lazy_model
 from .blockwise import blockwise_int8
-from .calibration import CALIBRATION_METHODS, StreamingCalibrator, stream_ranges, tensors_data
+from .activation_ranges import CALIBRATION_METHODS, StreamingCalibrator, stream_ranges, tensors_data
 from .genai_config import write_genai_config
 from .matmuls import activation_matmuls, weight_matmul_names, weight_matmuls
 from .sensitivity import choose_float_nodes
@@ -144,7 +144,7 @@ class StaticSettings(_SensitiveSettings):
         per_channel: per-channel weight scales.
         method: calibration method, one of ``MinMax``, ``Entropy``, ``Percentile`` (onnxruntime's)
             or ``Search`` (the clipping of the MinMax range with the lowest MatMul output error);
-            all streamed one window at a time (:class:`qwen_onnx.calibration.StreamingCalibrator`).
+            all streamed one window at a time (:class:`qwen_onnx.activation_ranges.StreamingCalibrator`).
         samples: number of calibration windows of ``sequence_length`` tokens.
         sequence_length: tokens per calibration window.
         activation_type: ``QUInt8`` or ``QInt8`` (ORT recommends U8S8 on x86 CPUs).
@@ -444,7 +444,6 @@ def quantize_static_variant(
     windows = token_windows(tokenizer, calibration_text, settings.sequence_length, settings.samples)
     if any(not 0 < a < 1 for a in settings.smooth_alphas) or (settings.smooth and not settings.smooth_alphas):
         raise QwenOnnxError(f"smooth_alphas {settings.smooth_alphas} must be numbers between 0 and 1 (exclusive)")
-    method = getattr(CalibrationMethod, "MinMax" if settings.method == "Search" else settings.method)
     if settings.matmul_const_b_only:
         excluded += [name for name in activation_matmuls(source) if name not in excluded]
     plan = _embedding_plan(settings, input_dir)
@@ -474,7 +473,8 @@ def quantize_static_variant(
             per_channel=settings.per_channel,
             activation_type=getattr(QuantType, settings.activation_type),
             weight_type=getattr(QuantType, settings.weight_type),
-            calibrate_method=method,
+            # the cache holds final ranges whatever the method (qwen_onnx.activation_ranges.tensors_data)
+            calibrate_method=CalibrationMethod.MinMax,
             nodes_to_exclude=excluded,
             use_external_data_format=True,
             calibration_cache_path=str(cache),

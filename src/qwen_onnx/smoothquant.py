@@ -394,26 +394,6 @@ def search_smoothing(graph: onnx.GraphProto, groups: Sequence[SmoothGroup], stat
 
 
 
-def capture_session(proto: onnx.ModelProto, tensor_names: Sequence[str], path: Path, threads: int | None = None):
-    """An ONNX Runtime session of ``proto`` with ``tensor_names`` added as graph outputs, saved at
-    ``path`` (beside the weights; graph optimizations off so that every named tensor exists)."""
-    import onnxruntime as ort
-
-    from .runtime import session_options
-
-    capture = onnx.ModelProto()
-    capture.CopyFrom(proto)
-    present = {o.name for o in capture.graph.output}
-    for name in tensor_names:
-        if name not in present:
-            capture.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-    onnx.save_model(capture, str(path))
-    del capture
-    options = session_options(threads)
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
 def smooth_graph(graph_only: Path, windows: np.ndarray, scratch, *, alphas: Sequence[float] = DEFAULT_ALPHAS,
                  search_tokens: int = 512, symmetric: bool = False,
                  threads: int | None = None) -> tuple[Path, list[dict[str, Any]]]:
@@ -436,7 +416,7 @@ def smooth_graph(graph_only: Path, windows: np.ndarray, scratch, *, alphas: Sequ
     Raises:
         QwenOnnxError: the graph has no MatMul group whose input can absorb a scale.
     """
-    from .calibration import TextCalibrationReader
+    from .calibration import TextCalibrationReader, capture_session
 
     proto = onnx.load(str(graph_only), load_external_data=False)
     groups = smoothing_groups(proto.graph)
