@@ -269,18 +269,18 @@ class _DataWriter:
         self._file = open(path, "wb")
 
     def set(self, tensor: onnx.TensorProto, array: np.ndarray) -> None:
-        data = np.ascontiguousarray(array, dtype=np.float32).tobytes()
+        data = np.ascontiguousarray(array, dtype=np.float32)
         offset = self._file.tell()
         pad = (-offset) % 64  # ORT memory-maps external data; keep tensors aligned
         if pad:
             self._file.write(b"\0" * pad)
             offset += pad
-        self._file.write(data)
+        self._file.write(data.data)  # no bytes copy: lm_head [896, 151936] is 545 MB
         tensor.ClearField("raw_data")
         del tensor.float_data[:]
         del tensor.external_data[:]
         tensor.data_location = onnx.TensorProto.EXTERNAL
-        for key, value in (("location", self.path.name), ("offset", str(offset)), ("length", str(len(data)))):
+        for key, value in (("location", self.path.name), ("offset", str(offset)), ("length", str(data.nbytes))):
             entry = tensor.external_data.add()
             entry.key, entry.value = key, value
 
@@ -324,7 +324,10 @@ def apply_smoothing(proto: onnx.ModelProto, groups: Iterable[SmoothGroup], scale
                 )
             for name in group.weights:
                 tensor = initializers[name]
-                writer.set(tensor, numpy_helper.to_array(tensor).astype(np.float32) * s[:, None])
+                w = numpy_helper.to_array(tensor).astype(np.float32, copy=False)
+                w = w * s[:, None]  # to_array may return a read-only view
+                writer.set(tensor, w)
+                del w
             if uses.get(group.target, 0) > 1:  # a norm weight shared by several norms: a private copy
                 shared = initializers[group.target]
                 private = proto.graph.initializer.add()
