@@ -25,7 +25,7 @@ def _job(results, model, job, wall, rss, cpu, log_peak=None, child=0, ended=None
 
 
 def test_registry_names_kinds_and_parents():
-    assert NAMES == ("fp32", "preprocessed", "int8-dynamic", "int8-static", "int4", "optimized")
+    assert NAMES == ("fp32", "preprocessed", "int8-dynamic", "int8-static", "int8-mixed", "int4", "optimized")
     assert variant("int4").rule == "quantize_int4" and variant("int4").parent == "optimized"
     with pytest.raises(KeyError, match="unknown variant 'int2'; known: fp32, preprocessed"):
         variant("int2")

@@ -106,7 +106,7 @@ def _sensitive(count: int, scheme: str, below_sqnr_db: float | None = None) -> d
 
 _PER_TENSOR = {"scheme": "per_tensor"}
 _STATIC = {"quant_format": "QDQ", "method": "MinMax", "samples": 8, "sequence_length": 128,
-           "activation_type": "QUInt8", "weight_type": "QInt8", "activation_symmetric": False}
+           "activation_type": "QUInt8", "weight_type": "QInt8", "activation_symmetric": False, "smooth": False}
 
 #: The levers of the README's "INT8 recipes" table. Weights are INT8 per channel unless stated;
 #: "sensitive" MatMuls are ranked by the simulated SQNR of :mod:`qwen_onnx.sensitivity`;
