@@ -146,13 +146,15 @@ def test_search_calibration_clips_an_outlier():
     x[0, 0] = 400.0  # one massive value: the full range would leave ~2 levels for everything else
     w = rng.normal(size=(32, 16)).astype(np.float32)
     calibrator = StreamingCalibrator("Search", search_tokens=128)
-    calibrator.collect({"x": x[:128]}, 128)
-    calibrator.collect({"x": x[128:]}, 128)
+    calibrator.collect({"x": x[:128]}, 128, held_out=False)  # fits the range, outlier included
+    calibrator.collect({"x": x[128:]}, 128, held_out=True)  # scores the clipping
     low, high = calibrator.ranges(lambda name: [w])["x"]
     assert len(calibrator.rows["x"]) == 1 and calibrator.rows["x"][0].shape == (128, 32)
-    ratio = search_clip_ratio(x[:128], [w], float(x.min()), float(x.max()))
-    assert high == pytest.approx(float(x.max()) * ratio)
-    assert ratio <= 1.0 and low == pytest.approx(float(x.min()) * ratio)
+    fit = x[:128]
+    ratio = search_clip_ratio(x[128:], [w], float(fit.min()), float(fit.max()))
+    # clipped: the outlier's range would leave a step of ~1.6 for values of about ±3
+    assert ratio < 0.5
+    assert (low, high) == pytest.approx((float(x.min()) * ratio, float(x.max()) * ratio))
 
 
 def test_streaming_calibrator_refuses_unknown_method():

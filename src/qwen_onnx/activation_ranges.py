@@ -63,6 +63,8 @@ class StreamingCalibrator:
         self.search_tokens = search_tokens
         self.low: dict[str, np.float32] = {}
         self.high: dict[str, np.float32] = {}
+        self.fit_low: dict[str, np.float32] = {}
+        self.fit_high: dict[str, np.float32] = {}
         self.rows: dict[str, list[np.ndarray]] = {}
         self._collector = None
         if method in ("Percentile", "Entropy"):
@@ -73,14 +75,22 @@ class StreamingCalibrator:
                 num_quantized_bins=128, percentile=99.999, scenario="same",
             )
 
-    def collect(self, outputs: Mapping[str, np.ndarray], quota: int | None = None) -> None:
-        """Reduce one window's tensors float32 [..., features]; keep ``quota`` rows of each for ``Search``."""
+    def collect(self, outputs: Mapping[str, np.ndarray], quota: int | None = None, held_out: bool = True) -> None:
+        """Reduce one window's tensors float32 [..., features].
+
+        For ``Search``, a held-out window gives up to ``quota`` rows of each tensor (the clipping is
+        scored on them), a fitting one its range (the range the clipping is scored with); the
+        final range is the chosen fraction of the range over every window.
+        """
         for name, value in outputs.items():
             value = np.asarray(value)
             low, high = value.min(), value.max()
             self.low[name] = low if name not in self.low else min(self.low[name], low)
             self.high[name] = high if name not in self.high else max(self.high[name], high)
-            if self.method == "Search":
+            if not held_out:
+                self.fit_low[name] = low if name not in self.fit_low else min(self.fit_low[name], low)
+                self.fit_high[name] = high if name not in self.fit_high else max(self.fit_high[name], high)
+            elif self.method == "Search":
                 kept = self.rows.setdefault(name, [])
                 have = sum(r.shape[0] for r in kept)
                 flat = value.reshape(-1, value.shape[-1])
@@ -108,7 +118,10 @@ class StreamingCalibrator:
             for name, rows in self.rows.items():
                 consumers = list(weights(name)) if weights is not None else []
                 if consumers:
-                    ratio = search_clip_ratio(np.concatenate(rows), consumers, *ranges[name], symmetric=self.symmetric)
+                    fit = (float(self.fit_low.get(name, self.low[name])), float(self.fit_high.get(name, self.high[name])))
+                    if self.symmetric:
+                        fit = (-max(map(abs, fit)), max(map(abs, fit)))
+                    ratio = search_clip_ratio(np.concatenate(rows), consumers, *fit, symmetric=self.symmetric)
                     ranges[name] = (ranges[name][0] * ratio, ranges[name][1] * ratio)
         return ranges
 
@@ -168,10 +181,12 @@ def stream_ranges(
     del proto
     reader = TextCalibrationReader(graph_only, windows)
     names = list(dict.fromkeys(tensor_names))
-    quota = max(1, -(-calibrator.search_tokens // max(1, len(windows))))
-    for window in windows:
+    # the last quarter of the windows held out for the Search scoring (as qwen_onnx.smoothquant does)
+    held_out = max(1, len(windows) // 4) if len(windows) >= 2 else 0
+    quota = max(1, -(-calibrator.search_tokens // max(1, held_out or len(windows))))
+    for index, window in enumerate(windows):
         outputs = session.run(names, reader.feeds(window))
-        calibrator.collect(dict(zip(names, outputs)), quota)
+        calibrator.collect(dict(zip(names, outputs)), quota, held_out == 0 or index >= len(windows) - held_out)
         del outputs
     del session
     return calibrator.ranges(weights)

@@ -90,20 +90,30 @@ class SmoothGroup:
 
 @dataclass
 class GroupStats:
-    """Streamed statistics of one group's activation: per-channel min and max over every window
-    float32 [in_features], and up to ``limit`` sample rows float32 [tokens, in_features]."""
+    """Streamed statistics of one group's activation: per-channel min and max float32
+    [in_features] over every window (``low``, ``high``) and over the fitting windows only
+    (``fit_low``, ``fit_high``), and up to ``limit`` sample rows float32 [tokens, in_features] of
+    the held-out windows, on which α is scored (so that a scale fitted to the calibration maxima
+    is judged on tokens it has not seen)."""
 
     limit: int
     low: np.ndarray | None = None
     high: np.ndarray | None = None
+    fit_low: np.ndarray | None = None
+    fit_high: np.ndarray | None = None
     rows: list[np.ndarray] = field(default_factory=list)
     kept: int = 0
 
-    def update(self, x: np.ndarray, quota: int) -> None:
-        """Add one window's activation float32 [tokens, in_features], keeping ``quota`` rows of it."""
+    def update(self, x: np.ndarray, quota: int, held_out: bool = False) -> None:
+        """Add one window's activation float32 [tokens, in_features]; a held-out window gives up to
+        ``quota`` sample rows, a fitting one its per-channel range."""
         low, high = x.min(axis=0), x.max(axis=0)
         self.low = low if self.low is None else np.minimum(self.low, low)
         self.high = high if self.high is None else np.maximum(self.high, high)
+        if not held_out:
+            self.fit_low = low if self.fit_low is None else np.minimum(self.fit_low, low)
+            self.fit_high = high if self.fit_high is None else np.maximum(self.fit_high, high)
+            return
         take = min(quota, self.limit - self.kept, x.shape[0])
         if take > 0:
             self.rows.append(np.array(x[:take], dtype=np.float32))
@@ -234,22 +244,28 @@ def choose_alpha(stats: GroupStats, weights: Sequence[np.ndarray], alphas: Seque
         ``sqnr_db`` of the chosen one and ``sqnr_unsmoothed_db``.
     """
     x = stats.sample
-    x_absmax = np.maximum(np.abs(stats.low), np.abs(stats.high))
+    fit_low = stats.low if stats.fit_low is None else stats.fit_low
+    fit_high = stats.high if stats.fit_high is None else stats.fit_high
+    fit_absmax = np.maximum(np.abs(fit_low), np.abs(fit_high))
     if w_absmax is None:
         w_absmax = np.max([np.abs(w).max(axis=1) for w in weights], axis=0)
     ones = np.ones(x.shape[1], dtype=np.float32)
     best: dict[str, Any] | None = None
     unsmoothed = None
     for alpha in (None, *alphas):
-        s = ones if alpha is None else smoothing_scales(x_absmax, w_absmax, alpha)
-        # per-tensor range of X/s from the per-channel ranges of every window (s > 0)
-        low, high = float((stats.low / s).min()), float((stats.high / s).max())
+        s = ones if alpha is None else smoothing_scales(fit_absmax, w_absmax, alpha)
+        # per-tensor range of X/s from the per-channel ranges of the fitting windows (s > 0),
+        # scored on the held-out rows
+        low, high = float((fit_low / s).min()), float((fit_high / s).max())
         signal, noise = static_product_error(x / s, [w * s[:, None] for w in weights], low, high, symmetric=symmetric)
         db = sqnr_db(signal, noise)
         if alpha is None:
             unsmoothed = db
         if best is None or db > best["sqnr_db"]:
-            best = {"alpha": alpha, "scales": s, "sqnr_db": db}
+            best = {"alpha": alpha, "sqnr_db": db}
+    # the scales themselves from every window
+    absmax = np.maximum(np.abs(stats.low), np.abs(stats.high))
+    best["scales"] = ones if best["alpha"] is None else smoothing_scales(absmax, w_absmax, best["alpha"])
     best["sqnr_unsmoothed_db"] = unsmoothed
     return best
 
@@ -349,15 +365,19 @@ def apply_smoothing(proto: onnx.ModelProto, groups: Iterable[SmoothGroup], scale
 def collect_group_stats(session, reader, windows: np.ndarray, groups: Sequence[SmoothGroup],
                         search_tokens: int) -> dict[str, GroupStats]:
     """Run ``session`` (whose outputs include every group's activation) on each window in turn and
-    stream the statistics; at most ``search_tokens`` rows per group are kept, spread evenly over
-    the windows (each window's first rows, which include the first token's massive activations)."""
+    stream the statistics (:class:`GroupStats`). The last quarter of the windows (at least one,
+    when there are two or more) is held out: at most ``search_tokens`` of its rows per group are
+    kept, spread evenly over those windows (each window's first rows, which include the first
+    token's massive activations)."""
     names = [g.activation for g in groups]
     stats = {name: GroupStats(search_tokens) for name in names}
-    quota = max(1, -(-search_tokens // max(1, len(windows))))
-    for window in windows:
+    held_out = max(1, len(windows) // 4) if len(windows) >= 2 else 0
+    quota = max(1, -(-search_tokens // max(1, held_out or len(windows))))
+    for index, window in enumerate(windows):
         outputs = session.run(names, reader.feeds(window))
+        hold = held_out == 0 or index >= len(windows) - held_out
         for name, value in zip(names, outputs):
-            stats[name].update(np.asarray(value, dtype=np.float32).reshape(-1, value.shape[-1]), quota)
+            stats[name].update(np.asarray(value, dtype=np.float32).reshape(-1, value.shape[-1]), quota, hold)
         del outputs
     return stats
 
