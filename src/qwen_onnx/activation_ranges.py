@@ -23,7 +23,7 @@ import onnx
 from .calibration import TextCalibrationReader, capture_session
 from .errors import QwenOnnxError
 from .sensitivity import fake_quant_activation, fake_quant_weight
-from .smoothquant import column_subset
+from .smoothquant import column_subset, token_relative_error
 
 log = logging.getLogger(__name__)
 
@@ -128,10 +128,11 @@ class StreamingCalibrator:
 
 def search_clip_ratio(x: np.ndarray, weights: Sequence[np.ndarray], low: float, high: float, *,
                       symmetric: bool = False, ratios: Sequence[float] = SEARCH_RATIOS) -> float:
-    """The fraction of the range [low, high] whose static INT8 product has the lowest squared error.
+    """The fraction of the range [low, high] whose static INT8 product has the lowest error.
 
-    The error summed over ``weights`` (each float32 [features, out], scored on a fixed subset of
-    at most 1,024 output columns) is ``Σ (x·W − Q(x)·Q(W))²`` on the sample ``x`` float32
+    The error over ``weights`` (each float32 [features, out], scored on a fixed subset of at most
+    1,024 output columns) is the mean per-token relative error of ``x·W`` against ``Q(x)·Q(W)``
+    (:func:`qwen_onnx.smoothquant.token_relative_error`) on the sample ``x`` float32
     [tokens, features], with ``Q(x)`` per tensor over ``[r·low, r·high]`` (UINT8 asymmetric, or
     INT8 symmetric) and ``Q(W)`` INT8 symmetric per output channel
     (:func:`qwen_onnx.sensitivity.fake_quant_activation`, ``fake_quant_weight``). The clipping
@@ -141,11 +142,11 @@ def search_clip_ratio(x: np.ndarray, weights: Sequence[np.ndarray], low: float, 
     pairs = []
     for w in weights:
         w = w[:, column_subset(w.shape[1], limit=_SEARCH_COLUMNS)]
-        pairs.append((x @ w, fake_quant_weight(w)))
+        pairs.append((w, fake_quant_weight(w)))
     best, best_error = 1.0, None
     for ratio in ratios:
         xq = fake_quant_activation(x, low * ratio, high * ratio, symmetric)
-        error = sum(float(np.square(y - xq @ wq, dtype=np.float64).sum()) for y, wq in pairs)
+        error = token_relative_error(x, xq, pairs)
         if best_error is None or error < best_error:
             best, best_error = ratio, error
     return best
