@@ -30,6 +30,8 @@ def write_config(folder: Path, source, texts, extra_models=None, **overrides) ->
     config = {
         "models": {"tiny": {"source": source, "params_billion": 0.001}, **(extra_models or {})},
         "quantize_static": {"samples": 4, "sequence_length": 32, "calibration_text": str(texts["calibration"])},
+        "quantize_mixed": {"samples": 4, "sequence_length": 32, "calibration_text": str(texts["calibration"]),
+                           "block_size": 16},
         "evaluation": {"text": str(texts["evaluation"]), "window": 64, "max_windows": 2, "kv_decode_steps": 4,
                        "generation_tokens": 6},
         "latency": {"prompt_lengths": [8, 16], "decode_prompt_tokens": 16, "new_tokens": 4, "warmup": 0,
@@ -196,8 +198,8 @@ def test_adding_a_model_reruns_only_that_models_stages(finished_run, tiny_qwen2)
     finally:
         (finished_run / "config.yaml").write_text(original)
     assert planned_jobs(result) == {"resolve": 1, "export": 1, "preprocess": 1, "sensitivity": 1, "quantize_dynamic": 1,
-                                    "quantize_static": 1, "quantize_int4": 1,
-                    "optimize": 1, "inspect": 6, "diff": 5, "reference": 1, "accuracy": 6, "latency": 6,
+                                    "quantize_static": 1, "quantize_mixed": 1, "quantize_int4": 1,
+                    "optimize": 1, "inspect": 7, "diff": 6, "reference": 1, "accuracy": 7, "latency": 7,
                     "latency_pytorch": 1, "peers": 1, "report": 1, "all": 1}
 
 
