@@ -223,8 +223,8 @@ def test_evaluation_settings_rerun_the_reference_only_when_they_change_it(finish
     finally:
         (finished_run / "config.yaml").write_text(original)
     models = len(config["models"])
-    assert windows == {"reference": models, "accuracy": 6 * models, "report": 1, "all": 1}
-    assert steps == {"accuracy": 6 * models, "report": 1, "all": 1}
+    assert windows == {"reference": models, "accuracy": 7 * models, "report": 1, "all": 1}
+    assert steps == {"accuracy": 7 * models, "report": 1, "all": 1}
 
 
 
