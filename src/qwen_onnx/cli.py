@@ -284,10 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
                            help="blockwise (default): MatMulNBits 8-bit, accuracy_level 4, one scale per block; per_tensor: onnxruntime quantize_dynamic")
         if name == "quantize-static":
             p.add_argument("--calibration-text", default=str(shipped_text(CALIBRATION_TEXT)))
-            p.add_argument("--method", choices=["MinMax", "Entropy", "Percentile", "Search"], default="Search",
+            p.add_argument("--method", choices=["MinMax", "Entropy", "Percentile", "Search"], default="Percentile",
                            help="calibration method, streamed one window at a time (Search: the clipping of "
                                 "each MinMax range with the lowest MatMul output error)")
-            p.add_argument("--smooth", action=argparse.BooleanOptionalAction, default=True,
+            p.add_argument("--smooth", action=argparse.BooleanOptionalAction, default=False,
                            help="SmoothQuant scale migration before calibration, alpha searched per MatMul group")
             p.add_argument("--smooth-alphas", nargs="+", type=float, default=[0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
             p.add_argument("--search-tokens", type=int, default=512,

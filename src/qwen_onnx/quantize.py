@@ -164,13 +164,13 @@ class StaticSettings(_SensitiveSettings):
     quant_format: str = "QDQ"
     op_types: list[str] = field(default_factory=lambda: ["MatMul"])
     per_channel: bool = True
-    method: str = "Search"
+    method: str = "Percentile"
     samples: int = 8
     sequence_length: int = 128
     activation_type: str = "QUInt8"
     weight_type: str = "QInt8"
     activation_symmetric: bool = False
-    smooth: bool = True
+    smooth: bool = False
     smooth_alphas: list[float] = field(default_factory=lambda: [0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
     search_tokens: int = 512
     matmul_const_b_only: bool = True
