@@ -292,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--smooth-alphas", nargs="+", type=float, default=[0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
             p.add_argument("--search-tokens", type=int, default=512,
                            help="activation rows per tensor kept to score alpha and the Search clipping")
-            p.add_argument("--samples", type=int, default=8)
+            p.add_argument("--samples", type=int, default=72, help="calibration windows (72: the whole shipped text)")
             p.add_argument("--sequence-length", type=int, default=128)
             p.add_argument("--activation-type", choices=["QUInt8", "QInt8"], default="QUInt8")
             p.add_argument("--weight-type", choices=["QInt8", "QUInt8"], default="QInt8")

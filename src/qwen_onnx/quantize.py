@@ -165,7 +165,7 @@ class StaticSettings(_SensitiveSettings):
     op_types: list[str] = field(default_factory=lambda: ["MatMul"])
     per_channel: bool = True
     method: str = "Percentile"
-    samples: int = 8
+    samples: int = 72
     sequence_length: int = 128
     activation_type: str = "QUInt8"
     weight_type: str = "QInt8"
