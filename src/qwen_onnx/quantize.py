@@ -6,8 +6,10 @@ self-contained variant folder with one external data file.
 
 - Dynamic: weights quantized offline (QInt8, per-channel or per-tensor), activations quantized at
   run time per batch (``quantize_dynamic``).
-- Static: activation ranges from calibration on real text (``quantize_static``), MinMax, Entropy
-  or Percentile, in one of two formats (onnxruntime ``QuantFormat``): QDQ (QuantizeLinear /
+- Static: activation ranges from calibration on real text, streamed one window at a time
+  (:mod:`qwen_onnx.activation_ranges`: MinMax, Entropy, Percentile or the output-error
+  ``Search``), optionally after our SmoothQuant transform (:mod:`qwen_onnx.smoothquant`), then
+  ``quantize_static`` from that calibration cache, in one of two formats (onnxruntime ``QuantFormat``): QDQ (QuantizeLinear /
   DequantizeLinear pairs around each quantized op, which ORT fuses into integer kernels when it
   loads the model; the default) or QOperator (the quantized ops written out: QLinearMatMul with
   INT8 weights, activations quantized by QuantizeLinear before it and its UINT8 output
