@@ -184,7 +184,7 @@ def test_slurm_profile_resources_apply_to_every_job(tmp_path, tiny_qwen2, texts)
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", result.stdout, re.M)
     resources = {rule: dict(item.split("=", 1) for item in line.split(", ")) for rule, line in jobs}
-    assert set(resources) == {"resolve", "export", "preprocess", "sensitivity", "quantize_dynamic", "quantize_static",
+    assert set(resources) == {"resolve", "export", "preprocess", "sensitivity", "quantize_dynamic", "quantize_static", "quantize_mixed",
                               "quantize_int4", "convert_float16", "optimize", "inspect", "diff", "reference", "accuracy", "latency",
                               "latency_pytorch", "peers", "machine", "report", "all"}
     for rule, res in resources.items():

@@ -45,7 +45,7 @@ def benchmark(pipeline, texts, tmp_path_factory):
 
 def test_default_recipes_are_named_described_and_build(tmp_path):
     names = [r.name for r in DEFAULT_RECIPES]
-    assert len(names) == len(set(names)) == 33
+    assert len(names) == len(set(names)) == 40
     assert all(re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", n) for n in names)
     for recipe in DEFAULT_RECIPES:
         settings = recipe.build_settings()
@@ -55,11 +55,12 @@ def test_default_recipes_are_named_described_and_build(tmp_path):
     sensitive = {r.name for r in DEFAULT_RECIPES if r.needs_sensitivity}
     assert sensitive == {"dynamic-sensitive8-float", "dynamic-sensitive24-float", "dynamic-sensitive24-blockwise",
                          "static-sensitive24-blockwise", "static-below29-blockwise", "static-below31-blockwise",
-                         "static-below31-blockwise-embfloat", "int4-default-b32-sensitive24",
+                         "static-below31-blockwise-embfloat", "static-smooth-search-float12", "int4-default-b32-sensitive24",
                          "int4-kquant-b32-emb4-sensitive12", "int4-kquant-b32-emb4-sensitive24"}
     by_name = {r.name: r.build_settings() for r in DEFAULT_RECIPES}
     assert by_name["static-qoperator"].quant_format == "QOperator" and by_name["static-minmax"].quant_format == "QDQ"
     assert by_name["static-below31-blockwise"].sensitive_below_sqnr_db == 31.0
+    assert by_name["static-smooth-search"].smooth and by_name["static-smooth-search"].method == "Search"
     assert [by_name[f"dynamic-blockwise-b{b}"].block_size for b in (32, 128, 256)] == [32, 128, 256]
     assert select_recipes("static-s8s8, dynamic-per-tensor")[1].name == "dynamic-per-tensor"
 

@@ -33,9 +33,9 @@ def test_cli_accuracy_applies_the_default_gate_of_the_variant_kind(pipeline, tex
     assert code == 0
     report = json.loads(out.read_text())
     assert report["gate_kind"] == "int8_static"
-    assert report["gate_limits"] == {"ppl_delta_pct": 2.0, "top1_pct": 93, "kl_mean": 0.08}
+    assert report["gate_limits"] == {"ppl_delta_pct": 2.0, "top1_pct": 93, "kl_mean": 0.03}
     assert (report["gate"], report["gate_failures"]) == check_gate(report, DEFAULT_GATES["int8_static"])
-    assert "gate int8_static (defaults as config.yaml): ppl_delta_pct 2, top1_pct 93, kl_mean 0.08" in caplog.text
+    assert "gate int8_static (defaults as config.yaml): ppl_delta_pct 2, top1_pct 93, kl_mean 0.03" in caplog.text
 
 
 def test_cli_accuracy_gate_overrides_and_no_gate(pipeline, texts, tmp_path):

@@ -137,7 +137,8 @@ def test_static_variant_is_qdq_with_norms_and_softmax_float(pipeline):
     assert not softmax_inputs & dq_outputs
     info = json.loads((pipeline["int8-static"] / "quantize.json").read_text())
     assert info["calibration_tokens"] == 4 * 32
-    assert info["format"] == "QDQ" and info["settings"]["method"] == "MinMax"
+    assert info["format"] == "QDQ" and info["settings"]["method"] == "Percentile"
+    assert info["smoothing"] == [] and info["calibrated_tensors"] == 4 * LAYERS + 1
     # the attention products and the rotary frequency MatMul take no weight: they stay float
     assert "/model/rotary_emb/MatMul" in info["nodes_excluded"]
     assert {"/model/layers.0/self_attn/MatMul", "/model/layers.0/self_attn/MatMul_1"} <= set(info["nodes_excluded"])
@@ -154,7 +155,8 @@ def test_static_qoperator_variant_runs_qlinear_matmuls(pipeline, texts, tmp_path
 
     out = tmp_path / "qoperator"
     info = quantize_static_variant(pipeline["preprocessed"], out, texts["calibration"],
-                                   StaticSettings(quant_format="QOperator", samples=4, sequence_length=32))
+                                   StaticSettings(quant_format="QOperator", samples=4, sequence_length=32,
+                                                  method="MinMax", smooth=False))
     assert info["format"] == "QOperator" == json.loads((out / "quantize.json").read_text())["format"]
     proto = graph(out)
     ops = [n.op_type for n in proto.graph.node]
@@ -287,7 +289,9 @@ def test_lazy_stages_leave_their_input_folder_untouched(pipeline, texts, tmp_pat
 def test_other_calibration_methods(pipeline, texts, tmp_path, method):
     info = quantize_static_variant(
         pipeline["preprocessed"], tmp_path / method, texts["calibration"],
-        StaticSettings(method=method, samples=2, sequence_length=16),
+        # onnxruntime's histogram methods alone (without SmoothQuant, whose per-channel scales fitted
+        # on 32 calibration tokens of the random tiny model do not carry to these random ids)
+        StaticSettings(method=method, samples=2, sequence_length=16, smooth=False),
     )
     assert info["settings"]["method"] == method
     logits, _ = OnnxCausalLM(tmp_path / method).forward(ids(8))

@@ -30,6 +30,8 @@ def write_config(folder: Path, source, texts, extra_models=None, **overrides) ->
     config = {
         "models": {"tiny": {"source": source, "params_billion": 0.001}, **(extra_models or {})},
         "quantize_static": {"samples": 4, "sequence_length": 32, "calibration_text": str(texts["calibration"])},
+        "quantize_mixed": {"samples": 4, "sequence_length": 32, "calibration_text": str(texts["calibration"]),
+                           "block_size": 16},
         "evaluation": {"text": str(texts["evaluation"]), "window": 64, "max_windows": 2, "kv_decode_steps": 4,
                        "generation_tokens": 6},
         "latency": {"prompt_lengths": [8, 16], "decode_prompt_tokens": 16, "new_tokens": 4, "warmup": 0,
@@ -216,7 +218,8 @@ def test_adding_a_model_reruns_only_that_models_stages(finished_run, tiny_qwen2)
         (finished_run / "config.yaml").write_text(original)
     n = len(VARIANTS)
     assert planned_jobs(result) == {"resolve": 1, "export": 1, "preprocess": 1, "sensitivity": 1, "quantize_dynamic": 1,
-                                    "quantize_static": 1, "quantize_int4": 1, "convert_float16": 1,
+                                    "quantize_static": 1, "quantize_mixed": 1, "quantize_int4": 1,
+                                    "convert_float16": 1,
                     "optimize": 1, "inspect": n, "diff": n - 1, "reference": 1, "accuracy": n, "latency": n,
                     "latency_pytorch": 1, "peers": 1, "report": 1, "all": 1}
 

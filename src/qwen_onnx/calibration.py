@@ -1,15 +1,20 @@
 """Calibration data: windows of real text fed to a graph as prefills, for onnxruntime's static
-quantization, GPTQ and the sensitivity analysis."""
+quantization, GPTQ, the sensitivity analysis, SmoothQuant and the streaming range calibrator
+(:mod:`qwen_onnx.activation_ranges`)."""
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Iterator
+from pathlib import Path
+from typing import Iterator, Sequence
 
 import numpy as np
 import onnx
 
 from .errors import QwenOnnxError
+
+log = logging.getLogger(__name__)
 
 
 class TextCalibrationReader:
@@ -71,3 +76,23 @@ class TextCalibrationReader:
 
     def rewind(self) -> None:
         self._iter = None
+
+
+def capture_session(proto: onnx.ModelProto, tensor_names: Sequence[str], path: Path, threads: int | None = None):
+    """An ONNX Runtime session of ``proto`` with ``tensor_names`` added as graph outputs, saved at
+    ``path`` (beside the weights; graph optimizations off so that every named tensor exists)."""
+    import onnxruntime as ort
+
+    from .runtime import session_options
+
+    capture = onnx.ModelProto()
+    capture.CopyFrom(proto)
+    present = {o.name for o in capture.graph.output}
+    for name in tensor_names:
+        if name not in present:
+            capture.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    onnx.save_model(capture, str(path))
+    del capture
+    options = session_options(threads)
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

@@ -56,7 +56,8 @@ def _static(a):
         activation_symmetric=a.activation_symmetric, nodes_to_exclude=a.exclude,
         sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
         sensitive_scheme=a.sensitive_scheme, block_size=a.block_size, quant_format=a.quant_format,
-        embedding=a.embedding, embedding_bits=a.embedding_bits,
+        embedding=a.embedding, embedding_bits=a.embedding_bits, smooth=a.smooth,
+        smooth_alphas=a.smooth_alphas, search_tokens=a.search_tokens,
     )
     return quantize_static_variant(a.input, a.output, a.calibration_text, settings, sensitivity=a.sensitivity)
 
@@ -292,8 +293,15 @@ def build_parser() -> argparse.ArgumentParser:
                            help="blockwise (default): MatMulNBits 8-bit, accuracy_level 4, one scale per block; per_tensor: onnxruntime quantize_dynamic")
         if name == "quantize-static":
             p.add_argument("--calibration-text", default=str(shipped_text(CALIBRATION_TEXT)))
-            p.add_argument("--method", choices=["MinMax", "Entropy", "Percentile"], default="MinMax")
-            p.add_argument("--samples", type=int, default=8)
+            p.add_argument("--method", choices=["MinMax", "Entropy", "Percentile", "Search"], default="Percentile",
+                           help="calibration method, streamed one window at a time (Search: the clipping of "
+                                "each MinMax range with the lowest MatMul output error)")
+            p.add_argument("--smooth", action=argparse.BooleanOptionalAction, default=False,
+                           help="SmoothQuant scale migration before calibration, alpha searched per MatMul group")
+            p.add_argument("--smooth-alphas", nargs="+", type=float, default=[0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
+            p.add_argument("--search-tokens", type=int, default=512,
+                           help="activation rows per tensor kept to score alpha and the Search clipping")
+            p.add_argument("--samples", type=int, default=72, help="calibration windows (72: the whole shipped text)")
             p.add_argument("--sequence-length", type=int, default=128)
             p.add_argument("--activation-type", choices=["QUInt8", "QInt8"], default="QUInt8")
             p.add_argument("--weight-type", choices=["QInt8", "QUInt8"], default="QInt8")

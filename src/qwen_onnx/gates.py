@@ -41,13 +41,16 @@ DEFAULT_GATES: dict[str, dict[str, float]] = {
     # fp16: float16 weights and activations, float32 at the edges (README, "fp16")
     "float16": {"ppl_delta_pct": 0.5, "top1_pct": 98},
     "int8_dynamic": {"ppl_delta_pct": 1.0, "top1_pct": 95, "kl_mean": 0.05},
-    "int8_static": {"ppl_delta_pct": 2.0, "top1_pct": 93, "kl_mean": 0.08},
+    # issue 14's targets for the fully static variant
+    "int8_static": {"ppl_delta_pct": 2.0, "top1_pct": 93, "kl_mean": 0.03},
+    "int8_mixed": {"ppl_delta_pct": 2.0, "top1_pct": 93, "kl_mean": 0.08},
     "int4": {"ppl_delta_pct": 3.0, "top1_pct": 90, "kl_mean": 0.1},
 }
 
 
 def default_gate(kind: str) -> dict[str, float]:
-    """A copy of the default limits of gate ``kind`` (``float``, ``float16``, ``int8_dynamic``, ``int8_static``, ``int4``).
+    """A copy of the default limits of gate ``kind`` (``float``, ``float16``, ``int8_dynamic``,
+    ``int8_static``, ``int8_mixed``, ``int4``).
 
     Raises:
         KeyError: unknown kind.
@@ -63,6 +66,8 @@ def variant_kind(variant: str) -> str:
         return VARIANT_KIND[variant]
     if "int4" in variant:
         return "int4"
+    if "mixed" in variant:
+        return "int8_mixed"
     return "int8_static" if "static" in variant else "int8_dynamic" if "int8" in variant else "float"
 
 

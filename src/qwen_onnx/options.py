@@ -38,6 +38,7 @@ RANGES: dict[str, tuple[int, int | None]] = {
     "decode_tokens": (1, None),
     "calibration_samples": (1, None),
     "calibration_sequence_length": (8, None),
+    "search_tokens": (1, None),
 }
 #: Block lengths of MatMulNBits (a power of 2 from 16 to 256; onnxruntime contrib op MatMulNBits).
 BLOCK_SIZES = (16, 32, 64, 128, 256)

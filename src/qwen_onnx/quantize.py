@@ -6,8 +6,10 @@ self-contained variant folder with one external data file.
 
 - Dynamic: weights quantized offline (QInt8, per-channel or per-tensor), activations quantized at
   run time per batch (``quantize_dynamic``).
-- Static: activation ranges from calibration on real text (``quantize_static``), MinMax, Entropy
-  or Percentile, in one of two formats (onnxruntime ``QuantFormat``): QDQ (QuantizeLinear /
+- Static: activation ranges from calibration on real text, streamed one window at a time
+  (:mod:`qwen_onnx.activation_ranges`: MinMax, Entropy, Percentile or the output-error
+  ``Search``), optionally after our SmoothQuant transform (:mod:`qwen_onnx.smoothquant`), then
+  ``quantize_static`` from that calibration cache, in one of two formats (onnxruntime ``QuantFormat``): QDQ (QuantizeLinear /
   DequantizeLinear pairs around each quantized op, which ORT fuses into integer kernels when it
   loads the model; the default) or QOperator (the quantized ops written out: QLinearMatMul with
   INT8 weights, activations quantized by QuantizeLinear before it and its UINT8 output
@@ -46,10 +48,11 @@ from .embeddings import EmbeddingPlan, embedding_tied, quantize_embedding
 from .export import normalise_external_data
 from .external import ScratchFiles, lazy_model
 from .blockwise import blockwise_int8
-from .calibration import TextCalibrationReader
+from .activation_ranges import CALIBRATION_METHODS, StreamingCalibrator, stream_ranges, tensors_data
 from .genai_config import write_genai_config
-from .matmuls import activation_matmuls, weight_matmul_names
+from .matmuls import activation_matmuls, weight_matmul_names, weight_matmuls
 from .sensitivity import choose_float_nodes
+from .smoothquant import smooth_graph
 from .text import token_windows
 
 log = logging.getLogger(__name__)
@@ -59,7 +62,6 @@ FLOAT_ONLY_OPS = frozenset(
     {"Softmax", "LayerNormalization", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
      "SkipLayerNormalization", "RMSNormalization", "ReduceMean", "Pow", "Sqrt", "Div"}
 )
-CALIBRATION_METHODS = ("MinMax", "Entropy", "Percentile")
 #: onnxruntime ``QuantFormat`` names of the static variant.
 QUANT_FORMATS = ("QDQ", "QOperator")
 
@@ -80,7 +82,7 @@ class _SensitiveSettings:
 
         check_option("max_nodes", self.sensitive_max_nodes, key="sensitive_max_nodes")
         check_option("block_size", self.block_size)
-        for name in ("samples", "sequence_length"):
+        for name in ("samples", "sequence_length", "search_tokens"):
             if hasattr(self, name):
                 check_option(name, getattr(self, name))
 
@@ -142,12 +144,17 @@ class StaticSettings(_SensitiveSettings):
             graph, its output quantized too); onnxruntime ``QuantFormat``.
         op_types: op types to quantize (normalisation and Softmax are refused).
         per_channel: per-channel weight scales.
-        method: calibration method, one of ``MinMax``, ``Entropy``, ``Percentile``.
+        method: calibration method, one of ``MinMax``, ``Entropy``, ``Percentile`` (onnxruntime's)
+            or ``Search`` (the clipping of the MinMax range with the lowest MatMul output error);
+            all streamed one window at a time (:class:`qwen_onnx.activation_ranges.StreamingCalibrator`).
         samples: number of calibration windows of ``sequence_length`` tokens.
         sequence_length: tokens per calibration window.
         activation_type: ``QUInt8`` or ``QInt8`` (ORT recommends U8S8 on x86 CPUs).
         weight_type: ``QInt8`` or ``QUInt8``.
         activation_symmetric: symmetric activation ranges.
+        smooth: SmoothQuant scale migration before calibration (:mod:`qwen_onnx.smoothquant`).
+        smooth_alphas: migration strengths α searched per MatMul group.
+        search_tokens: activation rows kept per tensor for the α and ``Search`` scoring.
         matmul_const_b_only: quantize only MatMuls whose second input is a constant weight.
         nodes_to_exclude: node names kept float.
         sensitive_max_nodes, sensitive_below_sqnr_db, sensitive_scheme, block_size: the most
@@ -159,12 +166,15 @@ class StaticSettings(_SensitiveSettings):
     quant_format: str = "QDQ"
     op_types: list[str] = field(default_factory=lambda: ["MatMul"])
     per_channel: bool = True
-    method: str = "MinMax"
-    samples: int = 8
+    method: str = "Percentile"
+    samples: int = 72
     sequence_length: int = 128
     activation_type: str = "QUInt8"
     weight_type: str = "QInt8"
     activation_symmetric: bool = False
+    smooth: bool = False
+    smooth_alphas: list[float] = field(default_factory=lambda: [0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
+    search_tokens: int = 512
     matmul_const_b_only: bool = True
     nodes_to_exclude: list[str] = field(default_factory=list)
     embedding: str = "shared"
@@ -416,7 +426,7 @@ def quantize_static_variant(
             nodes asked for without a sensitivity report.
     """
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
+    from onnxruntime.quantization.calibrate import save_tensors_data
     from .text import load_tokenizer
 
     if settings.method not in CALIBRATION_METHODS:
@@ -434,29 +444,25 @@ def quantize_static_variant(
     _check_excluded(source, excluded)
     tokenizer = load_tokenizer(input_dir)
     windows = token_windows(tokenizer, calibration_text, settings.sequence_length, settings.samples)
-    reader = TextCalibrationReader(source, windows)
-    method = getattr(CalibrationMethod, settings.method)
+    if any(not 0 < a < 1 for a in settings.smooth_alphas) or (settings.smooth and not settings.smooth_alphas):
+        raise QwenOnnxError(f"smooth_alphas {settings.smooth_alphas} must be numbers between 0 and 1 (exclusive)")
     if settings.matmul_const_b_only:
         excluded += [name for name in activation_matmuls(source) if name not in excluded]
     plan = _embedding_plan(settings, input_dir)
     started = time.time()
     with staged_dir(output_dir) as stage, lazy_quantization(input_dir) as (graph_only, scratch):
-        # Calibration first, with its augmented model beside the weights (onnxruntime would put it
-        # in a system temporary folder, where the weights cannot be referenced); its ranges go to
-        # a calibration cache that quantize_static then reads instead of calibrating again.
+        smoothing: list[dict] = []
+        if settings.smooth:
+            graph_only, smoothing = smooth_graph(
+                graph_only, windows, scratch, alphas=settings.smooth_alphas, search_tokens=settings.search_tokens,
+                symmetric=settings.activation_symmetric,
+            )
+        # Calibration first, one window at a time (onnxruntime's calibrators hold every window's
+        # outputs); its ranges go to a calibration cache that quantize_static reads instead of
+        # calibrating again.
         cache = scratch / "calibration.json"
-        calibrator = create_calibrator(
-            graph_only,
-            list(settings.op_types),
-            augmented_model_path=str(scratch / "augmented.onnx"),
-            calibrate_method=method,
-            use_external_data_format=True,
-            providers=["CPUExecutionProvider"],
-            extra_options={"symmetric": settings.activation_symmetric},
-        )
-        calibrator.collect_data(reader)
-        save_tensors_data(calibrator.compute_data(), cache)
-        del calibrator
+        ranges = _calibrate(graph_only, windows, settings, set(excluded), scratch)
+        save_tensors_data(tensors_data(ranges), cache)
         gc.collect()
         if settings.sensitive_scheme == "blockwise" and names:
             graph_only = blockwise_int8(graph_only, names, settings.block_size, scratch)
@@ -469,7 +475,8 @@ def quantize_static_variant(
             per_channel=settings.per_channel,
             activation_type=getattr(QuantType, settings.activation_type),
             weight_type=getattr(QuantType, settings.weight_type),
-            calibrate_method=method,
+            # the cache holds final ranges whatever the method (qwen_onnx.activation_ranges.tensors_data)
+            calibrate_method=CalibrationMethod.MinMax,
             nodes_to_exclude=excluded,
             use_external_data_format=True,
             calibration_cache_path=str(cache),
@@ -486,6 +493,8 @@ def quantize_static_variant(
             "settings": asdict(settings),
             "calibration_text": str(calibration_text),
             "calibration_tokens": int(windows.size),
+            "calibrated_tensors": len(ranges),
+            "smoothing": smoothing,
             "nodes_excluded": excluded,
             "sensitive_nodes": sensitive,
             "sensitive_scheme": settings.sensitive_scheme,
@@ -494,3 +503,25 @@ def quantize_static_variant(
         }
         write_json(stage / "quantize.json", info)
     return info
+
+
+def _calibrate(graph_only: Path, windows: np.ndarray, settings: StaticSettings, excluded: set[str],
+               scratch: ScratchFiles) -> dict[str, tuple[float, float]]:
+    """Ranges of the inputs of the weight MatMuls to quantize (and, for QOperator, their outputs),
+    streamed over ``windows`` with ``settings.method``."""
+    graph = onnx.load(str(graph_only), load_external_data=False).graph
+    matmuls = [(node, weight) for node, weight in weight_matmuls(graph) if node.name not in excluded]
+    consumers: dict[str, list[onnx.TensorProto]] = {}
+    for node, weight in matmuls:
+        consumers.setdefault(node.input[0], []).append(weight)
+    names = list(consumers)
+    if settings.quant_format == "QOperator":
+        names += [node.output[0] for node, _ in matmuls]
+
+    def weights(tensor: str) -> Iterator[np.ndarray]:
+        for weight in consumers.get(tensor, []):
+            yield onnx.numpy_helper.to_array(weight).astype(np.float32, copy=False)
+
+    calibrator = StreamingCalibrator(settings.method, symmetric=settings.activation_symmetric,
+                                     search_tokens=settings.search_tokens)
+    return stream_ranges(graph_only, windows, names, calibrator, scratch / "calibrate.onnx", weights=weights)

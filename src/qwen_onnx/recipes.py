@@ -106,7 +106,7 @@ def _sensitive(count: int, scheme: str, below_sqnr_db: float | None = None) -> d
 
 _PER_TENSOR = {"scheme": "per_tensor"}
 _STATIC = {"quant_format": "QDQ", "method": "MinMax", "samples": 8, "sequence_length": 128,
-           "activation_type": "QUInt8", "weight_type": "QInt8", "activation_symmetric": False}
+           "activation_type": "QUInt8", "weight_type": "QInt8", "activation_symmetric": False, "smooth": False}
 
 #: The levers of the README's "INT8 recipes" table. Weights are INT8 per channel unless stated;
 #: "sensitive" MatMuls are ranked by the simulated SQNR of :mod:`qwen_onnx.sensitivity`;
@@ -154,6 +154,24 @@ DEFAULT_RECIPES: tuple[Recipe, ...] = (
     Recipe("static-below31-blockwise-embfloat", "static",
            {**_STATIC, **_sensitive(120, "blockwise", 31.0), "block_size": 128, "embedding": "float"},
            "static + MatMuls under 31 dB blockwise, float embedding table"),
+    # fully static (issue 14): SmoothQuant (qwen_onnx.smoothquant) and the streamed calibration
+    # methods (qwen_onnx.activation_ranges)
+    Recipe("static-search", "static", {**_STATIC, "method": "Search"},
+           "static, Search calibration (output-error clipping per tensor)"),
+    Recipe("static-smooth-minmax", "static", {**_STATIC, "smooth": True},
+           "static + SmoothQuant (alpha per group), MinMax"),
+    Recipe("static-smooth-percentile", "static", {**_STATIC, "smooth": True, "method": "Percentile"},
+           "static + SmoothQuant, Percentile"),
+    Recipe("static-smooth-entropy", "static", {**_STATIC, "smooth": True, "method": "Entropy"},
+           "static + SmoothQuant, Entropy"),
+    Recipe("static-smooth-search", "static", {**_STATIC, "smooth": True, "method": "Search"},
+           "static + SmoothQuant, Search"),
+    Recipe("static-smooth-search-s8s8", "static",
+           {**_STATIC, "smooth": True, "method": "Search", "activation_type": "QInt8", "activation_symmetric": True},
+           "static + SmoothQuant, Search, S8S8 symmetric activations"),
+    Recipe("static-smooth-search-float12", "static",
+           {**_STATIC, "smooth": True, "method": "Search", **_sensitive(12, "float")},
+           "static + SmoothQuant, Search, 12 most sensitive MatMuls float"),
     # int4: weight-only 4-bit MatMulNBits, accuracy_level 4; lm_head 8-bit and the embedding sharing
     # its weight (tied models) unless stated
     Recipe("int4-default-b32", "int4", {"algorithm": "default", "block_size": 32},

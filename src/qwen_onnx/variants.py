@@ -17,7 +17,7 @@ class Variant:
     Attributes:
         name: the folder name, and the ``variant`` column of the report.
         kind: the gate kind in the config's ``gates`` section (``float``, ``float16``,
-            ``int8_dynamic``, ``int8_static``, ``int4``).
+            ``int8_dynamic``, ``int8_static``, ``int8_mixed``, ``int4``).
         rule: the Snakemake rule that writes the folder.
         parent: the folder it is built from (``hf`` is the resolved checkpoint). The quantized
             variants start from ``optimized``, or from ``preprocessed`` when the config's
@@ -40,7 +40,9 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("int8-dynamic", "int8_dynamic", "quantize_dynamic", "optimized",
             "INT8 weights, activations quantized at run time (MatMulNBits 8-bit)"),
     Variant("int8-static", "int8_static", "quantize_static", "optimized",
-            "QDQ INT8 with calibrated activation scales"),
+            "QDQ INT8, every weight MatMul with calibrated, fixed activation scales (SmoothQuant)"),
+    Variant("int8-mixed", "int8_mixed", "quantize_mixed", "optimized",
+            "QDQ INT8, the least accurate MatMuls blockwise (MatMulNBits 8-bit, run-time activations)"),
     Variant("int4", "int4", "quantize_int4", "optimized", "MatMulNBits 4-bit, accuracy_level 4"),
     Variant("optimized", "float", "optimize", "hf", "fused decoder graph (GroupQueryAttention)"),
     Variant("fp16", "float16", "convert_float16", "fp32",

@@ -52,7 +52,7 @@ rule quantize_dynamic:
 
 
 rule quantize_static:
-    """INT8 static QDQ quantization calibrated on the calibration text."""
+    """INT8 static QDQ: every weight MatMul with calibrated, fixed activation scales (SmoothQuant, streamed calibration)."""
     input:
         model_dir=get_quantize_input,
         text=lambda wc: get_settings(wc.model, "quantize_static")["calibration_text"],
@@ -71,6 +71,31 @@ rule quantize_static:
         runtime=get_runtime("quantize_static"),
     params:
         settings=lambda wc: get_settings(wc.model, "quantize_static"),
+        version=VERSION,
+    script:
+        "../scripts/quantize_static.py"
+
+
+rule quantize_mixed:
+    """INT8 static QDQ with the least accurate MatMuls blockwise (MatMulNBits 8-bit, run-time activations)."""
+    input:
+        model_dir=get_quantize_input,
+        text=lambda wc: get_settings(wc.model, "quantize_mixed")["calibration_text"],
+        sensitivity=get_sensitivity_input("quantize_mixed"),
+    output:
+        model_dir=directory(f"{RESULTS}/{{model}}/int8-mixed"),
+    log:
+        f"{RESULTS}/logs/{{model}}/quantize_mixed.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/quantize_mixed.tsv"
+    conda:
+        "../../envs/qwen-onnx.yaml"
+    threads: 2
+    resources:
+        mem_mb=get_mem_mb("quantize_mixed"),
+        runtime=get_runtime("quantize_mixed"),
+    params:
+        settings=lambda wc: get_settings(wc.model, "quantize_mixed"),
         version=VERSION,
     script:
         "../scripts/quantize_static.py"

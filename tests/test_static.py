@@ -1,0 +1,186 @@
+"""The fully static INT8 variant: SmoothQuant transform, streaming calibration, and the op check."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from qwen_onnx.artifacts import MODEL_FILE
+from qwen_onnx.activation_ranges import StreamingCalibrator, stream_ranges
+from qwen_onnx.calibration import TextCalibrationReader
+from qwen_onnx.external import lazy_model
+from qwen_onnx.matmuls import weight_matmuls
+from qwen_onnx.quantize import StaticSettings, quantize_static_variant
+from qwen_onnx.smoothquant import apply_smoothing, smooth_variant, smoothing_groups, smoothing_scales
+from qwen_onnx.text import load_tokenizer, token_windows
+
+#: Ops that quantize at run time, or carry blockwise weights with run-time activation quantization:
+#: none may be in a static graph.
+DYNAMIC_OPS = {"MatMulNBits", "DynamicQuantizeLinear", "DynamicQuantizeMatMul", "MatMulInteger"}
+
+
+def _logits(folder, windows):
+    import onnxruntime as ort
+
+    path = folder / MODEL_FILE
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    reader = TextCalibrationReader(path, windows)
+    return np.stack([session.run(["logits"], reader.feeds(w))[0] for w in windows])
+
+
+def _windows(folder, texts, n=2, length=32):
+    return token_windows(load_tokenizer(folder), texts["calibration"], length, n)
+
+
+@pytest.mark.parametrize("variant", ["preprocessed", "optimized"])
+def test_smoothing_groups_cover_norms_and_down_proj(pipeline, variant):
+    graph = onnx.load(str(pipeline[variant] / MODEL_FILE), load_external_data=False).graph
+    groups = smoothing_groups(graph)
+    roles = collections.Counter(g.role for g in groups)
+    # 2 layers: q/k/v and gate/up behind an RMSNorm, down_proj behind the SwiGLU product; lm_head
+    # behind the final norm (the tiny model is untied)
+    # (the builder packs q/k/v into one MatMul on the tiny model)
+    attention = "qkv_proj" if variant == "optimized" else "q_proj+k_proj+v_proj"
+    assert roles == {attention: 2, "gate_proj+up_proj": 2, "down_proj": 2, "lm_head": 1}
+    assert {g.fold for g in groups if g.role == "down_proj"} == {"columns"}
+    assert {g.fold for g in groups if g.role != "down_proj"} == {"gamma"}
+
+
+@pytest.mark.parametrize("variant", ["preprocessed", "optimized"])
+def test_smoothing_keeps_float_logits(pipeline, texts, tmp_path, variant):
+    """Random scales from 0.05 to 20 on every group: the float model computes the same logits."""
+    source = pipeline[variant]
+    windows = _windows(source, texts)
+    before = _logits(source, windows)
+    out = tmp_path / "smoothed"
+    out.mkdir()
+    rng = np.random.default_rng(0)
+    with lazy_model(source) as (proto, scratch):
+        groups = smoothing_groups(proto.graph)
+        scales = {g.activation: np.exp(rng.uniform(np.log(0.05), np.log(20), g.in_features)).astype(np.float32)
+                  for g in groups}
+        changed = apply_smoothing(proto, groups, scales, scratch / "smoothed.data")
+        path = scratch / "smoothed.onnx"
+        onnx.save_model(proto, str(path))
+        from qwen_onnx.export import normalise_external_data
+        import shutil
+
+        shutil.copyfile(path, out / MODEL_FILE)
+        normalise_external_data(out, search=[source])
+    assert changed == len(groups) == 7
+    after = _logits(out, windows)
+    assert np.abs(after - before).max() < 1e-4 * max(1.0, float(np.abs(before).max()))
+    # the weights did change
+    w0 = {t.name: t for t in onnx.load(str(source / MODEL_FILE)).graph.initializer}
+    w1 = {t.name: t for t in onnx.load(str(out / MODEL_FILE)).graph.initializer}
+    name = groups[0].weights[0]
+    assert not np.allclose(onnx.numpy_helper.to_array(w0[name]), onnx.numpy_helper.to_array(w1[name]))
+
+
+def test_smooth_variant_searches_alpha_and_keeps_logits(pipeline, texts, tmp_path):
+    source = pipeline["optimized"]
+    rows = smooth_variant(source, tmp_path / "sq", texts["calibration"], samples=2, sequence_length=32,
+                          search_tokens=48)
+    assert len(rows) == 7
+    # the chosen alpha never scores worse than no smoothing
+    assert all(r["sqnr_db"] >= r["sqnr_unsmoothed_db"] for r in rows)
+    assert json.loads((tmp_path / "sq" / "smoothing.json").read_text())["groups"] == json.loads(json.dumps(rows))
+    windows = _windows(source, texts)
+    before, after = _logits(source, windows), _logits(tmp_path / "sq", windows)
+    assert np.abs(after - before).max() < 1e-4 * max(1.0, float(np.abs(before).max()))
+
+
+def test_smoothing_scales_formula():
+    s = smoothing_scales(np.array([8.0, 1.0, 0.0]), np.array([2.0, 4.0, 1.0]), 0.5)
+    np.testing.assert_allclose(s, [np.sqrt(8) / np.sqrt(2), 1 / 2, 1.0], rtol=1e-6)
+
+
+def _reference_ranges(source, windows, method, tmp_path, symmetric=False):
+    """onnxruntime's own calibrator (every window's outputs kept, then reduced)."""
+    from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
+
+    with lazy_model(source) as (proto, scratch):
+        graph_only = scratch / "input.onnx"
+        onnx.save_model(proto, str(graph_only))
+        calibrator = create_calibrator(
+            graph_only, ["MatMul"], augmented_model_path=str(scratch / "augmented.onnx"),
+            calibrate_method=getattr(CalibrationMethod, method), use_external_data_format=True,
+            extra_options={"symmetric": symmetric},
+        )
+        calibrator.collect_data(TextCalibrationReader(graph_only, windows))
+        data = calibrator.compute_data()
+    return {name: tuple(float(np.asarray(r).reshape(-1)[0]) for r in v.range_value) for name, v in data.items()}
+
+
+@pytest.mark.parametrize("method", ["MinMax", "Percentile"])
+def test_streaming_calibrator_matches_onnxruntime(pipeline, texts, tmp_path, method):
+    source = pipeline["preprocessed"]
+    windows = _windows(source, texts, n=4)
+    graph = onnx.load(str(source / MODEL_FILE), load_external_data=False).graph
+    names = list(dict.fromkeys(node.input[0] for node, _ in weight_matmuls(graph)))
+    with lazy_model(source) as (proto, scratch):
+        graph_only = scratch / "input.onnx"
+        onnx.save_model(proto, str(graph_only))
+        ours = stream_ranges(graph_only, windows, names, StreamingCalibrator(method), scratch / "cal.onnx")
+    reference = _reference_ranges(source, windows, method, tmp_path)
+    assert set(ours) == set(names)
+    for name in names:
+        if method == "MinMax":
+            assert ours[name] == pytest.approx(reference[name], abs=1e-6)
+        else:
+            # ORT builds one histogram over all windows at once; ours merges window by window with
+            # the same bin width, so the percentile edge moves by at most a few bins
+            width = (reference[name][1] - reference[name][0]) / 64
+            assert ours[name] == pytest.approx(reference[name], abs=width)
+
+
+def test_search_calibration_clips_an_outlier():
+    from qwen_onnx.activation_ranges import search_clip_ratio
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 32)).astype(np.float32)
+    x[0, 0] = 400.0  # one massive value: the full range would leave ~2 levels for everything else
+    w = rng.normal(size=(32, 16)).astype(np.float32)
+    calibrator = StreamingCalibrator("Search", search_tokens=128)
+    calibrator.collect({"x": x[:128]}, 128, held_out=False)  # fits the range, outlier included
+    calibrator.collect({"x": x[128:]}, 128, held_out=True)  # scores the clipping
+    low, high = calibrator.ranges(lambda name: [w])["x"]
+    assert len(calibrator.rows["x"]) == 1 and calibrator.rows["x"][0].shape == (128, 32)
+    fit = x[:128]
+    ratio = search_clip_ratio(x[128:], [w], float(fit.min()), float(fit.max()))
+    # clipped: the outlier's range would leave a step of ~1.6 for values of about ±3
+    assert ratio < 0.5
+    assert (low, high) == pytest.approx((float(x.min()) * ratio, float(x.max()) * ratio))
+
+
+def test_streaming_calibrator_refuses_unknown_method():
+    from qwen_onnx.errors import QwenOnnxError
+
+    with pytest.raises(QwenOnnxError, match="calibration method 'KL' unknown"):
+        StreamingCalibrator("KL")
+
+
+def test_static_graph_has_only_static_quantization(pipeline, texts, tmp_path):
+    """SmoothQuant + Search calibration from the fused graph: every weight MatMul runs with fixed
+    scales (DequantizeLinear on both inputs), nothing is quantized at run time."""
+    out = tmp_path / "static"
+    info = quantize_static_variant(
+        pipeline["optimized"], out, texts["calibration"],
+        StaticSettings(samples=2, sequence_length=32, smooth=True, method="Search", search_tokens=48),
+    )
+    proto = onnx.load(str(out / MODEL_FILE), load_external_data=False)
+    ops = collections.Counter(n.op_type for n in proto.graph.node)
+    assert not DYNAMIC_OPS & set(ops), ops
+    producers = {o: n for n in proto.graph.node for o in n.output}
+    matmuls = [n for n in proto.graph.node if n.op_type == "MatMul"]
+    quantized = [n for n in matmuls if producers.get(n.input[1]) is not None
+                 and producers[n.input[1]].op_type == "DequantizeLinear"]
+    # every weight MatMul of the source: 2 layers x 5 projections (q/k/v packed) and the lm_head
+    source = onnx.load(str(pipeline["optimized"] / MODEL_FILE), load_external_data=False).graph
+    assert len(quantized) == len(weight_matmuls(source)) == 11
+    assert all(producers[n.input[0]].op_type == "DequantizeLinear" for n in quantized)
+    assert len(info["smoothing"]) == 7 and info["calibrated_tensors"] >= 8
