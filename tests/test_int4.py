@@ -8,7 +8,7 @@ import pytest
 from onnx import helper
 
 from qwen_onnx.artifacts import folder_bytes
-from qwen_onnx.embeddings import embedding_tied, find_embedding, find_lm_head
+from qwen_onnx.embeddings import embedding_tied, find_embedding, find_lm_head, find_lookup
 from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.gates import variant_kind
 from qwen_onnx.inspect_graph import inspect_model
@@ -161,7 +161,7 @@ def test_int8_dynamic_tied_embedding_shared_and_untied_float_option(tied_preproc
     float_table = quantize_dynamic_variant(tied_preprocessed, tmp_path / "float",
                                            DynamicSettings(block_size=32, embedding="float"))
     assert float_table["embedding"] == {"mode": "float"}
-    assert find_embedding(_graph(tmp_path / "float")) is not None
+    assert find_lookup(_graph(tmp_path / "float")).table.data_type == onnx.TensorProto.FLOAT  # stored once, [hidden, vocab]
     # the shared variant saves the whole fp32 table
     saved = folder_bytes(tmp_path / "float") - folder_bytes(tmp_path / "shared")
     assert abs(saved - VOCAB * HIDDEN * 4) < 1024

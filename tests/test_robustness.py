@@ -452,9 +452,10 @@ def tables_of(folder: Path) -> list[str]:
             and t.data_type == onnx.TensorProto.FLOAT and sorted(t.dims) == [64, 384]]
 
 
-def test_a_tied_table_is_stored_once_in_every_variant_but_the_quantizers_input(tied_pipeline):
+def test_a_tied_table_is_stored_once_in_every_variant(tied_pipeline):
     import numpy as np
     import onnx
+    from onnx import numpy_helper
 
     from qwen_onnx.inspect_graph import inspect_model
     from qwen_onnx.runtime import OnnxCausalLM
@@ -462,20 +463,50 @@ def test_a_tied_table_is_stored_once_in_every_variant_but_the_quantizers_input(t
     ids = np.array([[1, 5, 9, 33, 100, 7, 250]], dtype=np.int64)
     reference = OnnxCausalLM(tied_pipeline["fp32"]).forward(ids)[0]
     for variant, folder in tied_pipeline.items():
-        tables = tables_of(folder)  # float copies
-        # preprocessed, the quantizers' input, keeps both (qwen_onnx.tied explains why); the INT8
-        # variants keep none: the lookup is a GatherBlockQuantized table (qwen_onnx.embeddings)
-        expected = {"preprocessed": 2, "int8-dynamic": 0, "int8-static": 0}.get(variant, 1)
-        assert len(tables) == expected, (variant, tables)
+        # fp32 reads the table through the export's Transpose; preprocessed and optimized keep only
+        # the folded transpose (qwen_onnx.tied); the INT8 variants keep no float copy: the lookup
+        # reads lm_head's INT8 weight (GatherBlockQuantized for MatMulNBits, a column Gather for QDQ)
+        expected = {"fp32": ["model.embed_tokens.weight"], "int8-dynamic": [], "int8-static": []}.get(
+            variant, ["model.embed_tokens.weight_transposed"])
+        assert tables_of(folder) == expected, variant
+        graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
+        int8_tables = [t.name for t in graph.initializer if sorted(t.dims) == [64, 384] and t.data_type == onnx.TensorProto.INT8]
+        assert int8_tables == (["model.embed_tokens.weight_transposed_quantized"] if variant == "int8-static" else [])
         arch = inspect_model(folder)["architecture"]
-        # int8-static: a QDQ lm_head cannot feed GatherBlockQuantized, so the lookup gets an 8-bit
-        # table of its own (two 8-bit copies, half the float table's bytes in all)
-        tied = variant != "int8-static"
-        assert (arch["tied_embeddings"], arch["vocab_size"], arch["hidden_size"]) == (tied, 384, 64), variant
-    assert tables_of(tied_pipeline["optimized"]) == ["model.embed_tokens.weight_transposed"]
-    np.testing.assert_allclose(OnnxCausalLM(tied_pipeline["optimized"]).forward(ids)[0], reference, atol=1e-4)
+        assert (arch["tied_embeddings"], arch["vocab_size"], arch["hidden_size"]) == (True, 384, 64), variant
+    for variant in ("preprocessed", "optimized"):
+        np.testing.assert_allclose(OnnxCausalLM(tied_pipeline[variant]).forward(ids)[0], reference, atol=1e-4)
     dynamic = inspect_model(tied_pipeline["int8-dynamic"])["op_types"]
     assert dynamic["MatMulNBits"] == 2 * 7 + 1  # lm_head still quantized from the one table
+    assert dynamic["GatherBlockQuantized"] == 1
+
+
+def test_the_static_lookup_gives_what_dequantizing_lm_heads_weight_gives(tied_pipeline, tmp_path):
+    """The int8-static lookup (Gather of INT8 columns times their scales) equals DequantizeLinear
+    of lm_head's weight, read at the token ids, bit for bit."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    folder = tied_pipeline["int8-static"]
+    proto = onnx.load(str(folder / "model.onnx"))
+    weights = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    lookup = next(n for n in proto.graph.node if n.op_type == "Transpose" and n.name.startswith("/model/embed_tokens/"))
+    proto.graph.output.append(onnx.helper.make_tensor_value_info(lookup.output[0], onnx.TensorProto.FLOAT, None))
+    onnx.save(proto, str(tmp_path / "model.onnx"))
+    ids = np.array([[1, 5, 9, 33, 100, 7, 250], [383, 0, 2, 2, 64, 65, 300]], dtype=np.int64)
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    feeds = {i.name: np.zeros([2 if d == "batch_size" else 0 if isinstance(d, str) else d for d in i.shape],
+                              dtype=np.float32) for i in session.get_inputs() if i.name.startswith("past_key_values")}
+    feeds.update(input_ids=ids, attention_mask=np.ones_like(ids), position_ids=np.tile(np.arange(7), (2, 1)))
+    got = session.run([lookup.output[0]], feeds)[0]
+    table = weights["model.embed_tokens.weight_transposed_quantized"].astype(np.float32)
+    scale = weights["model.embed_tokens.weight_transposed_scale"]
+    assert not weights["model.embed_tokens.weight_transposed_zero_point"].any()
+    want = (table * scale)[:, ids].transpose(1, 2, 0)  # DequantizeLinear per column, then the rows of the ids
+    assert got.shape == (2, 7, 64)
+    np.testing.assert_array_equal(got, want)
 
 
 def test_the_builder_optimized_variant_stores_a_tied_table_once(tmp_path):
@@ -494,6 +525,44 @@ def test_the_builder_optimized_variant_stores_a_tied_table_once(tmp_path):
     assert tables == ["lm_head.MatMul.weight"]  # the lookup reads it through a Transpose
     arch = inspect_model(tmp_path / "optimized")["architecture"]
     assert (arch["tied_embeddings"], arch["vocab_size"], arch["hidden_size"]) == (True, 384, 64)
+
+
+def test_variants_quantized_from_the_builder_graph_store_a_tied_table_once(tmp_path, texts):
+    """The workflow's default route (builder graph -> quantizers): the lookup, Gather(Transpose(
+    lm_head weight)), reads lm_head's quantized weight; no float copy stays, and the static
+    variant does not dequantize the whole table at every step."""
+    import numpy as np
+    import onnx
+    from tiny_models import build_tiny_qwen
+
+    from qwen_onnx.int4 import Int4Settings, quantize_int4_variant
+    from qwen_onnx.inspect_graph import inspect_model
+    from qwen_onnx.optimize import optimize_variant
+    from qwen_onnx.quantize import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
+    from qwen_onnx.resolve import resolve
+    from qwen_onnx.runtime import OnnxCausalLM
+
+    resolve(str(build_tiny_qwen(tmp_path / "source", "qwen2", tie_word_embeddings=True)), tmp_path / "hf")
+    optimized = tmp_path / "optimized"
+    optimize_variant(tmp_path / "hf", optimized)
+    infos = {
+        "int8-dynamic": quantize_dynamic_variant(optimized, tmp_path / "int8-dynamic", DynamicSettings(block_size=16)),
+        "int8-static": quantize_static_variant(optimized, tmp_path / "int8-static", texts["calibration"],
+                                               StaticSettings(samples=2, sequence_length=16)),
+        "int4": quantize_int4_variant(optimized, tmp_path / "int4", Int4Settings(algorithm="rtn", block_size=16)),
+    }
+    ids = np.array([[1, 5, 9, 33, 100, 7, 250]], dtype=np.int64)
+    reference = OnnxCausalLM(optimized).forward(ids)[0]
+    for variant, info in infos.items():
+        graph = onnx.load(str(tmp_path / variant / "model.onnx"), load_external_data=False).graph
+        assert info["embedding"]["mode"] == "shared" and info["embedding"]["table_bytes_after"] == 0, variant
+        assert [t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT
+                and sorted(t.dims) == [64, 384]] == [], variant
+        assert not any(n.op_type == "Transpose" and n.input[0].endswith("_DequantizeLinear_Output") for n in graph.node)
+        arch = inspect_model(tmp_path / variant)["architecture"]
+        assert (arch["tied_embeddings"], arch["vocab_size"], arch["hidden_size"]) == (True, 384, 64), variant
+        logits = OnnxCausalLM(tmp_path / variant).forward(ids)[0]
+        assert np.corrcoef(logits.ravel(), reference.ravel())[0, 1] > 0.95, variant  # measured 0.9997 / 0.997 / 0.959
 
 
 def test_an_untied_model_is_left_as_it_was(pipeline):

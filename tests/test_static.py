@@ -164,13 +164,29 @@ def test_streaming_calibrator_refuses_unknown_method():
         StreamingCalibrator("KL")
 
 
-def test_static_graph_has_only_static_quantization(pipeline, texts, tmp_path):
-    """SmoothQuant + Search calibration from the fused graph: every weight MatMul runs with fixed
-    scales (DequantizeLinear on both inputs), nothing is quantized at run time."""
+@pytest.fixture(scope="module")
+def transformers_optimized(pipeline, tmp_path_factory):
+    """The tiny model fused by onnxruntime.transformers (optimize.method: transformers)."""
+    from qwen_onnx.optimize import optimize_variant
+
+    folder = tmp_path_factory.mktemp("transformers") / "optimized"
+    optimize_variant(pipeline["fp32"], folder, method="transformers")
+    return folder
+
+
+@pytest.mark.parametrize("source, smooth, method", [("optimized", True, "Search"), ("optimized", False, "Percentile"),
+                                                    ("transformers", False, "Percentile")])
+def test_static_graph_has_only_static_quantization(pipeline, transformers_optimized, texts, tmp_path, source, smooth,
+                                                   method):
+    """From the fused graph, with SmoothQuant + Search calibration and with the defaults: every
+    weight MatMul runs with fixed scales (DequantizeLinear on both inputs), nothing is quantized at
+    run time. Without smoothing's Mul nodes, the MatMuls after a fused norm (q/k/v, gate/up,
+    lm_head) read com.microsoft outputs whose type only symbolic shape inference knows."""
     out = tmp_path / "static"
+    source = transformers_optimized if source == "transformers" else pipeline[source]
     info = quantize_static_variant(
-        pipeline["optimized"], out, texts["calibration"],
-        StaticSettings(samples=2, sequence_length=32, smooth=True, method="Search", search_tokens=48),
+        source, out, texts["calibration"],
+        StaticSettings(samples=2, sequence_length=32, smooth=smooth, method=method, search_tokens=48),
     )
     proto = onnx.load(str(out / MODEL_FILE), load_external_data=False)
     ops = collections.Counter(n.op_type for n in proto.graph.node)
@@ -179,8 +195,8 @@ def test_static_graph_has_only_static_quantization(pipeline, texts, tmp_path):
     matmuls = [n for n in proto.graph.node if n.op_type == "MatMul"]
     quantized = [n for n in matmuls if producers.get(n.input[1]) is not None
                  and producers[n.input[1]].op_type == "DequantizeLinear"]
-    # every weight MatMul of the source: 2 layers x 5 projections (q/k/v packed) and the lm_head
-    source = onnx.load(str(pipeline["optimized"] / MODEL_FILE), load_external_data=False).graph
-    assert len(quantized) == len(weight_matmuls(source)) == 11
+    # every weight MatMul of the source: 2 layers x 5 projections (builder: q/k/v packed) or 7, and the lm_head
+    graph = onnx.load(str(source / MODEL_FILE), load_external_data=False).graph
+    assert len(quantized) == len(weight_matmuls(graph)) == (11 if source == pipeline["optimized"] else 15)
     assert all(producers[n.input[0]].op_type == "DequantizeLinear" for n in quantized)
-    assert len(info["smoothing"]) == 7 and info["calibrated_tensors"] >= 8
+    assert len(info["smoothing"]) == (7 if smooth else 0) and info["calibrated_tensors"] >= 8

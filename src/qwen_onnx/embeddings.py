@@ -90,7 +90,8 @@ def check_block_size(block_size: int) -> None:
 
 def find_embedding(graph: onnx.GraphProto) -> tuple[onnx.NodeProto, onnx.TensorProto] | None:
     """The token embedding: the ``Gather`` (axis 0) whose data is the largest 2-D float initializer,
-    with that initializer; None when the graph has none (already quantized)."""
+    with that initializer; None when the graph has none (already quantized, or stored once as
+    [hidden, vocab]: see :func:`find_lookup`)."""
     initializers = {t.name: t for t in graph.initializer}
     found = []
     for node in graph.node:
@@ -101,6 +102,99 @@ def find_embedding(graph: onnx.GraphProto) -> tuple[onnx.NodeProto, onnx.TensorP
         if axis == 0 and table is not None and len(table.dims) == 2 and table.data_type == onnx.TensorProto.FLOAT:
             found.append((node, table))
     return max(found, key=lambda f: int(np.prod(f[1].dims))) if found else None
+
+
+@dataclass
+class Lookup:
+    """The token lookup of a graph, in one of the two layouts this project writes.
+
+    Attributes:
+        nodes: the nodes that compute it (removed when it is rewritten), in one of the layouts
+            :func:`find_lookup` lists.
+        ids: the token ids it reads (int64 [batch, sequence]).
+        output: its output, float [batch, sequence, hidden].
+        table: the float initializer it reads, or None when it reads a ``DequantizeLinear``.
+        dequantize: that ``DequantizeLinear`` (of lm_head's QDQ weight), or None.
+        hidden_first: whether the table is [hidden, vocab] (stored once) rather than [vocab, hidden].
+        perm: the permutation that takes a lookup of the [hidden, vocab] table on axis 1
+            ([hidden, batch, sequence]) to the output (``hidden_first`` only).
+    """
+
+    nodes: list[onnx.NodeProto]
+    ids: str
+    output: str
+    table: onnx.TensorProto | None
+    dequantize: onnx.NodeProto | None
+    hidden_first: bool
+    perm: list[int]
+
+    @property
+    def gather(self) -> onnx.NodeProto:
+        """The ``Gather`` node among :attr:`nodes`."""
+        return next(n for n in self.nodes if n.op_type == "Gather")
+
+    def float_table(self) -> np.ndarray:
+        """The table as float32 [vocab, hidden] (read from the external data)."""
+        values = numpy_helper.to_array(self.table)
+        return np.ascontiguousarray(values.T) if self.hidden_first else values
+
+
+def _rank(graph: onnx.GraphProto, name: str) -> int:
+    """The rank of tensor ``name`` from the graph's inputs and value_info (2, input_ids', when unknown)."""
+    info = next((v for v in [*graph.input, *graph.value_info] if v.name == name), None)
+    if info is not None and info.type.tensor_type.HasField("shape"):
+        return len(info.type.tensor_type.shape.dim)
+    return 2
+
+
+def find_lookup(graph: onnx.GraphProto) -> Lookup | None:
+    """The float token lookup (:class:`Lookup`), or None when the graph has none left.
+
+    Three layouts: ``Gather`` (axis 0) of a [vocab, hidden] table (the export's); for a tied table
+    stored once as [hidden, vocab], ``Identity`` -> ``Gather`` (axis 1) -> ``Transpose``
+    (:mod:`qwen_onnx.tied`) or ``Transpose`` -> ``Gather`` (axis 0) (onnxruntime-genai's model
+    builder). The [hidden, vocab] table is a float initializer or, after QDQ quantization, the
+    ``DequantizeLinear`` of one.
+    """
+    embedding = find_embedding(graph)
+    if embedding is not None:
+        gather, table = embedding
+        return Lookup([gather], gather.input[1], gather.output[0], table, None, False, [])
+    initializers = {t.name: t for t in graph.initializer}
+    producers = {o: n for n in graph.node for o in n.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+
+    def source(name: str) -> tuple[onnx.TensorProto | None, onnx.NodeProto | None] | None:
+        table = initializers.get(name)
+        if table is not None:
+            return (table, None) if len(table.dims) == 2 and table.data_type == onnx.TensorProto.FLOAT else None
+        dequantize = producers.get(name)
+        if dequantize is not None and dequantize.op_type == "DequantizeLinear" and dequantize.input[0] in initializers:
+            return None, dequantize
+        return None
+
+    def only_consumer(name: str, op_type: str) -> onnx.NodeProto | None:
+        users = consumers.get(name, [])
+        return users[0] if len(users) == 1 and users[0].op_type == op_type and users[0].input[0] == name else None
+
+    for first in graph.node:
+        if first.op_type not in ("Identity", "Transpose") or (found := source(first.input[0])) is None:
+            continue
+        gather = only_consumer(first.output[0], "Gather")
+        axis = next((a.i for a in gather.attribute if a.name == "axis"), 0) if gather is not None else None
+        if first.op_type == "Identity" and axis == 1:
+            transpose = only_consumer(gather.output[0], "Transpose")
+            if transpose is not None:
+                perm = list(next(a.ints for a in transpose.attribute if a.name == "perm"))
+                return Lookup([first, gather, transpose], gather.input[1], transpose.output[0], *found, True, perm)
+        perm = list(next((a.ints for a in first.attribute if a.name == "perm"), [1, 0]))
+        if first.op_type == "Transpose" and axis == 0 and perm == [1, 0]:
+            rank = _rank(graph, gather.input[1])
+            return Lookup([first, gather], gather.input[1], gather.output[0], *found, True, [*range(1, rank + 1), 0])
+    return None
 
 
 def find_lm_head(graph: onnx.GraphProto) -> onnx.NodeProto | None:
@@ -118,17 +212,20 @@ def embedding_tied(folder: str | os.PathLike) -> bool:
     """Whether ``folder/model.onnx``'s lm_head weight [hidden, vocab] is the embedding table
     [vocab, hidden] transposed, value for value (a tied model, ``tie_word_embeddings``).
 
-    Reads the two tables from the external data (about 2 × 545 MB on Qwen2.5 0.5B) and compares
-    them in chunks of rows.
+    A table stored once (:func:`qwen_onnx.tied.store_tied_once`, which checked the values) is tied
+    when lm_head reads it. Otherwise reads the two tables from the external data (about 2 × 545 MB
+    on Qwen2.5 0.5B) and compares them in chunks of rows.
     """
     with lazy_model(folder) as (proto, _):
-        embedding = find_embedding(proto.graph)
+        lookup = find_lookup(proto.graph)
         head = find_lm_head(proto.graph)
-        if embedding is None or head is None or head.op_type != "MatMul":
+        if lookup is None or lookup.table is None or head is None or head.op_type != "MatMul":
             return False
+        if lookup.hidden_first:
+            return head.input[1] == lookup.table.name
         initializers = {t.name: t for t in proto.graph.initializer}
         weight = initializers.get(head.input[1])
-        table = embedding[1]
+        table = lookup.table
         if weight is None or list(weight.dims) != list(reversed(table.dims)):
             return False
         if table.name == weight.name:
@@ -143,9 +240,9 @@ def _const(name: str, values: list[int]) -> onnx.TensorProto:
     return numpy_helper.from_array(np.asarray(values, dtype=np.int64), name)
 
 
-def _gather_node(embed: onnx.NodeProto, inputs: list[str], bits: int, block_size: int) -> onnx.NodeProto:
+def _gather_node(name: str, inputs: list[str], output: str, bits: int, block_size: int) -> onnx.NodeProto:
     return helper.make_node(
-        "GatherBlockQuantized", inputs, list(embed.output), name=(embed.name or "embedding") + "_Q",
+        "GatherBlockQuantized", inputs, [output], name=name + "_Q",
         domain="com.microsoft", bits=bits, block_size=block_size, gather_axis=0, quantize_axis=1,
     )
 
@@ -187,15 +284,52 @@ def quantize_table(
             None if symmetric else zero_points)
 
 
-def quantize_embedding(folder: str | os.PathLike, plan: EmbeddingPlan) -> dict[str, Any]:
-    """Replace the embedding ``Gather`` of the variant in ``folder`` by ``GatherBlockQuantized``, in place.
+def _qdq_lookup(graph: onnx.GraphProto, lookup: Lookup, prefix: str) -> tuple[list[onnx.NodeProto], dict] | None:
+    """Nodes that look tokens up in lm_head's per-channel INT8 QDQ weight [hidden, vocab] itself:
+    ``Gather(weight, ids, axis=1)`` [hidden, batch, sequence] -> ``Cast`` -> ``Mul`` by
+    ``Gather(scale, ids)`` [batch, sequence] -> ``Transpose``: the values ``DequantizeLinear``
+    gives, bit for bit (symmetric weights, zero points 0), without dequantizing the whole table
+    at every step. None unless the ``DequantizeLinear`` is per-channel on the vocab axis with zero
+    zero points."""
+    initializers = {t.name: t for t in graph.initializer}
+    dq = lookup.dequantize
+    weight, scale = initializers.get(dq.input[0]), initializers.get(dq.input[1])
+    zero = initializers.get(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
+    axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
+    if weight is None or scale is None or len(weight.dims) != 2 or list(scale.dims) != [weight.dims[1]] or axis != 1:
+        return None
+    if zero is not None and np.any(numpy_helper.to_array(zero)):
+        return None
+    name = lookup.gather.name or "embedding"  # nodes keep the lookup's name (/model/embed_tokens/...)
+    nodes = [
+        helper.make_node("Gather", [weight.name, lookup.ids], [prefix + "_int8"], name=name, axis=1),
+        helper.make_node("Cast", [prefix + "_int8"], [prefix + "_values"], name=name + "_Cast",
+                         to=onnx.TensorProto.FLOAT),
+        helper.make_node("Gather", [scale.name, lookup.ids], [prefix + "_scales"], name=name + "_scales", axis=0),
+        helper.make_node("Mul", [prefix + "_values", prefix + "_scales"], [prefix + "_hidden_first"],
+                         name=name + "_Mul"),
+        helper.make_node("Transpose", [prefix + "_hidden_first"], [lookup.output], name=name + "_Transpose",
+                         perm=lookup.perm),
+    ]
+    vocab, hidden = int(weight.dims[1]), int(weight.dims[0])
+    return nodes, {"vocab": vocab, "hidden": hidden, "shared_with": dq.name}
 
-    ``shared`` with ``plan.tied`` and an lm_head that is ``MatMulNBits`` over [hidden, vocab]:
-    the Gather reads the lm_head's packed weight, scales and zero points through two Reshapes (no
-    new weight bytes). Otherwise (``quantized``, or ``shared`` without a tied quantized lm_head) the
-    table is quantized on its own at ``plan.bits`` with ``plan.block_size`` (halved down to 16 until
-    it divides the hidden size). The float table is
-    removed and ``folder/model.onnx_data`` rewritten without it.
+
+def quantize_embedding(folder: str | os.PathLike, plan: EmbeddingPlan) -> dict[str, Any]:
+    """Replace the float token lookup (:func:`find_lookup`) of the variant in ``folder`` by a quantized one, in place.
+
+    - ``shared`` with ``plan.tied`` and an lm_head that is ``MatMulNBits`` over [hidden, vocab]:
+      ``GatherBlockQuantized`` reads the lm_head's packed weight, scales and zero points through
+      two Reshapes (no new weight bytes).
+    - ``shared`` where the lookup reads lm_head's QDQ weight (a static variant of a table stored
+      once): the lookup gathers the INT8 weight's columns and their scales (:func:`_qdq_lookup`),
+      no new weight bytes.
+    - Otherwise (``quantized``, or ``shared`` without a tied quantized lm_head) the table is
+      quantized on its own at ``plan.bits`` with ``plan.block_size`` (halved down to 16 until it
+      divides the hidden size) for ``GatherBlockQuantized``.
+
+    The float table is removed when nothing else reads it, and ``folder/model.onnx_data``
+    rewritten without it.
 
     Returns:
         ``{"mode", "bits", "block_size", "shared_with", "table_bytes_before", "table_bytes_after"}``
@@ -210,18 +344,31 @@ def quantize_embedding(folder: str | os.PathLike, plan: EmbeddingPlan) -> dict[s
         return {"mode": "float"}
     with lazy_model(folder) as (proto, _):
         graph = proto.graph
-        embedding = find_embedding(graph)
-        if embedding is None:
+        lookup = find_lookup(graph)
+        if lookup is None:
             return {"mode": "float", "reason": "no float embedding Gather"}
-        embed, table = embedding
-        vocab, hidden = (int(d) for d in table.dims)
-        before = vocab * hidden * 4
+        first = lookup.nodes[0]
+        name = lookup.gather.name or "embedding"  # new nodes keep the lookup's name (/model/embed_tokens/...)
+        prefix = name.strip("/").replace("/", "_")
         head = find_lm_head(graph)
         attrs = {a.name: helper.get_attribute_value(a) for a in head.attribute} if head is not None else {}
-        share = (plan.mode == "shared" and plan.tied and head is not None and head.op_type == "MatMulNBits"
-                 and attrs.get("K") == hidden and attrs.get("N") == vocab and hidden % attrs["block_size"] == 0)
-        prefix = (embed.name or "embedding").strip("/").replace("/", "_")
-        if share:
+        table = lookup.table
+        added: list[onnx.TensorProto] = []
+        after = 0
+        shared_with = None
+        qdq = _qdq_lookup(graph, lookup, prefix) if lookup.dequantize is not None and plan.mode == "shared" else None
+        if lookup.dequantize is not None and qdq is None:
+            return {"mode": "float", "reason": "the lookup reads a DequantizeLinear that cannot be shared"}
+        if qdq is not None:
+            new_nodes, shape = qdq
+            vocab, hidden = shape["vocab"], shape["hidden"]
+            bits, block_size, shared_with, share = 8, hidden, shape["shared_with"], True
+        else:
+            vocab, hidden = (int(d) for d in (table.dims[::-1] if lookup.hidden_first else table.dims))
+            share = (plan.mode == "shared" and plan.tied and head is not None and head.op_type == "MatMulNBits"
+                     and attrs.get("K") == hidden and attrs.get("N") == vocab and hidden % attrs["block_size"] == 0)
+        before = vocab * hidden * 4
+        if share and qdq is None:
             bits, block_size = int(attrs["bits"]), int(attrs["block_size"])
             data_shape = _const(prefix + "_shared_data_shape", [vocab, hidden * bits // 8])
             scale_shape = _const(prefix + "_shared_scales_shape", [vocab, hidden // block_size])
@@ -231,39 +378,39 @@ def quantize_embedding(folder: str | os.PathLike, plan: EmbeddingPlan) -> dict[s
                 helper.make_node("Reshape", [head.input[2], scale_shape.name], [prefix + "_shared_scales"],
                                  name=prefix + "_shared_scales_Reshape"),
             ]
-            inputs = [prefix + "_shared_data", embed.input[1], prefix + "_shared_scales"]
+            inputs = [prefix + "_shared_data", lookup.ids, prefix + "_shared_scales"]
             if len(head.input) > 3 and head.input[3]:
                 inputs.append(head.input[3])  # packed uint8 zero points, one row per vocab entry
-            new_nodes = [*reshapes, _gather_node(embed, inputs, bits, block_size)]
-            graph.initializer.extend([data_shape, scale_shape])
-            after = 0
+            new_nodes = [*reshapes, _gather_node(name, inputs, lookup.output, bits, block_size)]
+            added = [data_shape, scale_shape]
             shared_with = head.name
-        else:
+        elif not share:
             bits, block_size = plan.bits, plan.block_size
             while hidden % block_size and block_size > 16:  # e.g. a tiny test model's hidden 64 with block 128
                 block_size //= 2
-            data, scales, zero_points = quantize_table(numpy_helper.to_array(table), bits, block_size, plan.symmetric)
-            new = [numpy_helper.from_array(data, table.name + f"_Q{bits}"),
-                   numpy_helper.from_array(scales.astype(np.float32), table.name + "_scales")]
+            data, scales, zero_points = quantize_table(lookup.float_table(), bits, block_size, plan.symmetric)
+            stem = table.name.removesuffix("_transposed")
+            added = [numpy_helper.from_array(data, stem + f"_Q{bits}"),
+                     numpy_helper.from_array(scales.astype(np.float32), stem + "_scales")]
             if zero_points is not None:
-                new.append(numpy_helper.from_array(zero_points, table.name + "_zero_points"))
-            graph.initializer.extend(new)
-            inputs = [new[0].name, embed.input[1], *(t.name for t in new[1:])]
-            new_nodes = [_gather_node(embed, inputs, bits, block_size)]
-            after = sum(len(t.raw_data) for t in new)
-            shared_with = None
+                added.append(numpy_helper.from_array(zero_points, stem + "_zero_points"))
+            inputs = [added[0].name, lookup.ids, *(t.name for t in added[1:])]
+            new_nodes = [_gather_node(name, inputs, lookup.output, bits, block_size)]
+            after = sum(len(t.raw_data) for t in added)
             del data, scales, zero_points
-        position = list(graph.node).index(embed)
-        graph.node.remove(embed)
+        graph.initializer.extend(added)
+        position = list(graph.node).index(first)
+        for node in lookup.nodes:
+            graph.node.remove(node)
         for offset, node in enumerate(new_nodes):
             graph.node.insert(position + offset, node)
-        if not any(table.name in n.input for n in graph.node):
+        if table is not None and not any(table.name in n.input for n in graph.node):
             graph.initializer.remove(table)
         if not any(o.domain == "com.microsoft" for o in proto.opset_import):
             proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
         consolidate_external_data(proto, folder / MODEL_FILE, search=[folder])
     mode = "shared" if share else "quantized"
-    log.info("embedding %s: %s, %d bits, block %d, %.0f MB -> %.0f MB", table.name, mode, bits, block_size,
+    log.info("embedding: %s, %d bits, block %d, %.0f MB -> %.0f MB", mode, bits, block_size,
              before / 1e6, after / 1e6)
     return {"mode": mode, "bits": bits, "block_size": block_size, "shared_with": shared_with,
             "table_bytes_before": before, "table_bytes_after": after}

@@ -43,6 +43,7 @@ from .defaults import EXPORT, EXPORTERS
 from .errors import ArtifactError, OptionError
 from .external import consolidate_external_data, external_locations, has_large_inline_tensor, lazy_model
 from .genai_config import write_genai_config
+from .tied import store_tied_once
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,7 @@ def preprocess(
         else:
             ort_optimize_to_file(staged_input, stage / MODEL_FILE, "ORT_ENABLE_BASIC")
         onnx.shape_inference.infer_shapes_path(str(stage / MODEL_FILE), str(stage / MODEL_FILE))
+        tied_once = store_tied_once(stage / MODEL_FILE)
         model_path(stage)
         copy_side_files(input_dir, stage)
         write_genai_config(stage)  # onnxruntime-genai runs the folder
@@ -188,6 +190,7 @@ def preprocess(
                                         ("onnx_shape_inference", False)) if not skip],
             "skip_symbolic_shape": skip_symbolic_shape,
             "skip_optimization": skip_optimization,
+            "tied_stored_once": tied_once,
             "seconds": round(time.time() - started, 1),
             "library_versions": library_versions(),
         }

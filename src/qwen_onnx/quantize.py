@@ -242,6 +242,39 @@ def _load_graph_with_shape_infer(model_path: Path) -> onnx.ModelProto:
     return model
 
 
+def with_value_types(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` with the element type of every tensor recorded in ``value_info``.
+
+    onnxruntime's quantizers read tensor types from ``onnx.shape_inference``, which knows no
+    ``com.microsoft`` op: on the optimized graph the outputs of ``SimplifiedLayerNormalization``,
+    ``SkipSimplifiedLayerNormalization`` and the like get no type, and the quantizer then skips
+    quantizing them ("failed to infer the type of tensor ... Skip to quantize it"), leaving q/k/v,
+    gate/up and lm_head as float MatMuls on dequantized weights. onnxruntime's symbolic shape
+    inference (``onnxruntime.tools.symbolic_shape_infer``, as ``quant_pre_process`` runs it) knows
+    the contrib ops; it reads only the graph and the small shape constants.
+
+    Raises:
+        QwenOnnxError: a tensor that a weight MatMul reads still has no type after inference.
+    """
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    try:
+        inferred = SymbolicShapeInference.infer_shapes(proto, auto_merge=True, guess_output_rank=True)
+    except Exception as error:  # an op it does not know: onnxruntime's own inference, as before
+        log.warning("symbolic shape inference failed (%s); the quantizer infers types itself", error)
+        return proto
+    typed = {v.name for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
+             if v.type.tensor_type.elem_type}
+    typed |= {t.name for t in inferred.graph.initializer}
+    missing = sorted({node.input[0] for node, _ in weight_matmuls(inferred.graph)} - typed)
+    if missing:
+        raise QwenOnnxError(
+            f"shape inference left {len(missing)} weight MatMul input(s) without a type ({', '.join(missing[:3])}); "
+            "quantize the pre-processed variant instead (optimize.quantize_fused: false)"
+        )
+    return inferred
+
+
 @contextlib.contextmanager
 def lazy_quantization(input_dir: str | os.PathLike) -> Iterator[tuple[Path, ScratchFiles]]:
     """Run onnxruntime's quantizers on ``input_dir`` without holding all weights in memory.
@@ -262,7 +295,7 @@ def lazy_quantization(input_dir: str | os.PathLike) -> Iterator[tuple[Path, Scra
     saved = [m.load_model_with_shape_infer for m in modules]
     with lazy_model(input_dir) as (proto, scratch):
         graph_only = scratch / "input.onnx"
-        onnx.save_model(proto, str(graph_only))
+        onnx.save_model(with_value_types(proto), str(graph_only))
         del proto
         for module in modules:
             module.load_model_with_shape_infer = _load_graph_with_shape_infer

@@ -6,18 +6,19 @@ up, as in ``preprocess`` and ``optimize``) turns that Transpose into a second in
 ``<table>_transposed`` [hidden, vocab], so the saved model holds the same weights twice
 (+544 MB on the 0.5B, +933 MB on the 1.5B, in fp32).
 
-``optimize`` calls :func:`store_tied_once`, which keeps only the transposed copy, which lm_head's MatMul reads as a constant
-(so the quantizers still see a weight MatMul), and the token lookup reads the same tensor:
-``Gather(table, ids, axis=0)`` [batch, sequence, hidden] becomes ``Gather(Identity(table_transposed),
-ids, axis=1)`` [hidden, batch, sequence] followed by ``Transpose(perm=[1, 2, 0])``. The INT8
-variants keep, as before, the float table for the lookup beside lm_head's quantized weight.
+``preprocess`` and ``optimize`` call :func:`store_tied_once`, which keeps only the transposed copy,
+which lm_head's MatMul reads as a constant (so the quantizers still see a weight MatMul), and the
+token lookup reads the same tensor: ``Gather(table, ids, axis=0)`` [batch, sequence, hidden]
+becomes ``Gather(Identity(table_transposed), ids, axis=1)`` [hidden, batch, sequence] followed by
+``Transpose(perm=[1, 2, 0])``. (onnxruntime-genai's builder writes the other stored-once layout,
+``Gather(Transpose(lm_head weight), ids, axis=0)``.) The lookup then reads ``hidden`` values
+strided by ``vocab`` per token, a cost per prompt token only.
 
-``preprocess`` keeps both copies: its output is the quantizers' input, and onnxruntime's QDQ
-quantizer rewrites every reader of a quantized initializer (an Identity included) to read its
-DequantizeLinear, which onnxruntime then runs on the whole table at every step (seen in the
-ORT_ENABLE_ALL session graph of the tiny tied model's int8-static variant). The lookup then
-reads ``hidden`` values strided by ``vocab`` per token, a cost per prompt token only (no figure
-measured on the real models here).
+The quantizers then make the lookup read lm_head's quantized weight, so no float copy stays
+(:func:`qwen_onnx.embeddings.quantize_embedding`): ``GatherBlockQuantized`` over a ``MatMulNBits``
+weight, or, after QDQ quantization (whose ``DequantizeLinear`` every reader of the weight would
+otherwise read, dequantizing the whole table at every step), a ``Gather`` of the INT8 columns
+times their per-channel scales.
 """
 
 from __future__ import annotations
