@@ -73,9 +73,27 @@ def test_pipeline_table_reads_benchmarks_and_logs(tmp_path):
     assert {j for j, r in rows.items() if r["critical"]} == {"resolve", "optimize", "sensitivity", "quantize_int4",
                                                              "accuracy.int4"}
     assert table["span_s"] == pytest.approx(1115 - (1000 - 10))  # the machine job has no log: not counted
+    assert table["span_jobs"] == 8
     text = pipeline_markdown(table)
     assert "critical path: 1.9 min: m/resolve → m/optimize" in text
     assert "| m | accuracy.int4 | 50.0 | 45 | 4100 | ✓ |" in text
+
+
+def test_the_span_is_the_latest_runs_only(tmp_path):
+    """A rerun redoes only stale jobs: the span is that run's, not the time since the first run."""
+    from qwen_onnx.pipeline import latest_run
+
+    rows = [{"wall_s": 100.0, "ended": 1100.0}, {"wall_s": 50.0, "ended": 1140.0},  # first run: 1000-1140
+            {"wall_s": 30.0, "ended": 9030.0}, {"wall_s": 20.0, "ended": 9100.0},  # rerun, 2 h later: 9000-9100
+            {"wall_s": 5.0, "ended": None}]
+    assert latest_run(rows) == (100.0, 2)
+    assert latest_run(rows, gap_s=10_000) == (8100.0, 4)
+    assert latest_run([{"wall_s": 5.0, "ended": None}]) == (None, 0)
+    _job(tmp_path, "m", "resolve", 10.0, 900, 8, ended=1000)
+    _job(tmp_path, "m", "export", 40.0, 3000, 30, ended=5040)
+    table = pipeline_table(tmp_path, ["m"])
+    assert (table["span_s"], table["span_jobs"]) == (40.0, 1)
+    assert "latest run's span (first job's start to last job's end): 0.7 min over 1 jobs" in pipeline_markdown(table)
 
 
 def test_critical_path_of_nothing():

@@ -141,6 +141,29 @@ def test_workflow_refuses_the_same_numbers_in_one_line(tiny_qwen2, texts, tmp_pa
     assert "Traceback" not in result.stderr and not (tmp_path / "results").exists()
 
 
+def test_nested_command_line_values_are_typed_by_the_schema(tiny_qwen2, texts, tmp_path):
+    """Snakemake leaves values nested in a --config mapping as strings; the schema types them."""
+    from test_workflow import snakemake, write_config
+
+    from qwen_onnx.options import typed_config
+
+    schema = yaml.safe_load((Path(__file__).resolve().parents[1] / "workflow/schemas/config.schema.yaml").read_text())
+    config = {"export": {"opset": "18", "exporter": "torch"}, "quantize_static": {"smooth": "true", "samples": "8",
+              "smooth_alphas": ["0.5", "0.7"]}, "models": {"m": {"source": "123", "params_billion": "0.5",
+              "latency": {"threads": "2"}}}, "run": ["7"]}
+    assert typed_config(config, schema) == {
+        "export": {"opset": 18, "exporter": "torch"}, "quantize_static": {"smooth": True, "samples": 8,
+        "smooth_alphas": [0.5, 0.7]}, "models": {"m": {"source": "123", "params_billion": 0.5,
+        "latency": {"threads": 2}}}, "run": ["7"]}
+    assert typed_config({"export": {"opset": "x"}}, schema) == {"export": {"opset": "x"}}  # left to the schema
+    write_config(tmp_path, str(tiny_qwen2), texts)
+    result = snakemake(tmp_path, "-n", "--config", "export={opset: 18}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    result = snakemake(tmp_path, "-n", "--config", "export={opset: 25}")
+    assert result.stderr.strip().splitlines()[-1] == (
+        "qwen-onnx config: export.opset 25 is out of range; give an integer from 14 to 23")
+
+
 def test_workflow_names_a_model_override_by_its_path(tiny_qwen2, texts, tmp_path):
     from test_workflow import snakemake, write_config
 

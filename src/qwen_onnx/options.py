@@ -102,6 +102,60 @@ def check_options(**values: Any) -> None:
         check_option(name, value)
 
 
+def typed_config(config: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the strings that Snakemake's ``--config`` leaves in nested values turned into
+    the integer, number or boolean the schema asks for, in place.
+
+    ``--config export='{opset: 18}'`` reaches the workflow as ``{"opset": "18"}`` (Snakemake types
+    top-level values only), which the schema would refuse. Strings where the schema wants a string,
+    and strings that do not parse, are left as they are (the schema then names them).
+
+    Args:
+        config: the workflow configuration.
+        schema: the parsed ``workflow/schemas/config.schema.yaml`` (local ``$ref`` followed).
+
+    Returns:
+        ``config``.
+    """
+
+    def resolve(node: Any) -> Any:
+        while isinstance(node, dict) and "$ref" in node and str(node["$ref"]).startswith("#/"):
+            target: Any = schema
+            for part in node["$ref"][2:].split("/"):
+                target = target.get(part, {}) if isinstance(target, dict) else {}
+            node = target
+        return node if isinstance(node, dict) else {}
+
+    def convert(value: str, types: set[str]) -> Any:
+        text = value.strip()
+        if "boolean" in types and text.lower() in ("true", "false"):
+            return text.lower() == "true"
+        for kind, parse in (("integer", int), ("number", float)):
+            if kind in types:
+                try:
+                    return parse(text)
+                except ValueError:
+                    pass
+        return value
+
+    def walk(value: Any, node: Any) -> Any:
+        node = resolve(node)
+        kinds = node.get("type", [])
+        types = set(kinds) if isinstance(kinds, list) else {kinds}
+        if isinstance(value, str) and "string" not in types:
+            return convert(value, types)
+        if isinstance(value, list):
+            return [walk(item, node.get("items", {})) for item in value]
+        if isinstance(value, dict):
+            properties = node.get("properties", {})
+            other = node.get("additionalProperties", {})
+            for key in list(value):
+                value[key] = walk(value[key], properties.get(key, other if isinstance(other, dict) else {}))
+        return value
+
+    return walk(config, schema)
+
+
 def check_config(config: dict[str, Any]) -> None:
     """Check every numeric option of a workflow configuration (global and per-model sections).
 
