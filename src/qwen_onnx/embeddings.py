@@ -40,6 +40,7 @@ from onnx import helper, numpy_helper
 from .artifacts import MODEL_FILE
 from .errors import QwenOnnxError
 from .external import consolidate_external_data, lazy_model
+from .matmuls import graph_maps
 
 log = logging.getLogger(__name__)
 
@@ -160,12 +161,7 @@ def find_lookup(graph: onnx.GraphProto) -> Lookup | None:
     if embedding is not None:
         gather, table = embedding
         return Lookup([gather], gather.input[1], gather.output[0], table, None, False, [])
-    initializers = {t.name: t for t in graph.initializer}
-    producers = {o: n for n in graph.node for o in n.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    initializers, producers, consumers = graph_maps(graph)
 
     def source(name: str) -> tuple[onnx.TensorProto | None, onnx.NodeProto | None] | None:
         table = initializers.get(name)

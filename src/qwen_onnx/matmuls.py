@@ -17,6 +17,19 @@ LAYER_PATTERN = re.compile(r"layers\.(\d+)\b")
 ROLES = ("qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 
 
+def graph_maps(graph: onnx.GraphProto) -> tuple[dict[str, onnx.TensorProto], dict[str, onnx.NodeProto],
+                                                 dict[str, list[onnx.NodeProto]]]:
+    """``(initializers, producers, consumers)`` of ``graph``: initializer by name, the node that
+    writes each tensor, and the nodes that read each tensor (in graph order)."""
+    initializers = {t.name: t for t in graph.initializer}
+    producers = {o: n for n in graph.node for o in n.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    return initializers, producers, consumers
+
+
 def weight_matmuls(graph: onnx.GraphProto) -> list[tuple[onnx.NodeProto, onnx.TensorProto]]:
     """MatMul nodes whose second input is a 2-D float initializer, with that initializer, in graph order."""
     initializers = {t.name: t for t in graph.initializer}

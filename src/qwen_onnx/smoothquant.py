@@ -56,7 +56,7 @@ import onnx
 from onnx import numpy_helper
 
 from .errors import QwenOnnxError
-from .matmuls import ROLES, node_role, weight_matmuls
+from .matmuls import ROLES, graph_maps, node_role, weight_matmuls
 from .sensitivity import fake_quant_activation, fake_quant_weight, sqnr_db
 
 log = logging.getLogger(__name__)
@@ -139,12 +139,7 @@ def smoothing_groups(graph: onnx.GraphProto) -> list[SmoothGroup]:
     shared with another node) or the product ``Mul(a, up)`` where ``up`` is the output of a weight
     MatMul read by nothing else (its columns then absorb the scale).
     """
-    initializers = {t.name: t for t in graph.initializer}
-    producers = {o: n for n in graph.node for o in n.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    initializers, producers, consumers = graph_maps(graph)
     uses = {name: len(nodes) for name, nodes in consumers.items()}
     graph_outputs = {o.name for o in graph.output}
     matmuls = {node.name: (node, weight) for node, weight in weight_matmuls(graph)}
