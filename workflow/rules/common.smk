@@ -14,7 +14,9 @@ from qwen_onnx.gates import DEFAULT_GATES, variant_kind
 from qwen_onnx.resolve import hub_snapshot_revision, source_files
 
 # --config values nested in a mapping arrive as strings (export='{opset: 18}'): typed by the schema
-with open(f"{workflow.current_basedir}/../schemas/config.schema.yaml", encoding="utf-8") as schema_file:
+with open(
+    f"{workflow.current_basedir}/../schemas/config.schema.yaml", encoding="utf-8"
+) as schema_file:
     qwen_onnx.options.typed_config(config, yaml.safe_load(schema_file))
 
 # A model's own stage sections override the global ones key by key; keep them as written, since
