@@ -478,7 +478,6 @@ def tables_of(folder: Path) -> list[str]:
 def test_a_tied_table_is_stored_once_in_every_variant(tied_pipeline):
     import numpy as np
     import onnx
-    from onnx import numpy_helper
 
     from qwen_onnx.inspect_graph import inspect_model
     from qwen_onnx.runtime import OnnxCausalLM
