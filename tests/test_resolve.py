@@ -153,3 +153,33 @@ def test_resolve_local_folder_writes_fp32_folder_and_provenance(tiny_qwen2, tmp_
     assert info["inputs"] == saved["inputs"]
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "qwen2" and config["num_key_value_heads"] == 2
+
+
+def test_a_gguf_source_is_parsed_once_and_resolves_to_its_weights(tiny_qwen2, tmp_path, monkeypatch):
+    """transformers reads a GGUF for the config, the tokenizer (twice) and the weights; one parse serves all."""
+    import gguf
+    from safetensors.numpy import load_file
+    from tiny_gguf import write_tiny_gguf
+
+    from qwen_onnx.text import load_tokenizer
+
+    path = write_tiny_gguf(tiny_qwen2, tmp_path / "tiny-f32.gguf")
+    parsed = []
+
+    class CountingReader(gguf.GGUFReader):
+        def __init__(self, *args, **kwargs):
+            parsed.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    resolve(str(path), tmp_path / "hf")
+    assert len(parsed) == 1
+    assert gguf.GGUFReader is CountingReader  # restored after resolve
+    got = load_file(tmp_path / "hf" / "model.safetensors")
+    want = load_file(tiny_qwen2 / "model.safetensors")
+    for name in ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "model.norm.weight"):
+        assert got[name].dtype == want[name].dtype and (got[name] == want[name]).all(), name
+    text = "def f(x):\n    return x  # 你好"
+    unshared = load_tokenizer(tmp_path, gguf_file=path.name)  # transformers' own GGUF tokenizer, outside resolve
+    assert len(parsed) > 1  # the shared reader lives only inside resolve
+    assert load_tokenizer(tmp_path / "hf")(text)["input_ids"] == unshared(text)["input_ids"]
