@@ -119,7 +119,9 @@ def dependencies(job: str, parents: Mapping[str, str] | None = None) -> list[str
     if rule in PER_VARIANT:
         if variant == "pytorch":
             return ["resolve"]
-        needs = [PRODUCER[variant]]
+        # a benchmark of a folder the registry does not know (a variant since removed, a user's
+        # own rule) has no known producer: its job stands alone on the critical path
+        needs = [PRODUCER[variant]] if variant in PRODUCER else []
         if rule == "diff":
             needs.append(PRODUCER["fp32"])
         if rule == "accuracy":
@@ -135,7 +137,7 @@ def dependencies(job: str, parents: Mapping[str, str] | None = None) -> list[str
         return ["resolve", *(v.rule for v in VARIANTS)]
     for v in VARIANTS:
         if v.rule == rule:
-            needs = [PRODUCER[parent_of[v.name]]]
+            needs = [PRODUCER[parent_of[v.name]]] if parent_of[v.name] in PRODUCER else []
             if rule.startswith("quantize_"):
                 needs.append("sensitivity")
             return needs
