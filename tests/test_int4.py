@@ -173,3 +173,42 @@ def test_int4_gate_kind_and_recipes():
     int4 = [r for r in DEFAULT_RECIPES if r.kind == "int4"]
     assert {r.build_settings().algorithm for r in int4} == {"default", "rtn", "k_quant", "hqq", "gptq"}
     assert select_recipes("int4-kquant-b32-emb4-sensitive24")[0].needs_sensitivity
+
+
+def test_int4_keeps_the_weights_a_gguf_mix_stored_wider_at_8_bits(tiny_qwen2, tmp_path):
+    """llama.cpp's Q4_K_M keeps attn_v, half the ffn_down and the output matrix at Q6_K/Q8_0: resolve
+    records each weight's GGML type, and ``source_bits`` 6 keeps exactly those MatMuls 8-bit."""
+    from qwen_onnx.export import export_onnx, preprocess
+    from qwen_onnx.resolve import resolve
+    from tiny_gguf import write_tiny_gguf
+
+    types = {"blk.0.attn_v.weight": "Q8_0", "blk.1.ffn_down.weight": "Q8_0", "blk.0.ffn_up.weight": "Q5_0",
+             "blk.1.attn_q.weight": "Q4_0", "token_embd.weight": "Q8_0"}
+    info = resolve(str(write_tiny_gguf(tiny_qwen2, tmp_path / "mix.gguf", types)), tmp_path / "hf")
+    recorded = info["weight_types"]
+    assert recorded["model.layers.0.self_attn.v_proj.weight"] == "Q8_0"
+    assert recorded["model.layers.0.mlp.up_proj.weight"] == "Q5_0"
+    assert recorded["model.layers.1.self_attn.q_proj.weight"] == "Q4_0"
+    assert recorded["model.layers.1.self_attn.o_proj.weight"] == "F32"
+    export_onnx(tmp_path / "hf", tmp_path / "fp32", opset=17)
+    preprocess(tmp_path / "fp32", tmp_path / "preprocessed")
+    settings = Int4Settings(source_bits=6, lm_head_bits=4, embedding="float")
+    done = quantize_int4_variant(tmp_path / "preprocessed", tmp_path / "int4", settings,
+                                 source_info=tmp_path / "hf" / "source.json")
+    picked = {(n["layer"], n["role"]): n["source_types"] for n in done["source_precise_nodes"]}
+    # Q5_0 (5.5 bits per weight), Q4_0 and the float tensors stay 4-bit; the embedding is no MatMul
+    assert picked == {(0, "v_proj"): ["Q8_0"], (1, "down_proj"): ["Q8_0"]}
+    bits = sorted(_attrs(n)["bits"] for n in _graph(tmp_path / "int4").node if n.op_type == "MatMulNBits")
+    assert bits == [4] * (MATMULS - 2) + [8, 8]
+    _close_to_fp32(tmp_path / "int4", tmp_path / "preprocessed", max_rel_mean=0.35, min_corr=0.9)
+    # a float source has no weight_types: nothing is picked; a GGUF source.json from before them is refused
+    assert quantize_int4_variant(tmp_path / "preprocessed", tmp_path / "int4-float", settings,
+                                 source_info={"kind": "local"})["source_precise_nodes"] == []
+    # a source.json from before weight_types: the types are read from the source again
+    old = {"kind": "gguf", "source": str(tmp_path / "mix.gguf")}
+    again = quantize_int4_variant(tmp_path / "preprocessed", tmp_path / "int4-old", settings, source_info=old)
+    assert again["source_precise_nodes"] == done["source_precise_nodes"]
+    (tmp_path / "mix.gguf").unlink()
+    with pytest.raises(QwenOnnxError, match="source_bits needs the GGUF source's weight types.*does not exist"):
+        quantize_int4_variant(tmp_path / "preprocessed", tmp_path / "int4-gone", settings, source_info=old)
+    assert not (tmp_path / "int4-gone").exists()

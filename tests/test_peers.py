@@ -10,7 +10,8 @@ import statistics
 import pytest
 
 from qwen_onnx import peers
-from qwen_onnx.peers import GENAI, GENAI_ORT, LLAMA_CPP, build_genai_int4, run_peers, source_gguf
+from qwen_onnx.peers import GENAI, GENAI_ORT, LLAMA_CPP, build_genai_int4, run_peers
+from qwen_onnx.resolve import source_gguf
 
 SMALL = dict(prompt_lengths=(8, 16), decode_prompt_tokens=8, new_tokens=5, threads=1, warmup=1, repeats=1)
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None

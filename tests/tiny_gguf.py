@@ -37,8 +37,11 @@ def gguf_name(hf_name: str) -> str:
     return f"blk.{layer}.{_LAYER[rest]}"
 
 
-def write_tiny_gguf(hf_dir: Path, path: Path) -> Path:
-    """Write the Qwen2 checkpoint in ``hf_dir`` as a float32 GGUF at ``path``; returns ``path``."""
+def write_tiny_gguf(hf_dir: Path, path: Path, quantized: dict[str, str] | None = None) -> Path:
+    """Write the Qwen2 checkpoint in ``hf_dir`` as a GGUF at ``path``; returns ``path``.
+
+    Tensors are float32 except those named in ``quantized`` (GGUF name -> a type gguf-py can
+    quantize: Q8_0, Q5_0, Q4_0, ...), as a llama.cpp quantization mix stores them."""
     import gguf
     import numpy as np
     from safetensors.numpy import load_file
@@ -74,7 +77,13 @@ def write_tiny_gguf(hf_dir: Path, path: Path) -> Path:
     writer.add_pad_token_id(config["pad_token_id"])
     writer.add_add_bos_token(False)
     for name, tensor in load_file(str(hf_dir / "model.safetensors")).items():
-        writer.add_tensor(gguf_name(name), np.ascontiguousarray(tensor, dtype=np.float32))
+        data = np.ascontiguousarray(tensor, dtype=np.float32)
+        qtype = (quantized or {}).get(gguf_name(name))
+        if qtype is None:
+            writer.add_tensor(gguf_name(name), data)
+        else:
+            kind = gguf.GGMLQuantizationType[qtype]
+            writer.add_tensor(gguf_name(name), gguf.quants.quantize(data, kind), raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

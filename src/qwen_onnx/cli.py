@@ -69,11 +69,11 @@ def _int4(a):
         algorithm=a.algorithm, block_size=a.block_size, accuracy_level=a.accuracy_level, symmetric=a.symmetric,
         lm_head_bits=a.lm_head_bits, embedding=a.embedding, embedding_bits=a.embedding_bits,
         embedding_symmetric=a.embedding_symmetric, sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
-        sensitive_scheme=a.sensitive_scheme, nodes_to_exclude=a.exclude, calibration_samples=a.samples,
-        calibration_sequence_length=a.sequence_length,
+        sensitive_scheme=a.sensitive_scheme, source_bits=a.source_bits, nodes_to_exclude=a.exclude,
+        calibration_samples=a.samples, calibration_sequence_length=a.sequence_length,
     )
     return quantize_int4_variant(a.input, a.output, settings, sensitivity=a.sensitivity,
-                                 calibration_text=a.calibration_text)
+                                 calibration_text=a.calibration_text, source_info=a.source_info)
 
 
 def _float16(a):
@@ -330,6 +330,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sensitive-below-sqnr-db", type=float, default=None)
     p.add_argument("--sensitive-scheme", choices=["float", "blockwise"], default="blockwise",
                    help="blockwise: 8-bit MatMulNBits; float: left unquantized")
+    p.add_argument("--source-bits", type=float, default=0.0,
+                   help="MatMuls whose GGUF source weight held at least this many bits per weight stay 8-bit "
+                        "(6: Q6_K, Q8_0); 0: off; needs --source-info")
+    p.add_argument("--source-info", default=None, metavar="SOURCE_JSON",
+                   help="the resolve stage's HF_DIR/source.json (its weight_types)")
     p.add_argument("--calibration-text", default=str(shipped_text(CALIBRATION_TEXT)), help="gptq calibration")
     p.add_argument("--samples", type=int, default=8, help="gptq calibration windows")
     p.add_argument("--sequence-length", type=int, default=128, help="gptq tokens per window")

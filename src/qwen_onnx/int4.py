@@ -38,7 +38,7 @@ from typing import Any, Mapping, Sequence
 
 import onnx
 
-from .artifacts import MODEL_FILE, copy_side_files, model_path, staged_dir, write_json, library_versions
+from .artifacts import MODEL_FILE, copy_side_files, library_versions, model_path, read_json, staged_dir, write_json
 from .genai_config import write_genai_config
 from .embeddings import EmbeddingPlan, check_block_size, embedding_tied, find_lm_head, quantize_embedding
 from .errors import QwenOnnxError
@@ -78,6 +78,9 @@ class Int4Settings(_SensitiveSettings):
             report (ranked by their blockwise dynamic INT8 SQNR), as in
             :class:`~qwen_onnx.quantize.DynamicSettings`.
         sensitive_scheme: what those get: ``blockwise`` (8-bit MatMulNBits, default) or ``float``.
+        source_bits: MatMuls whose GGUF source weight held at least this many bits per weight stay
+            8-bit (6: Q6_K and Q8_0, the tensors llama.cpp's Q4_K_M mix keeps wider;
+            :mod:`qwen_onnx.source_precision`); 0 turns it off; no effect for float sources.
         nodes_to_exclude: MatMul node names kept float.
         calibration_samples, calibration_sequence_length: ``gptq``: calibration windows and tokens
             per window.
@@ -92,6 +95,7 @@ class Int4Settings(_SensitiveSettings):
     embedding_bits: int = 4
     embedding_symmetric: bool = False
     sensitive_scheme: str = "blockwise"
+    source_bits: float = 0.0
     nodes_to_exclude: tuple[str, ...] | list[str] = ()
     calibration_samples: int = 8
     calibration_sequence_length: int = 128
@@ -106,6 +110,8 @@ class Int4Settings(_SensitiveSettings):
             raise QwenOnnxError(f"accuracy_level must be 0 to 4 (MatMulNBits), got {self.accuracy_level}")
         if self.lm_head_bits not in (4, 8):
             raise QwenOnnxError(f"lm_head_bits must be 4 or 8, got {self.lm_head_bits}")
+        if not 0 <= self.source_bits <= 32:
+            raise QwenOnnxError(f"source_bits must be 0 (off) to 32 bits per weight, got {self.source_bits}")
         self.embedding_plan(False).check()
 
     def embedding_plan(self, tied: bool) -> EmbeddingPlan:
@@ -203,12 +209,52 @@ def int4_pass(graph_only: Path, settings: Int4Settings, keep: Sequence[str], scr
     return output
 
 
+def source_nodes(graph: onnx.GraphProto, min_bits: float, source: str | os.PathLike | Mapping[str, Any] | None,
+                 num_layers: int, scratch_dir: Path) -> list[dict[str, Any]]:
+    """The MatMuls :func:`qwen_onnx.source_precision.source_precise_nodes` keeps 8-bit, or [] when
+    ``min_bits`` is 0 or the source is not a GGUF.
+
+    The weight types come from ``source.json``'s ``weight_types``; a GGUF source resolved before
+    they were recorded is read again (GGUF parts reassembled in ``scratch_dir`` and deleted).
+
+    Raises:
+        QwenOnnxError: a GGUF source without ``weight_types`` that can no longer be read.
+    """
+    from .source_precision import source_precise_nodes
+
+    if not min_bits or source is None:
+        return []
+    info = read_json(source) if isinstance(source, (str, os.PathLike)) else source
+    types = info.get("weight_types")
+    if types is None:
+        if info.get("kind") not in ("parts", "gguf"):
+            return []
+        types = _read_weight_types(info, num_layers, scratch_dir)
+    return source_precise_nodes(graph, types, min_bits)
+
+
+def _read_weight_types(info: Mapping[str, Any], num_layers: int, scratch_dir: Path) -> dict[str, str]:
+    """The weight types of a GGUF source whose ``source.json`` predates ``weight_types``, from the source."""
+    import tempfile
+
+    from .resolve import source_gguf
+    from .source_precision import gguf_weight_types
+
+    with tempfile.TemporaryDirectory(prefix="qwen-onnx-gguf-", dir=scratch_dir) as scratch:
+        path, note = source_gguf(info.get("source"), scratch)
+        if path is None:
+            raise QwenOnnxError(f"source_bits needs the GGUF source's weight types, which source.json does not "
+                                f"record and the source cannot give ({note}); rerun resolve or set source_bits: 0")
+        return gguf_weight_types(path, num_layers)
+
+
 def quantize_int4_variant(
     input_dir: str | os.PathLike,
     output_dir: str | os.PathLike,
     settings: Int4Settings,
     sensitivity: str | os.PathLike | Mapping[str, Any] | None = None,
     calibration_text: str | os.PathLike | None = None,
+    source_info: str | os.PathLike | Mapping[str, Any] | None = None,
 ) -> dict:
     """Weight-only 4-bit quantization of the float variant at ``input_dir`` into ``output_dir``.
 
@@ -222,6 +268,8 @@ def quantize_int4_variant(
         sensitivity: the sensitivity report (JSON path or dict) of ``input_dir``, needed when
             ``settings.sensitive_max_nodes`` is set.
         calibration_text: UTF-8 text for ``gptq``.
+        source_info: the resolve stage's ``source.json`` (path or dict) of the checkpoint, whose
+            ``weight_types`` (GGUF sources) ``settings.source_bits`` reads.
 
     Returns:
         Provenance written to ``output_dir/quantize.json``: settings, 8-bit and float node names,
@@ -229,7 +277,8 @@ def quantize_int4_variant(
 
     Raises:
         QwenOnnxError: bad settings (the message names the fix), sensitive nodes without a report,
-            an excluded node that does not exist.
+            an excluded node that does not exist, ``source_bits`` with a GGUF source that
+            ``source.json`` has no ``weight_types`` of and that can no longer be read.
         ArtifactError: the input model or its external data is missing.
     """
     settings.check()
@@ -249,6 +298,9 @@ def quantize_int4_variant(
     if settings.sensitive_scheme == "float":
         float_names += [n["name"] for n in sensitive]
     eight = [n["name"] for n in sensitive if settings.sensitive_scheme == "blockwise"]
+    layers = read_json(input_dir / "config.json")["num_hidden_layers"]
+    precise = source_nodes(graph, settings.source_bits, source_info, layers, Path(output_dir).resolve().parent)
+    eight += [n["name"] for n in precise]
     if settings.lm_head_bits == 8:
         eight.append(head.name)
     eight = [n for n in dict.fromkeys(eight) if n not in float_names]
@@ -271,6 +323,7 @@ def quantize_int4_variant(
             "nodes_8bit": eight,
             "nodes_float": float_names,
             "sensitive_nodes": sensitive,
+            "source_precise_nodes": precise,
             "tied_embeddings": tied,
             "embedding": embedding,
             "seconds": round(time.time() - started, 1),

