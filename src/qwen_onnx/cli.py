@@ -312,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("quantize-int4", help="weight-only 4-bit MatMulNBits (accuracy_level 4), quantized embedding")
     p.add_argument("input", help="float variant folder (pre-processed or fused)")
     p.add_argument("-o", "--output", required=True)
-    p.add_argument("--algorithm", choices=["default", "rtn", "k_quant", "hqq", "gptq"], default="k_quant",
+    p.add_argument("--algorithm", choices=["default", "rtn", "k_quant", "k_quant_int", "hqq", "gptq"], default="k_quant",
                    help="onnxruntime MatMulNBitsQuantizer algorithm (README, int4 recipes)")
     p.add_argument("--block-size", type=int, default=32, help="inputs per scale, a power of 2 from 16 to 256")
     p.add_argument("--accuracy-level", type=int, default=4, help="MatMulNBits accuracy_level (4: INT8 activations)")

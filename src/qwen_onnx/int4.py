@@ -15,6 +15,8 @@ Algorithms (``onnxruntime.quantization.matmul_nbits_quantizer``, onnxruntime 1.3
 - ``rtn``: round-to-nearest of Intel Neural Compressor (``RTNWeightOnlyQuantConfig``, numpy);
 - ``k_quant``: llama.cpp-style k-quant search of scale and minimum per block
   (``KQuantWeightOnlyQuantConfig``; always asymmetric);
+- ``k_quant_int``: the same search completed for the integer zero points MatMulNBits stores
+  (:mod:`qwen_onnx.kquant`, run inside onnxruntime's ``k_quant`` path);
 - ``hqq``: Half-Quadratic Quantization, Badri & Shaji 2023 (``HQQWeightOnlyQuantConfig``;
   asymmetric with float zero points, so the embedding cannot share the lm_head's weight);
 - ``gptq``: GPTQ, Frantar et al. 2022, arXiv:2210.17323 (``GPTQWeightOnlyQuantConfig``), with
@@ -44,13 +46,14 @@ from .embeddings import EmbeddingPlan, check_block_size, embedding_tied, find_lm
 from .errors import QwenOnnxError
 from .export import normalise_external_data
 from .external import ScratchFiles
+from .kquant import in_onnxruntimes_k_quant
 from .blockwise import blockwise_int8
 from .matmuls import weight_matmul_names
 from .quantize import _SensitiveSettings, lazy_quantization, sensitive_nodes
 
 log = logging.getLogger(__name__)
 
-ALGORITHMS = ("default", "rtn", "k_quant", "hqq", "gptq")
+ALGORITHMS = ("default", "rtn", "k_quant", "k_quant_int", "hqq", "gptq")
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
 
 
@@ -132,7 +135,7 @@ def _algo_config(settings: Int4Settings, graph_only: Path, float_names: Sequence
         return None
     if settings.algorithm == "rtn":
         return RTNWeightOnlyQuantConfig(op_types_to_quantize=("MatMul",))
-    if settings.algorithm == "k_quant":
+    if settings.algorithm in ("k_quant", "k_quant_int"):
         return KQuantWeightOnlyQuantConfig(op_types_to_quantize=("MatMul",))
     if settings.algorithm == "hqq":
         return HQQWeightOnlyQuantConfig(block_size=settings.block_size, bits=4, op_types_to_quantize=("MatMul",))
@@ -185,7 +188,8 @@ def int4_pass(graph_only: Path, settings: Int4Settings, keep: Sequence[str], scr
         q.setLevel(logging.WARNING)
     try:
         # Neural Compressor's rtn/k_quant/gptq print a progress bar on stdout
-        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+        ours = in_onnxruntimes_k_quant() if settings.algorithm == "k_quant_int" else contextlib.nullcontext()
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull), ours:
             quantizer.process()
     finally:
         for q, level in zip(quiet, levels):
