@@ -9,4 +9,5 @@ with logged(snakemake):
         Int4Settings.from_config(snakemake.params.settings),
         sensitivity=snakemake.input.get("sensitivity") or None,
         calibration_text=snakemake.input.get("text") or None,
+        source_info=f"{snakemake.input.hf}/source.json",
     )
