@@ -244,16 +244,33 @@ def test_k_quant_int_fits_integer_zero_points_better_than_onnxruntimes_k_quant()
     assert np.isfinite(scale).all() and (scale * (q - zp) == 0).all()
 
 
-def test_k_quant_int_variant_runs_in_onnxruntime(pipeline, tmp_path):
-    """The k_quant_int weights go through onnxruntime's own MatMulNBits packing: 4-bit nodes with
-    zero points, the patched functions restored afterwards, logits close to fp32."""
-    from onnxruntime.quantization.neural_compressor import weight_only
+@pytest.mark.parametrize("importance_samples", [0, 4])
+def test_k_quant_int_variant_runs_in_onnxruntime(pipeline, texts, tmp_path, importance_samples):
+    """k_quant_int's weights packed by onnxruntime's make_matmul_weight_only_node: 4-bit nodes with
+    zero points and no float weight left, logits close to fp32, with and without importance."""
+    from qwen_onnx.kquant import quantize_blocks
 
-    before = weight_only.quant_tensor_k_quant_cpu
-    settings = Int4Settings(algorithm="k_quant_int", embedding="float", sensitive_max_nodes=0)
-    quantize_int4_variant(pipeline["preprocessed"], tmp_path / "int4", settings)
-    assert weight_only.quant_tensor_k_quant_cpu is before
-    nodes = [n for n in _graph(tmp_path / "int4").node if n.op_type == "MatMulNBits"]
+    settings = Int4Settings(algorithm="k_quant_int", embedding="float", sensitive_max_nodes=0,
+                            importance_samples=importance_samples, calibration_sequence_length=32)
+    quantize_int4_variant(pipeline["preprocessed"], tmp_path / "int4", settings, calibration_text=texts["calibration"])
+    graph = _graph(tmp_path / "int4")
+    nodes = [n for n in graph.node if n.op_type == "MatMulNBits"]
     assert sorted(_attrs(n)["bits"] for n in nodes) == [4] * (MATMULS - 1) + [8]  # lm_head 8-bit
     assert all(len(n.input) >= 4 and n.input[3] for n in nodes if _attrs(n)["bits"] == 4)  # zero points
+    assert weight_matmul_names(tmp_path / "int4" / "model.onnx") == []
     _close_to_fp32(tmp_path / "int4", pipeline["preprocessed"], max_rel_mean=0.35, min_corr=0.9)
+    if importance_samples:  # a channel weighted up is fitted closer
+        rng = np.random.default_rng(1)
+        w = rng.normal(size=(64, 128)).astype(np.float32)
+        heavy = np.ones(128, dtype=np.float32)
+        heavy[::32] = 1e4
+        errors = []
+        for imp in (None, heavy):
+            q, s, z = quantize_blocks(w, 4, 32, imp)
+            errors.append(np.abs((s * (q - z)).reshape(w.shape) - w)[:, ::32].mean())
+        assert errors[1] < 0.5 * errors[0], errors
+
+
+def test_importance_needs_k_quant_int():
+    with pytest.raises(QwenOnnxError, match="importance_samples must be 0, or positive with algorithm k_quant_int"):
+        Int4Settings(algorithm="k_quant", importance_samples=8).check()

@@ -71,6 +71,7 @@ def _int4(a):
         embedding_symmetric=a.embedding_symmetric, sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
         sensitive_scheme=a.sensitive_scheme, source_bits=a.source_bits, nodes_to_exclude=a.exclude,
         calibration_samples=a.samples, calibration_sequence_length=a.sequence_length,
+        importance_samples=a.importance_samples,
     )
     return quantize_int4_variant(a.input, a.output, settings, sensitivity=a.sensitivity,
                                  calibration_text=a.calibration_text, source_info=a.source_info)
@@ -337,6 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the resolve stage's HF_DIR/source.json (its weight_types)")
     p.add_argument("--calibration-text", default=str(shipped_text(CALIBRATION_TEXT)), help="gptq calibration")
     p.add_argument("--samples", type=int, default=8, help="gptq calibration windows")
+    p.add_argument("--importance-samples", type=int, default=0,
+                   help="k_quant_int: calibration windows weighting the 4-bit error per input channel (imatrix); 0: off")
     p.add_argument("--sequence-length", type=int, default=128, help="gptq tokens per window")
     p.set_defaults(func=_int4)
 

@@ -15,8 +15,9 @@ Algorithms (``onnxruntime.quantization.matmul_nbits_quantizer``, onnxruntime 1.3
 - ``rtn``: round-to-nearest of Intel Neural Compressor (``RTNWeightOnlyQuantConfig``, numpy);
 - ``k_quant``: llama.cpp-style k-quant search of scale and minimum per block
   (``KQuantWeightOnlyQuantConfig``; always asymmetric);
-- ``k_quant_int``: the same search completed for the integer zero points MatMulNBits stores
-  (:mod:`qwen_onnx.kquant`, run inside onnxruntime's ``k_quant`` path);
+- ``k_quant_int``: the same search completed for the integer zero points MatMulNBits stores, and
+  optionally weighted by activation importance on calibration text (llama.cpp's imatrix;
+  :mod:`qwen_onnx.kquant`);
 - ``hqq``: Half-Quadratic Quantization, Badri & Shaji 2023 (``HQQWeightOnlyQuantConfig``;
   asymmetric with float zero points, so the embedding cannot share the lm_head's weight);
 - ``gptq``: GPTQ, Frantar et al. 2022, arXiv:2210.17323 (``GPTQWeightOnlyQuantConfig``), with
@@ -46,7 +47,7 @@ from .embeddings import EmbeddingPlan, check_block_size, embedding_tied, find_lm
 from .errors import QwenOnnxError
 from .export import normalise_external_data
 from .external import ScratchFiles
-from .kquant import in_onnxruntimes_k_quant
+from .kquant import activation_importance, kquant_int_pass
 from .blockwise import blockwise_int8
 from .matmuls import weight_matmul_names
 from .quantize import _SensitiveSettings, lazy_quantization, sensitive_nodes
@@ -87,6 +88,9 @@ class Int4Settings(_SensitiveSettings):
         nodes_to_exclude: MatMul node names kept float.
         calibration_samples, calibration_sequence_length: ``gptq``: calibration windows and tokens
             per window.
+        importance_samples: ``k_quant_int``: calibration windows (of ``calibration_sequence_length``
+            tokens) whose activations weight the 4-bit error per input channel (llama.cpp's
+            imatrix); 0: unweighted.
     """
 
     algorithm: str = "k_quant"
@@ -102,6 +106,7 @@ class Int4Settings(_SensitiveSettings):
     nodes_to_exclude: tuple[str, ...] | list[str] = ()
     calibration_samples: int = 8
     calibration_sequence_length: int = 128
+    importance_samples: int = 0
 
     def check(self) -> None:
         """Raises QwenOnnxError with the fix for an unknown algorithm, a bad block size,
@@ -113,6 +118,9 @@ class Int4Settings(_SensitiveSettings):
             raise QwenOnnxError(f"accuracy_level must be 0 to 4 (MatMulNBits), got {self.accuracy_level}")
         if self.lm_head_bits not in (4, 8):
             raise QwenOnnxError(f"lm_head_bits must be 4 or 8, got {self.lm_head_bits}")
+        if self.importance_samples < 0 or (self.importance_samples and self.algorithm != "k_quant_int"):
+            raise QwenOnnxError(f"importance_samples must be 0, or positive with algorithm k_quant_int; got "
+                                f"{self.importance_samples} with {self.algorithm}")
         if not 0 <= self.source_bits <= 32:
             raise QwenOnnxError(f"source_bits must be 0 (off) to 32 bits per weight, got {self.source_bits}")
         self.embedding_plan(False).check()
@@ -158,11 +166,16 @@ def _algo_config(settings: Int4Settings, graph_only: Path, float_names: Sequence
 
 
 def int4_pass(graph_only: Path, settings: Int4Settings, keep: Sequence[str], scratch: ScratchFiles,
-              calibration_text=None) -> Path:
+              calibration_text=None, importance=None) -> Path:
     """Turn every float weight MatMul of ``graph_only`` except ``keep`` into 4-bit MatMulNBits.
 
+    Args:
+        importance: ``k_quant_int`` only: ``{node name: float32 [in_features]}`` activation
+            importance (:func:`qwen_onnx.kquant.activation_importance`), or None.
+
     Returns:
-        The new graph (``scratch / "int4.onnx"``), its new weights in a scratch data file beside it.
+        The new graph (``scratch / "int4.onnx"`` or ``"kquant_int.onnx"``), its new weights in a
+        scratch data file beside it.
 
     Raises:
         QwenOnnxError: the quantizer converted fewer MatMuls than asked for.
@@ -172,6 +185,8 @@ def int4_pass(graph_only: Path, settings: Int4Settings, keep: Sequence[str], scr
     proto = onnx.load(str(graph_only), load_external_data=False)
     weights = weight_matmul_names(graph_only)
     targets = [n for n in weights if n not in set(keep)]
+    if settings.algorithm == "k_quant_int":
+        return kquant_int_pass(graph_only, targets, settings.block_size, settings.accuracy_level, scratch, importance)
     kept_float = [n for n in weights if n in set(keep)]  # the 8-bit ones are MatMulNBits already
     before = sum(n.op_type == "MatMulNBits" for n in proto.graph.node)
     others = [n.name for n in proto.graph.node if n.op_type == "MatMul" and n.name not in set(targets)]
@@ -188,8 +203,7 @@ def int4_pass(graph_only: Path, settings: Int4Settings, keep: Sequence[str], scr
         q.setLevel(logging.WARNING)
     try:
         # Neural Compressor's rtn/k_quant/gptq print a progress bar on stdout
-        ours = in_onnxruntimes_k_quant() if settings.algorithm == "k_quant_int" else contextlib.nullcontext()
-        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull), ours:
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
             quantizer.process()
     finally:
         for q, level in zip(quiet, levels):
@@ -252,6 +266,17 @@ def _read_weight_types(info: Mapping[str, Any], num_layers: int, scratch_dir: Pa
         return gguf_weight_types(path, num_layers)
 
 
+def _importance(input_dir: Path, graph: onnx.GraphProto, settings: Int4Settings, calibration_text) -> dict:
+    from .matmuls import weight_matmuls
+    from .text import load_tokenizer, token_windows
+
+    if calibration_text is None:
+        raise QwenOnnxError("int4 importance_samples needs calibration text (--calibration-text)")
+    windows = token_windows(load_tokenizer(input_dir), calibration_text, settings.calibration_sequence_length,
+                            settings.importance_samples)
+    return activation_importance(input_dir, windows, [n for n, _ in weight_matmuls(graph)])
+
+
 def quantize_int4_variant(
     input_dir: str | os.PathLike,
     output_dir: str | os.PathLike,
@@ -310,11 +335,15 @@ def quantize_int4_variant(
     eight = [n for n in dict.fromkeys(eight) if n not in float_names]
     tied = settings.embedding == "shared" and embedding_tied(input_dir)
     started = time.time()
+    importance = None
+    if settings.importance_samples:
+        importance = _importance(input_dir, graph, settings, calibration_text)
     with staged_dir(output_dir) as stage:
         with lazy_quantization(input_dir) as (graph_only, scratch):
             if eight:
                 graph_only = blockwise_int8(graph_only, eight, settings.block_size, scratch)
-            graph_only = int4_pass(graph_only, settings, [*eight, *float_names], scratch, calibration_text)
+            graph_only = int4_pass(graph_only, settings, [*eight, *float_names], scratch, calibration_text,
+                                   importance)
             shutil.copyfile(graph_only, stage / MODEL_FILE)
             normalise_external_data(stage, search=[input_dir])
         embedding = quantize_embedding(stage, settings.embedding_plan(tied))

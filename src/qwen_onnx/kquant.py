@@ -1,5 +1,6 @@
-"""k-quant with integer zero points: the block search of llama.cpp's k-quants, fitted to the grid
-MatMulNBits can store.
+"""k-quant with integer zero points (the ``k_quant_int`` algorithm of the ``int4`` stage): the block
+search of llama.cpp's k-quants, fitted to the grid MatMulNBits stores, optionally weighted by
+activation importance measured on calibration text.
 
 onnxruntime's ``k_quant`` (``neural_compressor.weight_only.quant_tensor_k_quant_cpu``, after
 llama.cpp's ``make_qkx2_quants``) searches each block of ``group_size`` weights for the scale and
@@ -8,20 +9,34 @@ uint8 zero point MatMulNBits stores and re-rounds the weights to it. That last s
 weight of the block by up to half a step, which the search never saw. Here each candidate of the
 same search is completed for an integer zero point before it is scored: the zero point is rounded
 both down and up, and the scale refitted by least squares with the zero point fixed; the candidate
-with the least weighted error over all of these wins. On the 0.5B's weights this lowers the 4-bit
-error by 0.7-1.5 dB of SQNR (up_proj of layer 5: 21.2 -> 22.1 dB) at about the same speed. The importance
-weights are llama.cpp's (``make_qkx2_quants``: ``sqrt(mean(x^2)) + |x|`` per weight).
+with the least weighted error wins. On the 0.5B's weights this lowers the 4-bit error by 0.7-1.5 dB
+of SQNR (up_proj of layer 5: 21.2 -> 22.1 dB) at about the same speed.
+
+Importance (llama.cpp's ``imatrix``, ``quantize_row_q4_K_impl``): with calibration activations
+``X`` [tokens, K] of a MatMul, each input channel ``k`` gets ``mean(X[:, k]^2)`` and every weight of
+that channel the error weight ``importance[k] * sqrt(sigma2 + w^2)``, ``sigma2 = 2 * mean(w^2)``
+of its block; without it the weight is ``make_qkx2_quants``' ``sqrt(mean(w^2)) + |w|``. The error
+that matters is the product's, ``sum_k X_k^2 (w_k - ŵ_k)^2`` in expectation, hence ``X^2``.
 
 Representation (MatMulNBits, onnxruntime contrib op): ``w ≈ scale * (q - zero_point)`` with
-``q`` and ``zero_point`` integers in ``[0, 2^bits - 1]``, one scale and zero point per block.
+``q`` and ``zero_point`` integers in ``[0, 2^bits - 1]``, one scale and zero point per block; the
+nodes are built and packed by onnxruntime's ``make_matmul_weight_only_node``.
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
+import collections
+import logging
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
 
 import numpy as np
+import onnx
+
+from .external import ScratchFiles
+
+log = logging.getLogger(__name__)
 
 #: Candidate scales: ``range / (2^bits - 1 + t)`` for ``t`` in [-1, 1) in :data:`STEPS` steps, plus
 #: ``t = 0`` (onnxruntime's transcription of llama.cpp searches the same range in 20 steps of 0.1;
@@ -29,30 +44,37 @@ import numpy as np
 STEPS = 10
 
 
-def quantize_blocks(data: np.ndarray, num_bits: int = 4, group_size: int = 32) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def quantize_blocks(
+    data: np.ndarray, num_bits: int = 4, group_size: int = 32, importance: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Quantize ``data`` in blocks of ``group_size`` consecutive values with integer zero points.
 
     For each candidate scale ``s0`` and each of ``floor`` and ``ceil`` of ``-min / s0`` as the zero
     point ``z``, the weights are rounded to ``q``, the scale refitted by weighted least squares with
-    ``q`` and ``z`` fixed, and the weighted squared error ``sum(w * (s * (q - z) - x)^2)`` scored;
+    ``q`` and ``z`` fixed, and the weighted squared error ``sum(e * (s * (q - z) - x)^2)`` scored;
     each block keeps its best ``(s, z)`` and is rounded to it once more (nearest rounding at fixed
     ``s`` and ``z`` can only lower the error).
 
     Args:
-        data: float weights whose size is a multiple of ``group_size`` (onnxruntime passes the
-            transposed, padded weight [N, K_padded]; blocks run along K).
+        data: float weights [N, K] with K a multiple of ``group_size`` (onnxruntime's layout: the
+            transposed, padded MatMul weight; blocks run along K).
         num_bits: 4 or 8.
         group_size: values per block (scale and zero point).
+        importance: float [K], the mean squared activation of each input channel, or None.
 
     Returns:
-        ``(q, scale, zero_point)``: q float32 [blocks, group_size] holding integers in
-        ``[0, 2^bits - 1]``; scale float64 [blocks, 1] (positive); zero_point uint8 [blocks, 1],
-        the signature of onnxruntime's ``quant_tensor_k_quant_cpu``.
+        ``(q, scale, zero_point)``: q float32 [N * K / group_size, group_size] holding integers in
+        ``[0, 2^bits - 1]``; scale float32 [blocks, 1] (positive); zero_point uint8 [blocks, 1].
     """
     x = np.reshape(data, (-1, group_size)).astype(np.float32)
     maxq = 2 ** num_bits - 1
-    w = np.sqrt(np.mean(x * x, axis=1, keepdims=True)) + np.abs(x)  # make_qkx2_quants' weights
-    wx = w * x
+    if importance is None:
+        e = np.sqrt(np.mean(x * x, axis=1, keepdims=True)) + np.abs(x)  # make_qkx2_quants
+    else:
+        channel = np.tile(np.asarray(importance, dtype=np.float32), data.shape[0]).reshape(-1, group_size)
+        sigma2 = 2 * np.mean(x * x, axis=1, keepdims=True)
+        e = channel * np.sqrt(sigma2 + x * x)  # quantize_row_q4_K_impl with quant_weights
+    ex = e * x
     rmin = np.min(x, axis=1, keepdims=True)
     rmax = np.max(x, axis=1, keepdims=True)
     span = np.where(rmax > rmin, rmax - rmin, np.float32(1.0))
@@ -65,41 +87,109 @@ def quantize_blocks(data: np.ndarray, num_bits: int = 4, group_size: int = 32) -
         at = -rmin / s0
         for zp in (np.clip(np.floor(at), 0, maxq), np.clip(np.ceil(at), 0, maxq)):
             level = np.clip(np.round(x / s0 + zp), 0, maxq) - zp
-            num = np.sum(wx * level, axis=1, keepdims=True)
-            den = np.sum(w * level * level, axis=1, keepdims=True)
+            num = np.sum(ex * level, axis=1, keepdims=True)
+            den = np.sum(e * level * level, axis=1, keepdims=True)
             s = np.where((den > 0) & (num > 0), num / np.where(den > 0, den, 1), s0)
             diff = s * level - x
-            err = np.sum(w * diff * diff, axis=1, keepdims=True)
+            err = np.sum(e * diff * diff, axis=1, keepdims=True)
             better = err < best_err
             best_err = np.where(better, err, best_err)
             best_s = np.where(better, s, best_s)
             best_z = np.where(better, zp, best_z)
     q = np.clip(np.round(x / best_s + best_z), 0, maxq)
-    return q, best_s.astype(np.float64), best_z.astype(np.uint8)
+    return q, best_s.astype(np.float32), best_z.astype(np.uint8)
 
 
-@contextlib.contextmanager
-def in_onnxruntimes_k_quant() -> Iterator[None]:
-    """Within the block, onnxruntime's ``k_quant`` algorithm (``KQuantWeightOnlyQuantConfig``) uses
-    :func:`quantize_blocks`; its node building and packing stay onnxruntime's.
+def activation_importance(
+    model_dir: str | os.PathLike, windows: np.ndarray, matmuls: Sequence[onnx.NodeProto], threads: int | None = None
+) -> dict[str, np.ndarray]:
+    """Mean squared input activation per channel of each MatMul, on calibration windows.
 
-    onnxruntime 1.32's ``rtn_quantize`` calls ``quant_tensor_k_quant_cuda``, which falls back to the
-    CPU function without CUDA; both are replaced.
+    Args:
+        model_dir: the float variant folder the MatMuls belong to.
+        windows: int64 [windows, sequence] token windows, each run as one prefill.
+        matmuls: the weight MatMul nodes.
+        threads: ORT intra-op threads.
 
-    Raises:
-        RuntimeError: onnxruntime's module no longer has those functions (another version).
+    Returns:
+        ``{node name: float32 [in_features]}`` (llama.cpp's ``imatrix`` values).
     """
-    from onnxruntime.quantization.neural_compressor import weight_only
+    from .sensitivity import capture_activations
 
-    names = ("quant_tensor_k_quant_cuda", "quant_tensor_k_quant_cpu")
-    if not all(hasattr(weight_only, n) for n in names):
-        raise RuntimeError("onnxruntime.quantization.neural_compressor.weight_only has no k-quant functions "
-                           "to replace; this onnxruntime is not the pinned one (envs/requirements.txt)")
-    saved = {n: getattr(weight_only, n) for n in names}
-    for n in names:
-        setattr(weight_only, n, quantize_blocks)
-    try:
-        yield
-    finally:
-        for n, f in saved.items():
-            setattr(weight_only, n, f)
+    captured = capture_activations(model_dir, windows, (n.input[0] for n in matmuls), threads)
+    means = {}
+    for name, parts in captured.items():
+        tokens = sum(p.shape[0] for p in parts)
+        means[name] = (sum(np.einsum("tk,tk->k", p, p, dtype=np.float64) for p in parts) / tokens).astype(np.float32)
+    return {n.name: means[n.input[0]] for n in matmuls}
+
+
+def kquant_int_pass(
+    graph_only: Path,
+    names: Sequence[str],
+    block_size: int,
+    accuracy_level: int,
+    scratch: ScratchFiles,
+    importance: Mapping[str, np.ndarray] | None = None,
+) -> Path:
+    """Turn the MatMuls ``names`` of ``graph_only`` into 4-bit MatMulNBits with :func:`quantize_blocks`.
+
+    Runs inside :func:`qwen_onnx.quantize.lazy_quantization`: weights are read one at a time from
+    the model's folder, and the new weights go to a scratch data file there.
+
+    Args:
+        names: weight MatMul node names (the second input a 2-D float initializer [K, N]).
+        block_size: inputs per scale and zero point.
+        accuracy_level: MatMulNBits ``accuracy_level`` (4: INT8 activations).
+        importance: ``{node name: float32 [K]}`` from :func:`activation_importance`, or None.
+
+    Returns:
+        The new graph (``scratch / "kquant_int.onnx"``).
+    """
+    from onnxruntime.quantization.neural_compressor.weight_only import make_matmul_weight_only_node, pad_tensor
+
+    proto = onnx.load(str(graph_only), load_external_data=False)
+    graph = proto.graph
+    initializers = {t.name: t for t in graph.initializer}
+    readers = collections.Counter(i for n in graph.node for i in n.input)
+    wanted = set(names)
+    nodes, dropped = [], set()
+    for node in graph.node:
+        if node.name not in wanted:
+            nodes.append(node)
+            continue
+        tensor = initializers[node.input[1]]
+        weight = onnx.numpy_helper.to_array(tensor, base_dir=str(graph_only.parent)).astype(np.float32)
+        k, n = weight.shape
+        k_blocks = (k - 1) // block_size + 1
+        padded = pad_tensor(weight, block_size, k_blocks)  # [K_padded, N]
+        channel = None
+        if importance is not None:
+            channel = np.zeros(padded.shape[0], dtype=np.float32)
+            channel[:k] = importance[node.name]
+        q, scale, zp = quantize_blocks(padded.T, 4, block_size, channel)
+        new, tensors = make_matmul_weight_only_node(
+            node=node, weight_shape=(k, n), num_bits=4, group_size=block_size, k_blocks=k_blocks,
+            q_weight=q.astype(np.uint8), scale=scale, zero_point=zp, accuracy_level=accuracy_level,
+        )
+        graph.initializer.extend(tensors)
+        nodes.append(new)
+        readers[tensor.name] -= 1
+        if readers[tensor.name] == 0:
+            dropped.add(tensor.name)
+        del weight, padded, q
+    del graph.node[:]
+    graph.node.extend(nodes)
+    kept = [t for t in graph.initializer if t.name not in dropped]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    if not any(o.domain == "com.microsoft" for o in proto.opset_import):
+        proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    output = scratch / "kquant_int.onnx"
+    onnx.external_data_helper.convert_model_to_external_data(
+        proto, all_tensors_to_one_file=True, location=(scratch / "kquant_int.data").name, size_threshold=1024,
+    )
+    onnx.save_model(proto, str(output))
+    log.info("k_quant_int: %d MatMuls 4-bit (block %d%s)", len(wanted), block_size,
+             ", activation importance" if importance is not None else "")
+    return output
