@@ -66,7 +66,8 @@ def _int4(a):
     from .int4 import Int4Settings, quantize_int4_variant
 
     settings = Int4Settings(
-        algorithm=a.algorithm, block_size=a.block_size, accuracy_level=a.accuracy_level, symmetric=a.symmetric,
+        algorithm=a.algorithm, block_size=a.block_size, block_size_8bit=a.block_size_8bit,
+        embedding_block_size=a.embedding_block_size, accuracy_level=a.accuracy_level, symmetric=a.symmetric,
         lm_head_bits=a.lm_head_bits, embedding=a.embedding, embedding_bits=a.embedding_bits,
         embedding_symmetric=a.embedding_symmetric, sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
         sensitive_scheme=a.sensitive_scheme, source_bits=a.source_bits, nodes_to_exclude=a.exclude,
@@ -316,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--algorithm", choices=["default", "rtn", "k_quant", "k_quant_int", "hqq", "gptq"], default="k_quant",
                    help="onnxruntime MatMulNBitsQuantizer algorithm (README, int4 recipes)")
     p.add_argument("--block-size", type=int, default=32, help="inputs per scale, a power of 2 from 16 to 256")
+    p.add_argument("--block-size-8bit", type=int, default=32,
+                   help="inputs per scale of the 8-bit MatMuls (lm_head, sensitive, source-precise)")
+    p.add_argument("--embedding-block-size", type=int, default=32, help="inputs per scale of an own embedding table")
     p.add_argument("--accuracy-level", type=int, default=4, help="MatMulNBits accuracy_level (4: INT8 activations)")
     p.add_argument("--symmetric", action=argparse.BooleanOptionalAction, default=True,
                    help="symmetric weights (default and rtn; k_quant, hqq, gptq choose their own)")

@@ -68,6 +68,10 @@ class Int4Settings(_SensitiveSettings):
             HQQ, README "INT4 and quantized embeddings").
         block_size: inputs per scale, a power of 2 from 16 to 256 (32 matches the GGUF Q4_K
             sub-blocks; 128 measured +11% perplexity on the 0.5B for 12% fewer bytes).
+        block_size_8bit: inputs per scale of the 8-bit MatMuls (lm_head, sensitive and source-precise
+            ones), a power of 2 from 16 to 256; 128 stores a quarter of block 32's float32 scales.
+        embedding_block_size: inputs per scale of an own embedding table (a tied table shares the
+            lm_head's blocks).
         accuracy_level: MatMulNBits ``accuracy_level`` (4: INT8 activations per block, integer
             accumulation; 0: unset, float compute).
         symmetric: symmetric 4-bit weights (no zero points) for ``default`` and ``rtn``;
@@ -95,6 +99,8 @@ class Int4Settings(_SensitiveSettings):
 
     algorithm: str = "k_quant"
     block_size: int = 32
+    block_size_8bit: int = 32
+    embedding_block_size: int = 32
     accuracy_level: int = 4
     symmetric: bool = True
     lm_head_bits: int = 8
@@ -114,6 +120,8 @@ class Int4Settings(_SensitiveSettings):
         if self.algorithm not in ALGORITHMS:
             raise QwenOnnxError(f"int4 algorithm {self.algorithm!r} unknown; use one of {', '.join(ALGORITHMS)}")
         check_block_size(self.block_size)
+        check_block_size(self.block_size_8bit)
+        check_block_size(self.embedding_block_size)
         if self.accuracy_level not in ACCURACY_LEVELS:
             raise QwenOnnxError(f"accuracy_level must be 0 to 4 (MatMulNBits), got {self.accuracy_level}")
         if self.lm_head_bits not in (4, 8):
@@ -127,7 +135,7 @@ class Int4Settings(_SensitiveSettings):
 
     def embedding_plan(self, tied: bool) -> EmbeddingPlan:
         """The embedding treatment of these settings; ``tied`` from :func:`~qwen_onnx.embeddings.embedding_tied`."""
-        return EmbeddingPlan(self.embedding, self.embedding_bits, self.block_size, tied,
+        return EmbeddingPlan(self.embedding, self.embedding_bits, self.embedding_block_size, tied,
                              symmetric=self.embedding_symmetric)
 
 
@@ -341,7 +349,7 @@ def quantize_int4_variant(
     with staged_dir(output_dir) as stage:
         with lazy_quantization(input_dir) as (graph_only, scratch):
             if eight:
-                graph_only = blockwise_int8(graph_only, eight, settings.block_size, scratch)
+                graph_only = blockwise_int8(graph_only, eight, settings.block_size_8bit, scratch)
             graph_only = int4_pass(graph_only, settings, [*eight, *float_names], scratch, calibration_text,
                                    importance)
             shutil.copyfile(graph_only, stage / MODEL_FILE)

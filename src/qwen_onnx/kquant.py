@@ -116,12 +116,15 @@ def activation_importance(
     """
     from .sensitivity import capture_activations
 
-    captured = capture_activations(model_dir, windows, (n.input[0] for n in matmuls), threads)
-    means = {}
-    for name, parts in captured.items():
-        tokens = sum(p.shape[0] for p in parts)
-        means[name] = (sum(np.einsum("tk,tk->k", p, p, dtype=np.float64) for p in parts) / tokens).astype(np.float32)
-    return {n.name: means[n.input[0]] for n in matmuls}
+    sums: dict[str, np.ndarray] = {}
+    tokens: dict[str, int] = collections.Counter()
+
+    def add(name: str, x: np.ndarray) -> None:  # x float32 [tokens, K]
+        sums[name] = sums.get(name, 0) + np.einsum("tk,tk->k", x, x, dtype=np.float64)
+        tokens[name] += x.shape[0]
+
+    capture_activations(model_dir, windows, (n.input[0] for n in matmuls), threads, reduce=add)
+    return {n.name: (sums[n.input[0]] / tokens[n.input[0]]).astype(np.float32) for n in matmuls}
 
 
 def kquant_int_pass(

@@ -36,7 +36,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -165,7 +165,8 @@ def node_sensitivity(
 
 
 def capture_activations(
-    model_dir: str | os.PathLike, windows: np.ndarray, tensor_names: Iterable[str], threads: int | None = None
+    model_dir: str | os.PathLike, windows: np.ndarray, tensor_names: Iterable[str], threads: int | None = None,
+    reduce: Callable[[str, np.ndarray], None] | None = None,
 ) -> dict[str, list[np.ndarray]]:
     """Run the float model on ``windows`` and return the named intermediate tensors.
 
@@ -178,9 +179,12 @@ def capture_activations(
         windows: int64 [windows, sequence] token windows, each run as one prefill.
         tensor_names: intermediate tensor names.
         threads: ORT intra-op threads.
+        reduce: called as ``reduce(name, float32 [sequence, features])`` for every tensor of every
+            window instead of keeping it, so that memory does not grow with the windows.
 
     Returns:
-        ``{name: [float32 [sequence, features] per window]}`` (batch and sequence axes flattened).
+        ``{name: [float32 [sequence, features] per window]}`` (batch and sequence axes flattened);
+        empty lists with ``reduce``.
     """
     import onnxruntime as ort
 
@@ -204,7 +208,12 @@ def capture_activations(
         for window in windows:
             outputs = session.run(names, reader.feeds(window))
             for name, value in zip(names, outputs):
-                captured[name].append(np.asarray(value, dtype=np.float32).reshape(-1, value.shape[-1]))
+                value = np.asarray(value, dtype=np.float32).reshape(-1, value.shape[-1])
+                if reduce is None:
+                    captured[name].append(value)
+                else:
+                    reduce(name, value)
+            del outputs
         del session
     return captured
 
