@@ -73,7 +73,7 @@ def pipeline(tmp_path_factory, tiny_qwen2, texts) -> dict[str, Path]:
     )
     optimize_variant(dirs["hf"], dirs["optimized"])
     # int4 from the fused graph, as the workflow builds it (round-to-nearest: fast on the tiny model)
-    quantize_int4_variant(dirs["optimized"], dirs["int4"], Int4Settings(algorithm="rtn", block_size=16))
+    quantize_int4_variant(dirs["optimized"], dirs["int4"], Int4Settings(algorithm="rtn", block_size=16, block_size_8bit=16, embedding_block_size=16))
     convert_float16_variant(dirs["fp32"], dirs["fp16"])
     return dirs
 

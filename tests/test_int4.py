@@ -65,7 +65,8 @@ def test_int4_untied_nodes_bits_embedding_and_logits(pipeline, tmp_path):
     weights = weight_matmul_names(source / "model.onnx")
     head = find_lm_head(_graph(source)).name
     assert len(weights) == MATMULS and head in weights
-    settings = Int4Settings(algorithm="default", block_size=16, embedding_bits=8, embedding_symmetric=True)
+    settings = Int4Settings(algorithm="default", block_size=16, block_size_8bit=16, embedding_block_size=16,
+                            embedding_bits=8, embedding_symmetric=True)
     info = quantize_int4_variant(source, tmp_path / "int4", settings)
     graph = _graph(tmp_path / "int4")
     assert not weight_matmul_names(tmp_path / "int4" / "model.onnx")  # every weight MatMul converted
@@ -97,7 +98,7 @@ def test_int4_untied_nodes_bits_embedding_and_logits(pipeline, tmp_path):
 
 def test_int4_tied_shares_the_lm_head_weight(tied_preprocessed, tmp_path):
     assert embedding_tied(tied_preprocessed)
-    settings = Int4Settings(algorithm="k_quant", block_size=16, lm_head_bits=4)
+    settings = Int4Settings(algorithm="k_quant", block_size=16, embedding_block_size=16, lm_head_bits=4)
     info = quantize_int4_variant(tied_preprocessed, tmp_path / "int4", settings)
     graph = _graph(tmp_path / "int4")
     producers = {o: n for n in graph.node for o in n.output}
@@ -139,7 +140,8 @@ def test_int4_sensitive_matmuls_at_8_bits(pipeline, tmp_path):
 @pytest.mark.parametrize("changes, message", [
     ({"block_size": 48}, "block_size 48 is out of range; give one of 16, 32, 64, 128, 256"),
     ({"block_size": 8}, "block_size 8 is out of range; give one of 16, 32, 64, 128, 256"),
-    ({"algorithm": "awq"}, "int4 algorithm 'awq' unknown; use one of default, rtn, k_quant, hqq, gptq"),
+    ({"algorithm": "awq"}, "int4 algorithm 'awq' unknown; use one of default, rtn, k_quant, k_quant_int, hqq, gptq"),
+    ({"block_size_8bit": 24}, "block_size 24 is out of range"),
     ({"lm_head_bits": 2}, "lm_head_bits must be 4 or 8"),
     ({"embedding": "tied"}, "embedding mode 'tied' unknown; use one of float, quantized, shared"),
 ])
@@ -271,6 +273,6 @@ def test_k_quant_int_variant_runs_in_onnxruntime(pipeline, texts, tmp_path, impo
         assert errors[1] < 0.5 * errors[0], errors
 
 
-def test_importance_needs_k_quant_int():
-    with pytest.raises(QwenOnnxError, match="importance_samples must be 0, or positive with algorithm k_quant_int"):
-        Int4Settings(algorithm="k_quant", importance_samples=8).check()
+def test_a_negative_importance_sample_count_is_refused():
+    with pytest.raises(QwenOnnxError, match="importance_samples must be 0 .unweighted. or more windows, got -1"):
+        Int4Settings(importance_samples=-1).check()

@@ -571,7 +571,7 @@ def test_variants_quantized_from_the_builder_graph_store_a_tied_table_once(tmp_p
         "int8-dynamic": quantize_dynamic_variant(optimized, tmp_path / "int8-dynamic", DynamicSettings(block_size=16)),
         "int8-static": quantize_static_variant(optimized, tmp_path / "int8-static", texts["calibration"],
                                                StaticSettings(samples=2, sequence_length=16)),
-        "int4": quantize_int4_variant(optimized, tmp_path / "int4", Int4Settings(algorithm="rtn", block_size=16)),
+        "int4": quantize_int4_variant(optimized, tmp_path / "int4", Int4Settings(algorithm="rtn", block_size=16, block_size_8bit=16, embedding_block_size=16)),
     }
     ids = np.array([[1, 5, 9, 33, 100, 7, 250]], dtype=np.int64)
     reference = OnnxCausalLM(optimized).forward(ids)[0]

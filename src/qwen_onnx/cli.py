@@ -314,10 +314,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("quantize-int4", help="weight-only 4-bit MatMulNBits (accuracy_level 4), quantized embedding")
     p.add_argument("input", help="float variant folder (pre-processed or fused)")
     p.add_argument("-o", "--output", required=True)
-    p.add_argument("--algorithm", choices=["default", "rtn", "k_quant", "k_quant_int", "hqq", "gptq"], default="k_quant",
+    p.add_argument("--algorithm", choices=["default", "rtn", "k_quant", "k_quant_int", "hqq", "gptq"],
+                   default="k_quant_int",
                    help="onnxruntime MatMulNBitsQuantizer algorithm (README, int4 recipes)")
     p.add_argument("--block-size", type=int, default=32, help="inputs per scale, a power of 2 from 16 to 256")
-    p.add_argument("--block-size-8bit", type=int, default=32,
+    p.add_argument("--block-size-8bit", type=int, default=128,
                    help="inputs per scale of the 8-bit MatMuls (lm_head, sensitive, source-precise)")
     p.add_argument("--embedding-block-size", type=int, default=32, help="inputs per scale of an own embedding table")
     p.add_argument("--accuracy-level", type=int, default=4, help="MatMulNBits accuracy_level (4: INT8 activations)")
@@ -335,14 +336,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sensitive-below-sqnr-db", type=float, default=None)
     p.add_argument("--sensitive-scheme", choices=["float", "blockwise"], default="blockwise",
                    help="blockwise: 8-bit MatMulNBits; float: left unquantized")
-    p.add_argument("--source-bits", type=float, default=0.0,
+    p.add_argument("--source-bits", type=float, default=6.0,
                    help="MatMuls whose GGUF source weight held at least this many bits per weight stay 8-bit "
                         "(6: Q6_K, Q8_0); 0: off; needs --source-info")
     p.add_argument("--source-info", default=None, metavar="SOURCE_JSON",
                    help="the resolve stage's HF_DIR/source.json (its weight_types)")
-    p.add_argument("--calibration-text", default=str(shipped_text(CALIBRATION_TEXT)), help="gptq calibration")
+    p.add_argument("--calibration-text", default=str(shipped_text(CALIBRATION_TEXT)),
+                   help="calibration text of gptq and of k_quant_int's importance")
     p.add_argument("--samples", type=int, default=8, help="gptq calibration windows")
-    p.add_argument("--importance-samples", type=int, default=0,
+    p.add_argument("--importance-samples", type=int, default=16,
                    help="k_quant_int: calibration windows weighting the 4-bit error per input channel (imatrix); 0: off")
     p.add_argument("--sequence-length", type=int, default=128, help="gptq tokens per window")
     p.set_defaults(func=_int4)

@@ -63,9 +63,9 @@ class Int4Settings(_SensitiveSettings):
     """Settings of the ``int4`` variant.
 
     Attributes:
-        algorithm: one of :data:`ALGORITHMS` (module docstring); ``k_quant`` measured best on
-            Qwen2.5-Coder 0.5B (+2.65% perplexity against +4.1 to +4.3% for round-to-nearest and
-            HQQ, README "INT4 and quantized embeddings").
+        algorithm: one of :data:`ALGORITHMS` (module docstring); ``k_quant_int`` with importance
+            measured best on Qwen2.5-Coder 0.5B, then ``k_quant`` (+2.65% perplexity against +4.1
+            to +4.3% for round-to-nearest and HQQ; README "INT4 and quantized embeddings").
         block_size: inputs per scale, a power of 2 from 16 to 256 (32 matches the GGUF Q4_K
             sub-blocks; 128 measured +11% perplexity on the 0.5B for 12% fewer bytes).
         block_size_8bit: inputs per scale of the 8-bit MatMuls (lm_head, sensitive and source-precise
@@ -92,14 +92,14 @@ class Int4Settings(_SensitiveSettings):
         nodes_to_exclude: MatMul node names kept float.
         calibration_samples, calibration_sequence_length: ``gptq``: calibration windows and tokens
             per window.
-        importance_samples: ``k_quant_int``: calibration windows (of ``calibration_sequence_length``
+        importance_samples: ``k_quant_int`` only (other algorithms ignore it): calibration windows (of ``calibration_sequence_length``
             tokens) whose activations weight the 4-bit error per input channel (llama.cpp's
             imatrix); 0: unweighted.
     """
 
-    algorithm: str = "k_quant"
+    algorithm: str = "k_quant_int"
     block_size: int = 32
-    block_size_8bit: int = 32
+    block_size_8bit: int = 128
     embedding_block_size: int = 32
     accuracy_level: int = 4
     symmetric: bool = True
@@ -108,11 +108,11 @@ class Int4Settings(_SensitiveSettings):
     embedding_bits: int = 4
     embedding_symmetric: bool = False
     sensitive_scheme: str = "blockwise"
-    source_bits: float = 0.0
+    source_bits: float = 6.0
     nodes_to_exclude: tuple[str, ...] | list[str] = ()
     calibration_samples: int = 8
     calibration_sequence_length: int = 128
-    importance_samples: int = 0
+    importance_samples: int = 16
 
     def check(self) -> None:
         """Raises QwenOnnxError with the fix for an unknown algorithm, a bad block size,
@@ -126,9 +126,8 @@ class Int4Settings(_SensitiveSettings):
             raise QwenOnnxError(f"accuracy_level must be 0 to 4 (MatMulNBits), got {self.accuracy_level}")
         if self.lm_head_bits not in (4, 8):
             raise QwenOnnxError(f"lm_head_bits must be 4 or 8, got {self.lm_head_bits}")
-        if self.importance_samples < 0 or (self.importance_samples and self.algorithm != "k_quant_int"):
-            raise QwenOnnxError(f"importance_samples must be 0, or positive with algorithm k_quant_int; got "
-                                f"{self.importance_samples} with {self.algorithm}")
+        if self.importance_samples < 0:
+            raise QwenOnnxError(f"importance_samples must be 0 (unweighted) or more windows, got {self.importance_samples}")
         if not 0 <= self.source_bits <= 32:
             raise QwenOnnxError(f"source_bits must be 0 (off) to 32 bits per weight, got {self.source_bits}")
         self.embedding_plan(False).check()
@@ -274,13 +273,20 @@ def _read_weight_types(info: Mapping[str, Any], num_layers: int, scratch_dir: Pa
         return gguf_weight_types(path, num_layers)
 
 
+def _fitting_block(block_size: int, hidden: int) -> int:
+    """``block_size`` halved (down to 16) until it divides ``hidden``, so that a tied embedding can
+    share the lm_head's blocks (a tiny test model's hidden 64 with block 128)."""
+    while hidden % block_size and block_size > 16:
+        block_size //= 2
+    return block_size
+
+
 def _importance(input_dir: Path, graph: onnx.GraphProto, settings: Int4Settings, calibration_text) -> dict:
     from .matmuls import weight_matmuls
-    from .text import load_tokenizer, token_windows
+    from .text import CALIBRATION_TEXT, load_tokenizer, shipped_text, token_windows
 
-    if calibration_text is None:
-        raise QwenOnnxError("int4 importance_samples needs calibration text (--calibration-text)")
-    windows = token_windows(load_tokenizer(input_dir), calibration_text, settings.calibration_sequence_length,
+    text = shipped_text(CALIBRATION_TEXT) if calibration_text is None else calibration_text
+    windows = token_windows(load_tokenizer(input_dir), text, settings.calibration_sequence_length,
                             settings.importance_samples)
     return activation_importance(input_dir, windows, [n for n, _ in weight_matmuls(graph)])
 
@@ -304,7 +310,8 @@ def quantize_int4_variant(
     Args:
         sensitivity: the sensitivity report (JSON path or dict) of ``input_dir``, needed when
             ``settings.sensitive_max_nodes`` is set.
-        calibration_text: UTF-8 text for ``gptq``.
+        calibration_text: UTF-8 text for ``gptq`` and the importance of ``k_quant_int`` (default:
+            the shipped ``calibration.txt``).
         source_info: the resolve stage's ``source.json`` (path or dict) of the checkpoint, whose
             ``weight_types`` (GGUF sources) ``settings.source_bits`` reads.
 
@@ -335,7 +342,8 @@ def quantize_int4_variant(
     if settings.sensitive_scheme == "float":
         float_names += [n["name"] for n in sensitive]
     eight = [n["name"] for n in sensitive if settings.sensitive_scheme == "blockwise"]
-    layers = read_json(input_dir / "config.json")["num_hidden_layers"]
+    hf_config = read_json(input_dir / "config.json")
+    layers, hidden = hf_config["num_hidden_layers"], hf_config["hidden_size"]
     precise = source_nodes(graph, settings.source_bits, source_info, layers, Path(output_dir).resolve().parent)
     eight += [n["name"] for n in precise]
     if settings.lm_head_bits == 8:
@@ -344,12 +352,13 @@ def quantize_int4_variant(
     tied = settings.embedding == "shared" and embedding_tied(input_dir)
     started = time.time()
     importance = None
-    if settings.importance_samples:
+    if settings.algorithm == "k_quant_int" and settings.importance_samples:
         importance = _importance(input_dir, graph, settings, calibration_text)
     with staged_dir(output_dir) as stage:
         with lazy_quantization(input_dir) as (graph_only, scratch):
             if eight:
-                graph_only = blockwise_int8(graph_only, eight, settings.block_size_8bit, scratch)
+                graph_only = blockwise_int8(graph_only, eight, _fitting_block(settings.block_size_8bit, hidden),
+                                            scratch)
             graph_only = int4_pass(graph_only, settings, [*eight, *float_names], scratch, calibration_text,
                                    importance)
             shutil.copyfile(graph_only, stage / MODEL_FILE)

@@ -189,9 +189,12 @@ def get_sensitivity_input(section):
 
 
 def get_int4_calibration_input(wildcards):
-    """The calibration text of the int4 stage, when its algorithm (gptq) calibrates."""
+    """The calibration text of the int4 stage, when it calibrates (gptq, k_quant_int's importance)."""
     settings = get_settings(wildcards.model, "quantize_int4")
-    return settings["calibration_text"] if settings["algorithm"] == "gptq" else []
+    calibrates = settings["algorithm"] == "gptq" or (
+        settings["algorithm"] == "k_quant_int" and settings["importance_samples"] > 0
+    )
+    return settings["calibration_text"] if calibrates else []
 
 
 def get_exclusive_threads(measured):
