@@ -5,7 +5,8 @@ Every MatMul with a constant 2-D float weight becomes ``MatMulNBits`` (onnxrunti
 the weight [K, N] stored as uint8 [N, K / block_size, blob] with one scale (and, for asymmetric
 algorithms, one zero point) per ``block_size`` inputs of each output column. ``accuracy_level`` 4
 makes onnxruntime quantize the activation to INT8 per token and block at run time and accumulate
-in integers, the fastest CPU path (onnxruntime docs, ``MatMulNBits``). The lm_head and the MatMuls
+in integers, the fastest CPU path (onnxruntime docs, ``MatMulNBits``). The lm_head, the MatMuls
+whose GGUF source weights were wider than 4 bits (:mod:`qwen_onnx.source_precision`) and those
 chosen from the sensitivity report can stay at 8 bits; the embedding ``Gather`` becomes
 ``GatherBlockQuantized`` (:mod:`qwen_onnx.embeddings`), sharing the lm_head's weight on tied models.
 
