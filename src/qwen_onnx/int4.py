@@ -248,7 +248,11 @@ def source_nodes(graph: onnx.GraphProto, min_bits: float, source: str | os.PathL
     """
     from .source_precision import source_precise_nodes
 
-    if not min_bits or source is None:
+    if not min_bits:
+        return []
+    if source is None:
+        log.info("source_bits %g: no source.json given (--source-info HF_DIR/source.json), so no MatMul is kept "
+                 "8-bit for its GGUF source's precision", min_bits)
         return []
     info = read_json(source) if isinstance(source, (str, os.PathLike)) else source
     types = info.get("weight_types")
