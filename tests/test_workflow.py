@@ -32,6 +32,8 @@ def write_config(folder: Path, source, texts, extra_models=None, **overrides) ->
         "quantize_static": {"samples": 4, "sequence_length": 32, "calibration_text": str(texts["calibration"])},
         "quantize_mixed": {"samples": 4, "sequence_length": 32, "calibration_text": str(texts["calibration"]),
                            "block_size": 16},
+        "quantize_int4": {"importance_samples": 4, "calibration_sequence_length": 32,
+                          "calibration_text": str(texts["calibration"])},
         "evaluation": {"text": str(texts["evaluation"]), "window": 64, "max_windows": 2, "kv_decode_steps": 4,
                        "generation_tokens": 6},
         "latency": {"prompt_lengths": [8, 16], "decode_prompt_tokens": 16, "new_tokens": 4, "warmup": 0,

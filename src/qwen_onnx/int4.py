@@ -46,6 +46,7 @@ from .artifacts import MODEL_FILE, copy_side_files, library_versions, model_path
 from .genai_config import write_genai_config
 from .embeddings import EmbeddingPlan, check_block_size, embedding_tied, find_lm_head, quantize_embedding
 from .errors import QwenOnnxError
+from .options import check_option
 from .export import normalise_external_data
 from .external import ScratchFiles
 from .kquant import activation_importance, kquant_int_pass
@@ -121,14 +122,13 @@ class Int4Settings(_SensitiveSettings):
         if self.algorithm not in ALGORITHMS:
             raise QwenOnnxError(f"int4 algorithm {self.algorithm!r} unknown; use one of {', '.join(ALGORITHMS)}")
         check_block_size(self.block_size)
-        check_block_size(self.block_size_8bit)
-        check_block_size(self.embedding_block_size)
+        check_option("block_size_8bit", self.block_size_8bit)
+        check_option("embedding_block_size", self.embedding_block_size)
+        check_option("importance_samples", self.importance_samples)
         if self.accuracy_level not in ACCURACY_LEVELS:
             raise QwenOnnxError(f"accuracy_level must be 0 to 4 (MatMulNBits), got {self.accuracy_level}")
         if self.lm_head_bits not in (4, 8):
             raise QwenOnnxError(f"lm_head_bits must be 4 or 8, got {self.lm_head_bits}")
-        if self.importance_samples < 0:
-            raise QwenOnnxError(f"importance_samples must be 0 (unweighted) or more windows, got {self.importance_samples}")
         if not 0 <= self.source_bits <= 32:
             raise QwenOnnxError(f"source_bits must be 0 (off) to 32 bits per weight, got {self.source_bits}")
         self.embedding_plan(False).check()

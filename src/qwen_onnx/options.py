@@ -39,6 +39,7 @@ RANGES: dict[str, tuple[int, int | None]] = {
     "calibration_samples": (1, None),
     "calibration_sequence_length": (8, None),
     "search_tokens": (1, None),
+    "importance_samples": (0, None),
 }
 #: Block lengths of MatMulNBits (a power of 2 from 16 to 256; onnxruntime contrib op MatMulNBits).
 BLOCK_SIZES = (16, 32, 64, 128, 256)
@@ -47,6 +48,8 @@ BLOCK_SIZES = (16, 32, 64, 128, 256)
 #: MatMulNBits), and the bits of MatMulNBits / GatherBlockQuantized weights.
 CHOICES: dict[str, tuple[int, ...]] = {
     "block_size": BLOCK_SIZES,
+    "block_size_8bit": BLOCK_SIZES,
+    "embedding_block_size": BLOCK_SIZES,
     "accuracy_level": (0, 1, 2, 3, 4),
     "lm_head_bits": (4, 8),
     "embedding_bits": (4, 8),
