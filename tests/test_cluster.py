@@ -34,6 +34,7 @@ TARGETS = (
     "results/tiny/reports/int8-static.diff.json",
     "results/tiny/reports/int8-dynamic.inspect.json",
     "results/tiny/reports/int4.latency.json",
+    "results/tiny/reports/sensitivity.json",  # no quantizer of these needs it by default any more
 )
 JOBS = Counter({rule: 1 for rule in ("resolve", "export", "optimize", "sensitivity", "quantize_dynamic",
                                      "quantize_static", "quantize_int4", "inspect", "diff", "reference", "accuracy",
