@@ -45,7 +45,7 @@ def benchmark(pipeline, texts, tmp_path_factory):
 
 def test_default_recipes_are_named_described_and_build(tmp_path):
     names = [r.name for r in DEFAULT_RECIPES]
-    assert len(names) == len(set(names)) == 40
+    assert len(names) == len(set(names)) == 41
     assert all(re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", n) for n in names)
     for recipe in DEFAULT_RECIPES:
         settings = recipe.build_settings()
