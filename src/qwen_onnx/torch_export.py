@@ -176,7 +176,7 @@ def export_torch(hf_dir: str | os.PathLike, scratch: str | os.PathLike, *, opset
     try:
         with torch.no_grad():
             torch.onnx.export(
-                _flat_cache_decoder(torch_model), example, str(path), input_names=input_names,
+                _flat_cache_decoder(torch_model).eval(), example, str(path), input_names=input_names,
                 output_names=output_names, dynamic_shapes=dynamic_shapes, opset_version=opset, dynamo=True,
                 external_data=True, optimize=True, verify=False,
             )
