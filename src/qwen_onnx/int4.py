@@ -94,9 +94,9 @@ class Int4Settings(_SensitiveSettings):
         nodes_to_exclude: MatMul node names kept float.
         calibration_samples, calibration_sequence_length: ``gptq``: calibration windows and tokens
             per window.
-        importance_samples: ``k_quant_int`` only (other algorithms ignore it): calibration windows (of ``calibration_sequence_length``
-            tokens) whose activations weight the 4-bit error per input channel (llama.cpp's
-            imatrix); 0: unweighted.
+        importance_samples: ``k_quant_int`` only (other algorithms ignore it): calibration windows
+            (of ``calibration_sequence_length`` tokens) whose activations weight the 4-bit error
+            per input channel (llama.cpp's imatrix); 0: unweighted.
     """
 
     algorithm: str = "k_quant_int"
@@ -151,7 +151,7 @@ def _algo_config(settings: Int4Settings, graph_only: Path, float_names: Sequence
         return None
     if settings.algorithm == "rtn":
         return RTNWeightOnlyQuantConfig(op_types_to_quantize=("MatMul",))
-    if settings.algorithm in ("k_quant", "k_quant_int"):
+    if settings.algorithm == "k_quant":
         return KQuantWeightOnlyQuantConfig(op_types_to_quantize=("MatMul",))
     if settings.algorithm == "hqq":
         return HQQWeightOnlyQuantConfig(block_size=settings.block_size, bits=4, op_types_to_quantize=("MatMul",))
