@@ -12,7 +12,7 @@ from qwen_onnx.embeddings import embedding_tied, find_embedding, find_lm_head, f
 from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.gates import variant_kind
 from qwen_onnx.inspect_graph import inspect_model
-from qwen_onnx.int4 import Int4Settings, quantize_int4_variant
+from qwen_onnx.int4 import ALGORITHMS, Int4Settings, quantize_int4_variant
 from qwen_onnx.matmuls import weight_matmul_names
 from qwen_onnx.quantize import DynamicSettings, quantize_dynamic_variant
 from qwen_onnx.recipes import DEFAULT_RECIPES, select_recipes
@@ -173,7 +173,7 @@ def test_int4_gate_kind_and_recipes():
     assert variant_kind("int4") == "int4" and variant_kind("int4-k_quant") == "int4"
     assert variant_kind("int8-static") == "int8_static" and variant_kind("fp32") == "float"
     int4 = [r for r in DEFAULT_RECIPES if r.kind == "int4"]
-    assert {r.build_settings().algorithm for r in int4} == {"default", "rtn", "k_quant", "hqq", "gptq"}
+    assert {r.build_settings().algorithm for r in int4} == set(ALGORITHMS)
     assert select_recipes("int4-kquant-b32-emb4-sensitive24")[0].needs_sensitivity
 
 
