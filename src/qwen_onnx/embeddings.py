@@ -80,6 +80,14 @@ class EmbeddingPlan:
         check_block_size(self.block_size)
 
 
+def fitting_block_size(block_size: int, length: int) -> int:
+    """``block_size`` halved (down to 16) until it divides ``length``, the row length it blocks
+    (e.g. a tiny test model's hidden 64 with block 128)."""
+    while length % block_size and block_size > 16:
+        block_size //= 2
+    return block_size
+
+
 def check_block_size(block_size: int) -> None:
     """Raises OptionError unless ``block_size`` is a power of 2 from 16 to 256 (MatMulNBits and
     GatherBlockQuantized accept powers of 2 of at least 16; onnxruntime's CPU kernels up to 256):
@@ -381,9 +389,7 @@ def quantize_embedding(folder: str | os.PathLike, plan: EmbeddingPlan) -> dict[s
             added = [data_shape, scale_shape]
             shared_with = head.name
         elif not share:
-            bits, block_size = plan.bits, plan.block_size
-            while hidden % block_size and block_size > 16:  # e.g. a tiny test model's hidden 64 with block 128
-                block_size //= 2
+            bits, block_size = plan.bits, fitting_block_size(plan.block_size, hidden)
             data, scales, zero_points = quantize_table(lookup.float_table(), bits, block_size, plan.symmetric)
             stem = table.name.removesuffix("_transposed")
             added = [numpy_helper.from_array(data, stem + f"_Q{bits}"),

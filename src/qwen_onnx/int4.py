@@ -44,7 +44,8 @@ import onnx
 
 from .artifacts import MODEL_FILE, copy_side_files, library_versions, model_path, read_json, staged_dir, write_json
 from .genai_config import write_genai_config
-from .embeddings import EmbeddingPlan, check_block_size, embedding_tied, find_lm_head, quantize_embedding
+from .embeddings import (EmbeddingPlan, check_block_size, embedding_tied, find_lm_head, fitting_block_size,
+                         quantize_embedding)
 from .errors import QwenOnnxError
 from .options import check_option
 from .export import normalise_external_data
@@ -278,14 +279,6 @@ def _read_weight_types(info: Mapping[str, Any], num_layers: int, scratch_dir: Pa
         return gguf_weight_types(path, num_layers)
 
 
-def _fitting_block(block_size: int, hidden: int) -> int:
-    """``block_size`` halved (down to 16) until it divides ``hidden``, so that a tied embedding can
-    share the lm_head's blocks (a tiny test model's hidden 64 with block 128)."""
-    while hidden % block_size and block_size > 16:
-        block_size //= 2
-    return block_size
-
-
 def _importance(input_dir: Path, graph: onnx.GraphProto, settings: Int4Settings, calibration_text) -> dict:
     from .matmuls import weight_matmuls
     from .text import CALIBRATION_TEXT, load_tokenizer, shipped_text, token_windows
@@ -362,7 +355,8 @@ def quantize_int4_variant(
     with staged_dir(output_dir) as stage:
         with lazy_quantization(input_dir) as (graph_only, scratch):
             if eight:
-                graph_only = blockwise_int8(graph_only, eight, _fitting_block(settings.block_size_8bit, hidden),
+                # fitted to the hidden size, so that a tied embedding can share the lm_head's blocks
+                graph_only = blockwise_int8(graph_only, eight, fitting_block_size(settings.block_size_8bit, hidden),
                                             scratch)
             graph_only = int4_pass(graph_only, settings, [*eight, *float_names], scratch, calibration_text,
                                    importance)

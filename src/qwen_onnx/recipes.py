@@ -107,8 +107,13 @@ def _sensitive(count: int, scheme: str, below_sqnr_db: float | None = None) -> d
 _PER_TENSOR = {"scheme": "per_tensor"}
 _STATIC = {"quant_format": "QDQ", "method": "MinMax", "samples": 8, "sequence_length": 128,
            "activation_type": "QUInt8", "weight_type": "QInt8", "activation_symmetric": False, "smooth": False}
-#: The 8-bit MatMuls of the int4 recipes measured before ``block_size_8bit`` existed.
-_B8_32 = {"block_size_8bit": 32}
+
+
+def _int4_before_9(**settings: Any) -> dict[str, Any]:
+    """An int4 recipe as measured before ``block_size_8bit`` and ``embedding_block_size`` existed:
+    the 8-bit MatMuls and an own embedding table used ``block_size`` too."""
+    return {"block_size_8bit": settings["block_size"], "embedding_block_size": settings["block_size"], **settings}
+
 
 #: The levers of the README's "INT8 recipes" table. Weights are INT8 per channel unless stated;
 #: "sensitive" MatMuls are ranked by the simulated SQNR of :mod:`qwen_onnx.sensitivity`;
@@ -175,41 +180,41 @@ DEFAULT_RECIPES: tuple[Recipe, ...] = (
            {**_STATIC, "smooth": True, "method": "Search", **_sensitive(12, "float")},
            "static + SmoothQuant, Search, 12 most sensitive MatMuls float"),
     # int4: weight-only 4-bit MatMulNBits, accuracy_level 4 (the recipes measured before session 9
-    # keep their 8-bit MatMuls at block 32, _B8_32, as measured); lm_head 8-bit and the embedding sharing
+    # keep their 8-bit and embedding blocks at block_size, as measured); lm_head 8-bit and the embedding sharing
     # its weight (tied models) unless stated
-    Recipe("int4-default-b32", "int4", {**_B8_32, "algorithm": "default", "block_size": 32},
+    Recipe("int4-default-b32", "int4", _int4_before_9(algorithm="default", block_size=32),
            "int4 RTN (onnxruntime C++), block 32, lm_head 8-bit"),
-    Recipe("int4-default-b128", "int4", {**_B8_32, "algorithm": "default", "block_size": 128},
+    Recipe("int4-default-b128", "int4", _int4_before_9(algorithm="default", block_size=128),
            "int4 RTN (onnxruntime C++), block 128, lm_head 8-bit"),
-    Recipe("int4-default-b32-asym", "int4", {**_B8_32, "algorithm": "default", "block_size": 32, "symmetric": False},
+    Recipe("int4-default-b32-asym", "int4", _int4_before_9(algorithm="default", block_size=32, symmetric=False),
            "int4 RTN asymmetric (zero points), block 32"),
-    Recipe("int4-rtn-b32", "int4", {**_B8_32, "algorithm": "rtn", "block_size": 32},
+    Recipe("int4-rtn-b32", "int4", _int4_before_9(algorithm="rtn", block_size=32),
            "int4 RTN (Neural Compressor), block 32"),
-    Recipe("int4-kquant-b32", "int4", {**_B8_32, "algorithm": "k_quant", "block_size": 32},
+    Recipe("int4-kquant-b32", "int4", _int4_before_9(algorithm="k_quant", block_size=32),
            "int4 k-quant, block 32"),
-    Recipe("int4-kquant-b128", "int4", {**_B8_32, "algorithm": "k_quant", "block_size": 128},
+    Recipe("int4-kquant-b128", "int4", _int4_before_9(algorithm="k_quant", block_size=128),
            "int4 k-quant, block 128"),
-    Recipe("int4-hqq-b32", "int4", {**_B8_32, "algorithm": "hqq", "block_size": 32},
+    Recipe("int4-hqq-b32", "int4", _int4_before_9(algorithm="hqq", block_size=32),
            "int4 HQQ, block 32 (own 8-bit embedding table)"),
-    Recipe("int4-gptq-b32", "int4", {**_B8_32, "algorithm": "gptq", "block_size": 32},
+    Recipe("int4-gptq-b32", "int4", _int4_before_9(algorithm="gptq", block_size=32),
            "int4 GPTQ on 8 × 128 calibration tokens, block 32"),
-    Recipe("int4-default-b32-head4", "int4", {**_B8_32, "algorithm": "default", "block_size": 32, "lm_head_bits": 4},
+    Recipe("int4-default-b32-head4", "int4", _int4_before_9(algorithm="default", block_size=32, lm_head_bits=4),
            "int4 RTN, block 32, lm_head (and shared embedding) 4-bit"),
-    Recipe("int4-kquant-b32-head4", "int4", {**_B8_32, "algorithm": "k_quant", "block_size": 32, "lm_head_bits": 4},
+    Recipe("int4-kquant-b32-head4", "int4", _int4_before_9(algorithm="k_quant", block_size=32, lm_head_bits=4),
            "int4 k-quant, block 32, lm_head (and shared embedding) 4-bit"),
     Recipe("int4-kquant-b32-emb4", "int4",
-           {**_B8_32, "algorithm": "k_quant", "block_size": 32, "embedding_bits": 4, "embedding_symmetric": False},
+           _int4_before_9(algorithm="k_quant", block_size=32, embedding_bits=4, embedding_symmetric=False),
            "int4 k-quant, block 32, own embedding table 4-bit asymmetric"),
     Recipe("int4-kquant-b32-head4-emb4", "int4",
-           {**_B8_32, "algorithm": "k_quant", "block_size": 32, "lm_head_bits": 4, "embedding_bits": 4,
-            "embedding_symmetric": False},
+           _int4_before_9(algorithm="k_quant", block_size=32, lm_head_bits=4, embedding_bits=4,
+                          embedding_symmetric=False),
            "int4 k-quant, block 32, lm_head and own embedding table 4-bit"),
     Recipe("int4-default-b32-sensitive24", "int4",
-           {**_B8_32, "algorithm": "default", "block_size": 32, **_sensitive(24, "blockwise")},
+           _int4_before_9(algorithm="default", block_size=32, **_sensitive(24, "blockwise")),
            "int4 RTN, block 32, 24 most sensitive MatMuls 8-bit"),
     Recipe("int4-kquant-b32-emb4-sensitive12", "int4",
-           {**_B8_32, "algorithm": "k_quant", "block_size": 32, "embedding_bits": 4, "embedding_symmetric": False,
-            **_sensitive(12, "blockwise")},
+           _int4_before_9(algorithm="k_quant", block_size=32, embedding_bits=4, embedding_symmetric=False,
+                          **_sensitive(12, "blockwise")),
            "int4 k-quant, block 32, embedding 4-bit, 12 most sensitive MatMuls 8-bit"),
     Recipe("int4-kquantint-imp16", "int4",
            {"algorithm": "k_quant_int", "importance_samples": 16, "block_size": 32, "embedding_bits": 4,
@@ -217,8 +222,8 @@ DEFAULT_RECIPES: tuple[Recipe, ...] = (
            "int4 k-quant with integer zero points, 16 windows of activation importance, 8-bit block 128 "
            "(the default recipe but source_bits, which needs the source's source.json)"),
     Recipe("int4-kquant-b32-emb4-sensitive24", "int4",
-           {**_B8_32, "algorithm": "k_quant", "block_size": 32, "embedding_bits": 4, "embedding_symmetric": False,
-            **_sensitive(24, "blockwise")},
+           _int4_before_9(algorithm="k_quant", block_size=32, embedding_bits=4, embedding_symmetric=False,
+                          **_sensitive(24, "blockwise")),
            "int4 k-quant, block 32, embedding 4-bit, 24 most sensitive MatMuls 8-bit"),
 )
 
