@@ -179,11 +179,11 @@ def test_compare_decode_runs_every_loop_and_setting(pipeline, texts):
 
     result = compare_decode([pipeline["fp32"]], texts["evaluation"], prompt_tokens_count=8, new_tokens=3, rounds=1,
                             threads=1, loops=("bound", "unbound"),
-                            settings={"default": {}, "spin": {"intra_op_spinning": True}})
-    # intra-op spinning is off by default (measured, runtime.session_options)
+                            settings={"default": {}, "no-spin": {"intra_op_spinning": False}})
+    # intra-op spinning is on by default, as in onnxruntime (measured idle, runtime.session_options)
     runs = [(v["loop"], v["settings_label"], v["session_settings"]["intra_op_spinning"]) for v in result["variants"]]
-    assert runs == [("bound", "default", False), ("bound", "spin", True),
-                    ("unbound", "default", False), ("unbound", "spin", True)]
+    assert runs == [("bound", "default", True), ("bound", "no-spin", False),
+                    ("unbound", "default", True), ("unbound", "no-spin", False)]
     assert all(len(v["rounds_tok_s"]) == 1 and v["decode_tok_s"] > 0 for v in result["variants"])
     with pytest.raises(QwenOnnxError, match="loops must be some of"):
         compare_decode([pipeline["fp32"]], texts["evaluation"], loops=("fast",))

@@ -33,7 +33,7 @@ from .metrics import AccuracyAccumulator
 from .options import check_options
 from .parity import generation_parity, kv_cache_parity, padded_batch_parity
 from .reference import load_torch_model, read_reference, torch_logits, write_reference  # noqa: F401 (re-exported)
-from .runtime import OnnxCausalLM
+from .runtime import SHARED_CORES_SETTINGS, OnnxCausalLM
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,8 @@ def accuracy_from_reference(
     windows, window = reference.windows, int(meta["window"])
     eos = list(meta["eos_token_ids"])
 
-    variant = OnnxCausalLM(variant_dir, threads=threads)
+    # accuracy jobs share the cores with other jobs: spinning threads would slow them (runtime.session_options)
+    variant = OnnxCausalLM(variant_dir, threads=threads, settings=SHARED_CORES_SETTINGS)
     acc = AccuracyAccumulator()
     for i, ids in enumerate(tqdm(windows, desc=f"accuracy {name}", unit="window")):
         got, _ = variant.forward(ids.reshape(1, -1))
