@@ -167,3 +167,33 @@ def test_qwen3_fp32_matches_pytorch(tmp_path_factory):
     lm = TfliteCausalLM(root / "tflite", threads=1)
     got = np.concatenate([lm.prefill(ids[:10]), np.stack([lm.decode(t) for t in ids[10:]])])
     np.testing.assert_allclose(got, reference, rtol=0, atol=FP32_ATOL)
+
+
+def test_cli_converts_fp16_and_refuses_bad_lengths_in_one_line(tiny_qwen2, torch_model, tmp_path, capsys):
+    """fp16 weights: max |logit difference| against transformers measured 0.0077."""
+    from qwen_onnx.cli import main
+
+    assert main(["tflite", str(tiny_qwen2), "-o", str(tmp_path / "bad"), "--prefill-length", "64",
+                 "--kv-cache-length", "32"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("qwen-onnx tflite: tflite prefill_length 64 is longer than kv_cache_length 32") and "\n" not in err
+    assert not (tmp_path / "bad").exists()
+
+    assert main(["tflite", str(tiny_qwen2), "-o", str(tmp_path / "fp16"), "--prefill-length", str(PREFILL),
+                 "--kv-cache-length", str(KV), "--quantize", "fp16"]) == 0
+    info = json.loads((tmp_path / "fp16" / SIGNATURES_FILE).read_text())
+    assert (info["quantize"], info["prefill_length"], info["kv_cache_length"]) == ("fp16", PREFILL, KV)
+    ids = prompt(11, seed=11)
+    got = TfliteCausalLM(tmp_path / "fp16", threads=1).prefill(ids)
+    np.testing.assert_allclose(got, torch_logits(torch_model, ids), rtol=0, atol=0.05)
+
+
+def test_workflow_config_refuses_a_prefill_longer_than_the_cache():
+    from qwen_onnx.options import check_config
+
+    models = {"m": {"source": "embedded:x", "params_billion": 0.5}}
+    check_config({"models": models, "tflite": {"prefill_length": 32, "kv_cache_length": 32}})
+    with pytest.raises(OptionError, match=r"^tflite\.prefill_length 2048 is longer than kv_cache_length 1280"):
+        check_config({"models": models, "tflite": {"prefill_length": 2048}})
+    with pytest.raises(OptionError, match=r"^models\.m\.tflite\.prefill_length 64 is longer than kv_cache_length 32"):
+        check_config({"models": {"m": {**models["m"], "tflite": {"kv_cache_length": 32}}}, "tflite": {"prefill_length": 64}})

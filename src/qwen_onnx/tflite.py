@@ -61,12 +61,16 @@ def check_tflite_options(prefill_length: int, kv_cache_length: int, quantize: st
     """Check the lengths and the quantization name before anything is built.
 
     Raises:
-        OptionError: a length below 1, ``prefill_length > kv_cache_length``, or a ``quantize`` not in
+        OptionError: a length not an integer or below 1 (:data:`qwen_onnx.options.RANGES`),
+            ``prefill_length > kv_cache_length``, or a ``quantize`` not in
             :data:`qwen_onnx.defaults.TFLITE_QUANTIZATIONS` (the message names the fix).
     """
+    from .options import check_option
+
     for name, value in (("prefill_length", prefill_length), ("kv_cache_length", kv_cache_length)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise OptionError(f"tflite {name} {value!r} is out of range; give an integer of at least 1")
+        if value is None:
+            raise OptionError(f"tflite {name} is not set; give an integer of at least 1")
+        check_option(name, value, key=f"tflite {name}")
     if prefill_length > kv_cache_length:
         raise OptionError(
             f"tflite prefill_length {prefill_length} is longer than kv_cache_length {kv_cache_length}: the "
