@@ -182,6 +182,7 @@ def test_cli_converts_fp16_and_refuses_bad_lengths_in_one_line(tiny_qwen2, torch
     assert main(["tflite", str(tiny_qwen2), "-o", str(tmp_path / "fp16"), "--prefill-length", str(PREFILL),
                  "--kv-cache-length", str(KV), "--quantize", "fp16"]) == 0
     info = json.loads((tmp_path / "fp16" / SIGNATURES_FILE).read_text())
+    assert json.loads(capsys.readouterr().out) == info  # litert-torch's progress went to stderr
     assert (info["quantize"], info["prefill_length"], info["kv_cache_length"]) == ("fp16", PREFILL, KV)
     ids = prompt(11, seed=11)
     got = TfliteCausalLM(tmp_path / "fp16", threads=1).prefill(ids)

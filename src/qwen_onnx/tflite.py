@@ -25,9 +25,11 @@ the functions that need it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -173,10 +175,17 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _require_litert_torch() -> None:
+def _require_litert(converter: bool = True) -> None:
+    """ai-edge-litert (the interpreter) and, to convert, litert-torch are importable.
+
+    Raises:
+        ExportError: one is missing (the message names the install command).
+    """
     try:
-        import litert_torch  # noqa: F401
         import ai_edge_litert.interpreter  # noqa: F401
+
+        if converter:
+            import litert_torch  # noqa: F401
     except ImportError as exc:
         raise ExportError(
             f"the tflite variant needs litert-torch and ai-edge-litert ({exc}); install them with "
@@ -258,15 +267,20 @@ def convert_tflite(
     hf_dir = Path(hf_dir)
     config = _hf_config(hf_dir)
     check_tflite_config(config, str(hf_dir / "config.json"))
-    _require_litert_torch()
+    _require_litert()
     verify_manifest(hf_dir)
 
     from litert_torch.generative.utilities import converter, model_builder
     from litert_torch.generative.utilities.export_config import ExportConfig
 
-    model_config, names = litert_model_config(config, kv_cache_length)
+    try:
+        model_config, names = litert_model_config(config, kv_cache_length)
+    except KeyError as exc:
+        raise ArchitectureError(f"{hf_dir / 'config.json'} has no {exc.args[0]!r}, which a Qwen config gives; "
+                                "give the checkpoint's own config.json") from None
     started = time.time()
-    with staged_dir(output_dir) as stage:
+    # litert-torch prints its progress on stdout (a rich console); stderr keeps stdout for the CLI's JSON
+    with staged_dir(output_dir) as stage, contextlib.redirect_stdout(sys.stderr):
         try:
             model = model_builder.build_decoder_only_model(
                 checkpoint_path=str(hf_dir), config=model_config, tensor_names=names,
@@ -315,18 +329,22 @@ class TfliteCausalLM:
         threads: the interpreter's ``num_threads`` (CPU threads, as the ONNX sessions' intra-op threads).
 
     Raises:
+        OptionError: ``threads`` below 1.
         ArtifactError: the folder has no ``model.tflite`` or ``tflite.json``.
         IntegrityError: a file differs from the folder's manifest.
         ExportError: ai-edge-litert is not installed.
     """
 
     def __init__(self, folder: str | os.PathLike, threads: int = 1):
+        from .options import check_option
+
         folder = Path(folder)
         for name in (TFLITE_FILE, SIGNATURES_FILE):
             if not (folder / name).is_file():
                 raise ArtifactError(f"{folder} has no {name}: run `qwen-onnx tflite` to write the folder")
+        check_option("threads", threads)
         verify_manifest(folder)
-        _require_litert_torch()
+        _require_litert(converter=False)
         from ai_edge_litert.interpreter import Interpreter
 
         self.folder = folder
