@@ -68,13 +68,17 @@ def test_signatures_have_the_configured_shapes(converted, tiny_qwen2):
         assert (info["prefill_length"], info["kv_cache_length"], info["quantize"]) == (PREFILL, KV, quantize)
         assert set(info["signatures"]) == {f"prefill_{PREFILL}", "decode"}
         assert info["prefill_signature"] == f"prefill_{PREFILL}" and info["decode_signature"] == "decode"
-        cache = {f"kv_cache_{kv}_{i}": {"shape": [1, KV, kv_heads, head_dim], "dtype": "float32"}
+        cache = {f"kv_cache_{kv}_{i}": {"shape": [1, KV, kv_heads, head_dim], "dtype": "float32",
+                                        "axes": ["batch_size", "kv_cache_length", "kv_heads", "head_dim"]}
                  for kv in "kv" for i in range(layers)}
         for name, length in ((f"prefill_{PREFILL}", PREFILL), ("decode", 1)):
             signature = info["signatures"][name]
-            assert signature["inputs"] == {"tokens": {"shape": [1, length], "dtype": "int32"},
-                                           "input_pos": {"shape": [length], "dtype": "int32"}, **cache}
-            assert signature["outputs"] == {"logits": {"shape": [1, length, vocab], "dtype": "float32"}, **cache}
+            assert signature["inputs"] == {
+                "tokens": {"shape": [1, length], "dtype": "int32", "axes": ["batch_size", "sequence_length"]},
+                "input_pos": {"shape": [length], "dtype": "int32", "axes": ["sequence_length"]}, **cache}
+            assert signature["outputs"] == {
+                "logits": {"shape": [1, length, vocab], "dtype": "float32",
+                           "axes": ["batch_size", "sequence_length", "vocab"]}, **cache}
 
 
 @pytest.mark.parametrize("n", [5, PREFILL, 13])  # padded, exact, two chunks (the second moved back to overlap)

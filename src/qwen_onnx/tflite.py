@@ -192,8 +192,23 @@ def _require_litert(converter: bool = True) -> None:
             "`pip install -r envs/tflite.txt` (envs/setup.sh does)") from exc
 
 
+#: Named axes of litert-torch's signature tensors, by name (``kv_cache_k_0`` ... by its prefix).
+TENSOR_AXES = {
+    "tokens": ("batch_size", "sequence_length"),
+    "input_pos": ("sequence_length",),
+    "logits": ("batch_size", "sequence_length", "vocab"),
+    "kv_cache_": ("batch_size", "kv_cache_length", "kv_heads", "head_dim"),
+}
+
+
+def _axes(name: str, rank: int) -> list[str] | None:
+    axes = TENSOR_AXES.get(name) or TENSOR_AXES.get("kv_cache_" if name.startswith("kv_cache_") else "")
+    return list(axes) if axes and len(axes) == rank else None
+
+
 def _tensor_table(details: dict) -> dict[str, dict]:
-    return {name: {"shape": [int(d) for d in d_["shape"]], "dtype": np.dtype(d_["dtype"]).name}
+    return {name: {"shape": [int(d) for d in d_["shape"]], "axes": _axes(name, len(d_["shape"])),
+                   "dtype": np.dtype(d_["dtype"]).name}
             for name, d_ in sorted(details.items())}
 
 
@@ -201,7 +216,9 @@ def describe_signatures(tflite_path: str | os.PathLike) -> dict[str, dict]:
     """Every signature of a ``.tflite`` file with its input and output tensors, read by the LiteRT interpreter.
 
     Returns:
-        ``{signature: {"inputs": {name: {"shape": [...], "dtype": "int32"}}, "outputs": {...}}}``.
+        ``{signature: {"inputs": {name: {"shape": [1, 8], "axes": ["batch_size", "sequence_length"],
+        "dtype": "int32"}}, "outputs": {...}}}`` (axes from :data:`TENSOR_AXES`, ``None`` for a
+        tensor it does not name).
     """
     from ai_edge_litert.interpreter import Interpreter
 
