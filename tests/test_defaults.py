@@ -67,7 +67,7 @@ def test_config_yaml_states_the_schema_defaults(section):
     assert {k: v for k, v in flat(CONFIG[section]).items()} == {k: expected[k] for k in flat(CONFIG[section])}
 
 
-@pytest.mark.parametrize("section", ["export", "float16", "evaluation", "latency"])
+@pytest.mark.parametrize("section", ["export", "float16", "evaluation", "latency", "tflite"])
 def test_defaults_module_is_the_schema_and_config_yaml(section):
     assert defaults.section(section) == {k: schema_defaults(section)[k] for k in defaults.section(section)}
     assert defaults.section(section) == {k: CONFIG[section][k] for k in defaults.section(section)}
@@ -86,6 +86,16 @@ def test_export_and_float16_defaults_are_the_librarys_and_the_clis():
     assert {k: cli_defaults("export")[k] for k in export} == export
     assert cli_defaults("float16")["blocked_ops"] == float16["blocked_ops"]
     assert cli_defaults("float16")["blocked_nodes"] == float16["blocked_nodes"]
+
+
+def test_tflite_defaults_are_the_librarys_and_the_clis():
+    from qwen_onnx.tflite import convert_tflite
+
+    tflite = defaults.section("tflite")
+    parameters = inspect.signature(convert_tflite).parameters
+    assert {k: parameters[k].default for k in tflite} == tflite
+    assert {k: cli_defaults("tflite")[k] for k in tflite} == tflite
+    assert SCHEMA["$defs"]["tflite"]["properties"]["quantize"]["enum"] == list(defaults.TFLITE_QUANTIZATIONS)
 
 
 def test_library_functions_read_the_defaults_module():

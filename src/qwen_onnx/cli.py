@@ -12,7 +12,7 @@ import logging
 import sys
 
 from .errors import QwenOnnxError
-from .defaults import EVALUATION, EXPORT, FLOAT16, LATENCY
+from .defaults import EVALUATION, EXPORT, FLOAT16, LATENCY, TFLITE, TFLITE_QUANTIZATIONS
 from .gates import DEFAULT_GATES
 from .text import CALIBRATION_TEXT, EVALUATION_TEXT, shipped_text
 
@@ -146,6 +146,13 @@ def _diff(a):
         write_json(a.json, diff)
     print(diff_markdown(diff))
     return None
+
+
+def _tflite(a):
+    from .tflite import convert_tflite
+
+    return convert_tflite(a.hf_dir, a.output, prefill_length=a.prefill_length, kv_cache_length=a.kv_cache_length,
+                          quantize=a.quantize)
 
 
 def _extract(a):
@@ -357,6 +364,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--blocked-nodes", nargs="*", default=list(FLOAT16["blocked_nodes"]), metavar="NODE",
                    help="node names kept float32")
     p.set_defaults(func=_float16)
+
+    p = sub.add_parser("tflite", help="Hugging Face folder -> LiteRT model.tflite (litert-torch): fixed prefill and decode signatures")
+    p.add_argument("hf_dir")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--prefill-length", type=int, default=TFLITE["prefill_length"],
+                   help="tokens of the prefill signature, fixed (default: %(default)s)")
+    p.add_argument("--kv-cache-length", type=int, default=TFLITE["kv_cache_length"],
+                   help="positions of the KV cache, prompt plus generated tokens, fixed (default: %(default)s)")
+    p.add_argument("--quantize", default=TFLITE["quantize"], metavar="{" + ",".join(TFLITE_QUANTIZATIONS) + "}",
+                   help="litert-torch's quantization: dynamic_int8 (int8 weights, dynamic-range, default), "
+                        "weight_only_int8, fp16, none (fp32), dynamic_int4_block32/128")
+    p.set_defaults(func=_tflite)
 
     p = sub.add_parser("sensitivity", help="per-MatMul INT8 error (SQNR) on calibration text, lowest first")
     p.add_argument("input", help="pre-processed variant folder")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
-__all__ = ["EVALUATION", "EXPORT", "EXPORTERS", "FLOAT16", "LATENCY", "section"]
+__all__ = ["EVALUATION", "EXPORT", "EXPORTERS", "FLOAT16", "LATENCY", "TFLITE", "TFLITE_QUANTIZATIONS", "section"]
 
 #: ``export:`` (the fp32 export). ``exporter``: ``optimum`` (optimum-onnx) or ``torch``
 #: (``torch.onnx.export(dynamo=True)``, which needs ``opset`` 18 or newer); README, "Export routes".
@@ -56,11 +56,27 @@ LATENCY: Mapping[str, Any] = MappingProxyType({
     "profile": True,
 })
 
-_SECTIONS = {"export": EXPORT, "float16": FLOAT16, "evaluation": EVALUATION, "latency": LATENCY}
+#: ``tflite:`` (the LiteRT variant through litert-torch, :mod:`qwen_onnx.tflite`). ``prefill_length``
+#: (tokens of the fixed prefill signature) is the evaluation window, so one prefill covers a window;
+#: ``kv_cache_length`` (positions of the fixed KV cache, prompt plus generated tokens) covers the
+#: latency protocol's longest prompt (512) plus ``new_tokens`` (128), as litert-torch's default 1280. ``quantize``:
+#: dynamic-range int8 weights, litert-torch's default.
+TFLITE: Mapping[str, Any] = MappingProxyType({
+    "prefill_length": 256,
+    "kv_cache_length": 1280,
+    "quantize": "dynamic_int8",
+})
+#: The allowed values of ``tflite.quantize``: litert-torch's ``QuantizationName`` (its generative
+#: converter offers no full-integer recipe).
+TFLITE_QUANTIZATIONS: tuple[str, ...] = (
+    "dynamic_int8", "weight_only_int8", "fp16", "none", "dynamic_int4_block32", "dynamic_int4_block128",
+)
+
+_SECTIONS = {"export": EXPORT, "float16": FLOAT16, "evaluation": EVALUATION, "latency": LATENCY, "tflite": TFLITE}
 
 
 def section(name: str) -> dict[str, Any]:
-    """A copy of the defaults of config section ``name`` (``export``, ``float16``, ``evaluation``, ``latency``), lists as lists.
+    """A copy of the defaults of config section ``name`` (``export``, ``float16``, ``evaluation``, ``latency``, ``tflite``), lists as lists.
 
     Raises:
         KeyError: no defaults are kept here for ``name``.

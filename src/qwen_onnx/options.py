@@ -40,6 +40,8 @@ RANGES: dict[str, tuple[int, int | None]] = {
     "calibration_sequence_length": (8, None),
     "search_tokens": (1, None),
     "importance_samples": (0, None),
+    "prefill_length": (1, None),
+    "kv_cache_length": (1, None),
 }
 #: Block lengths of MatMulNBits (a power of 2 from 16 to 256; onnxruntime contrib op MatMulNBits).
 BLOCK_SIZES = (16, 32, 64, 128, 256)
@@ -193,6 +195,23 @@ def check_config(config: dict[str, Any]) -> None:
         if isinstance(model, dict):
             walk({k: v for k, v in model.items() if k != "source"}, f"models.{name}")
     _check_export_route(config)
+    _check_tflite_lengths(config)
+
+
+def _check_tflite_lengths(config: dict[str, Any]) -> None:
+    """``tflite.prefill_length`` at most ``tflite.kv_cache_length``, for every model once its own
+    ``tflite`` section is merged over the global one (:func:`qwen_onnx.tflite.check_tflite_options`)."""
+    from .defaults import TFLITE
+
+    shared = config.get("tflite") or {}
+    for name, model in (config.get("models") or {}).items():
+        own = (model or {}).get("tflite") or {} if isinstance(model, dict) else {}
+        merged = {**TFLITE, **shared, **own}
+        prefill, cache = merged["prefill_length"], merged["kv_cache_length"]
+        if isinstance(prefill, int) and isinstance(cache, int) and prefill > cache:
+            where = f"models.{name}.tflite" if own else "tflite"
+            raise OptionError(f"{where}.prefill_length {prefill} is longer than kv_cache_length {cache} (the prefill "
+                              f"writes its positions into the KV cache); set {where}.kv_cache_length: {prefill} or more")
 
 
 def _check_export_route(config: dict[str, Any]) -> None:
