@@ -9,7 +9,7 @@ import pytest
 
 from qwen_onnx.inspect_graph import decode_weight_bytes, initializer_bytes
 from qwen_onnx.latency import measure_latency, measure_torch_latency, percentile
-from qwen_onnx.machine import memory_bandwidth_gb_s, memory_read_bandwidth_gb_s
+from qwen_onnx.machine import memory_bandwidth_gb_s
 from qwen_onnx.profiling import summarise_trace
 from qwen_onnx.report import build_report, columns
 
@@ -56,23 +56,6 @@ def test_bandwidth_counts_read_and_write_of_the_best_repeat(monkeypatch):
     figure = memory_bandwidth_gb_s(threads=2, mib_per_thread=4, repeats=2)
     # STREAM Copy: each of 2 threads reads and writes 4 MiB in 10 ms
     assert figure == pytest.approx(2 * 2 * 4 * 2**20 / 0.010 / 1e9)
-
-
-def test_read_bandwidth_counts_bytes_read_once(monkeypatch):
-    import qwen_onnx.machine as machine
-
-    clock = iter([0.0, 1.0, 10.0, 10.020, 20.0, 20.010])
-    monkeypatch.setattr(machine.time, "perf_counter", lambda: next(clock))
-    figure = memory_read_bandwidth_gb_s(threads=2, mib_per_thread=4, repeats=2)
-    # each of 2 threads reads its 4 MiB once in the best pass's 10 ms
-    assert figure == pytest.approx(2 * 4 * 2**20 / 0.010 / 1e9)
-
-
-def test_roofline_divides_by_the_read_bandwidth_when_measured():
-    from qwen_onnx.report import roofline_bandwidth_gb_s
-
-    assert roofline_bandwidth_gb_s({"memory_read_bandwidth_gb_s": 45.0, "memory_bandwidth_gb_s": 34.0}) == 45.0
-    assert roofline_bandwidth_gb_s({"memory_bandwidth_gb_s": 34.0}) == 34.0  # a machine.json from before
 
 
 def test_bandwidth_of_this_machine_is_a_dram_figure():

@@ -13,7 +13,7 @@ import os
 import platform
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import psutil
@@ -47,33 +47,8 @@ def cpu_flags() -> list[str]:
     return []
 
 
-def _best_pass(threads: int, work: Callable[[int], Any], repeats: int) -> float:
-    """Seconds of the fastest of ``repeats`` passes in which ``threads`` threads run ``work(i)`` at
-    once (after one untimed pass, which faults the pages in)."""
-    best = float("inf")
-    for attempt in range(repeats + 1):
-        barrier = threading.Barrier(threads + 1)
-
-        def run(i: int) -> None:
-            barrier.wait()
-            work(i)
-
-        workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
-        for w in workers:
-            w.start()
-        barrier.wait()
-        started = time.perf_counter()
-        for w in workers:
-            w.join()
-        elapsed = time.perf_counter() - started
-        if attempt:
-            best = min(best, elapsed)
-    return best
-
-
 def memory_bandwidth_gb_s(threads: int = 2, mib_per_thread: int = 256, repeats: int = 5) -> float:
-    """Best-of-``repeats`` copy bandwidth in GB/s (10^9 bytes/s), STREAM Copy convention (bytes
-    read plus bytes written, McCalpin's STREAM benchmark).
+    """Best-of-``repeats`` copy bandwidth in GB/s (10^9 bytes/s), STREAM Copy convention.
 
     Args:
         threads: threads copying at once, each its own pair of arrays.
@@ -83,25 +58,26 @@ def memory_bandwidth_gb_s(threads: int = 2, mib_per_thread: int = 256, repeats: 
     n = mib_per_thread * (1 << 20) // 8
     sources = [np.ones(n, dtype=np.float64) for _ in range(threads)]
     targets = [np.empty_like(s) for s in sources]
-    best = _best_pass(threads, lambda i: np.copyto(targets[i], sources[i]), repeats)
-    return 2 * threads * n * 8 / best / 1e9
+    best = float("inf")
+    for attempt in range(repeats + 1):
+        barrier = threading.Barrier(threads + 1)
 
+        def copy(i: int) -> None:
+            barrier.wait()
+            np.copyto(targets[i], sources[i])
 
-def memory_read_bandwidth_gb_s(threads: int = 2, mib_per_thread: int = 256, repeats: int = 5) -> float:
-    """Best-of-``repeats`` read-only bandwidth in GB/s (10^9 bytes/s): each thread takes the maximum
-    of its own float32 array (numpy's SIMD reduction, memory-bound), so only reads cross the memory bus.
-
-    Decode reads its weights and writes almost nothing, so this is the bandwidth of the decode
-    roofline. A copy costs more than its bytes (the written lines are read first), so on the build
-    machine the STREAM Copy figure (:func:`memory_bandwidth_gb_s`) is the lower one, and decode
-    measured above it.
-
-    Args: as :func:`memory_bandwidth_gb_s`.
-    """
-    n = mib_per_thread * (1 << 20) // 4
-    sources = [np.ones(n, dtype=np.float32) for _ in range(threads)]
-    best = _best_pass(threads, lambda i: sources[i].max(), repeats)
-    return threads * n * 4 / best / 1e9
+        workers = [threading.Thread(target=copy, args=(i,)) for i in range(threads)]
+        for w in workers:
+            w.start()
+        barrier.wait()
+        started = time.perf_counter()
+        for w in workers:
+            w.join()
+        elapsed = time.perf_counter() - started
+        if attempt:  # the first pass faults the pages in
+            best = min(best, elapsed)
+    moved = 2 * threads * n * 8
+    return moved / best / 1e9
 
 
 def describe_machine(threads: int = 2) -> dict[str, Any]:
@@ -114,7 +90,6 @@ def describe_machine(threads: int = 2) -> dict[str, Any]:
         "affinity_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "memory_gib": round(psutil.virtual_memory().total / (1 << 30), 1),
         "bandwidth_threads": threads,
-        "memory_read_bandwidth_gb_s": round(memory_read_bandwidth_gb_s(threads), 2),
         "memory_bandwidth_gb_s": round(memory_bandwidth_gb_s(threads), 2),
         "platform": platform.platform(),
         "python": platform.python_version(),

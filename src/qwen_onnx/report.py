@@ -53,7 +53,7 @@ COLUMNS: dict[str, str] = {
     "decode_tok_s": "single-stream decode tokens/s with the KV cache, median",
     "peak_rss_mib": "peak RSS of the latency process, MiB",
     "weight_bytes_per_token": "bytes of weights read per decoded token (embedding table as one row)",
-    "roofline_tok_s": "memory-bandwidth bound on decode: read bandwidth / weight bytes per token, tokens/s",
+    "roofline_tok_s": "memory-bandwidth bound on decode: bandwidth / weight bytes per token, tokens/s",
     "roofline_pct": "decode_tok_s as a percentage of roofline_tok_s",
     "decode_speedup_vs_pytorch": "decode_tok_s / PyTorch's",
     "ttft_vs_pytorch": "ttft_ms / PyTorch's (below 1 is faster)",
@@ -265,7 +265,7 @@ def collect_rows(
             order; ``pytorch``: one latency JSON per model.
     """
     rows = []
-    bandwidth = roofline_bandwidth_gb_s(machine)
+    bandwidth = machine.get("memory_bandwidth_gb_s")
     keys = [(m, v) for m in models for v in variants]
     by_key = {kind: dict(zip(keys, files[kind])) for kind in ("inspect", "accuracy", "latency")}
     for model, torch_latency in zip(models, files["pytorch"]):
@@ -471,20 +471,13 @@ def recommend(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def roofline_bandwidth_gb_s(machine: Mapping) -> float | None:
-    """The bandwidth decode's roofline divides by, GB/s: the read-only probe
-    (:func:`qwen_onnx.machine.memory_read_bandwidth_gb_s`; decode reads weights and writes almost
-    nothing), or the STREAM Copy figure in a ``machine.json`` written before the read probe existed."""
-    return machine.get("memory_read_bandwidth_gb_s") or machine.get("memory_bandwidth_gb_s")
-
-
 def _machine_lines(machine: Mapping) -> list[str]:
     versions = ", ".join(f"{k} {v}" for k, v in machine.get("library_versions", {}).items() if v)
     return [
         f"CPU: {machine.get('cpu_model')} ({machine.get('logical_cores')} logical cores, "
         f"flags {', '.join(machine.get('cpu_flags', [])) or 'none'}), {machine.get('memory_gib')} GiB RAM",
-        f"Memory bandwidth ({machine.get('bandwidth_threads')} threads): read {machine.get('memory_read_bandwidth_gb_s')} GB/s "
-        f"(the decode roofline's), copy {machine.get('memory_bandwidth_gb_s')} GB/s (STREAM Copy convention)",
+        f"Memory bandwidth (STREAM Copy convention, {machine.get('bandwidth_threads')} threads): "
+        f"{machine.get('memory_bandwidth_gb_s')} GB/s",
         f"Libraries: {versions}",
     ]
 
