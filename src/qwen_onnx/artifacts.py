@@ -63,15 +63,17 @@ TRACKED_PACKAGES = (
 )
 
 
+def package_version(distribution: str) -> str | None:
+    """The installed version of ``distribution`` (a pip name), ``None`` when it is not installed."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def library_versions() -> dict[str, str | None]:
     """Installed versions of the libraries that shape the artifacts, ``None`` for a missing one."""
-    versions: dict[str, str | None] = {}
-    for name in TRACKED_PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
+    return {name: package_version(name) for name in TRACKED_PACKAGES}
 
 
 def owner_tag() -> str:

@@ -52,6 +52,7 @@ from .artifacts import (
     all_tensors,
     copy_side_files,
     library_versions,
+    package_version,
     model_path,
     reads_variant,
     ort_optimize_to_file,
@@ -283,7 +284,7 @@ def _builder_optimize(hf_dir: Path, output_dir: Path, *, left_padding: bool) -> 
             "left_padding_rewrite": rewritten,
             "builder": {"precision": "fp32", "execution_provider": "cpu", "extra_options": {"hf_remote": False}},
             "seconds": round(time.time() - started, 1),
-            "library_versions": {**library_versions(), "onnxruntime-genai": _version("onnxruntime-genai")},
+            "library_versions": {**library_versions(), "onnxruntime-genai": package_version("onnxruntime-genai")},
         }
         write_json(stage / "optimize.json", info)
     log.info("builder graph: %s", counts)
@@ -300,15 +301,6 @@ class _LogWriter:
 
     def flush(self) -> None:
         pass
-
-
-def _version(distribution: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(distribution)
-    except PackageNotFoundError:
-        return None
 
 
 def optimize_variant(

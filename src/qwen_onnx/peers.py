@@ -31,7 +31,6 @@ TTFT, RSS and bytes below 1 are better).
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -46,7 +45,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .artifacts import folder_bytes, library_versions, read_json, staged_dir, write_json, write_text
+from .artifacts import folder_bytes, library_versions, package_version, read_json, staged_dir, write_json, write_text
 from .errors import ArtifactError, PartError, QwenOnnxError, SourceError
 from .resolve import source_gguf
 from .latency import _protocol, interleaved_rounds, measure_latency, measure_torch_latency, peak_rss_mib, prompt_tokens
@@ -78,13 +77,6 @@ FIGURES = ("decode_tok_s", "ttft_ms", "peak_rss_mib", "bytes_on_disk", "load_s")
 def _installed(module: str) -> bool:
     """Whether ``module`` can be imported (checked without importing it)."""
     return importlib.util.find_spec(module) is not None
-
-
-def _version(distribution: str) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def onnx_bytes(folder: str | os.PathLike) -> int:
@@ -235,7 +227,7 @@ def build_genai_int4(hf_dir: str | os.PathLike, output_dir: str | os.PathLike) -
     weights = sorted(hf_dir.glob("*.safetensors"))
     stamp = {
         "command": ["python", "-m", "onnxruntime_genai.models.builder", "-i", "HF", "-o", "OUT", *BUILDER_ARGS],
-        "onnxruntime_genai": _version("onnxruntime-genai"),
+        "onnxruntime_genai": package_version("onnxruntime-genai"),
         "hf": [{"name": p.name, "bytes": p.stat().st_size, "mtime": int(p.stat().st_mtime)} for p in weights],
     }
     record_path = output_dir / "builder.json"
@@ -397,10 +389,10 @@ def run_peers(
         if pytorch:
             add("pytorch", "torch eager fp32", os.fspath(hf_dir),
                 sum(p.stat().st_size for p in hf_dir.glob("*.safetensors")),
-                (_measure_pytorch, (os.fspath(hf_dir), text, settings)), torch=_version("torch"))
+                (_measure_pytorch, (os.fspath(hf_dir), text, settings)), torch=package_version("torch"))
         for folder in variant_dirs:
             add(Path(folder).name, "onnxruntime (qwen-onnx OnnxCausalLM)", os.fspath(folder), folder_bytes(folder),
-                (_measure_onnx, (os.fspath(folder), text, settings)), onnxruntime=_version("onnxruntime"))
+                (_measure_onnx, (os.fspath(folder), text, settings)), onnxruntime=package_version("onnxruntime"))
         if llama_cpp:
             if not _installed("llama_cpp"):
                 add(LLAMA_CPP, "llama-cpp-python", None, None, skipped=f"llama-cpp-python not installed: {INSTALL_HINT}")
@@ -461,8 +453,8 @@ def run_peers(
         **settings,
         "process_per_measurement": True,
         "machine_note": "figures from a shared 2-core VM unless stated; compare ratios from the same run",
-        "library_versions": {**library_versions(), "onnxruntime-genai": _version("onnxruntime-genai"),
-                             "llama-cpp-python": _version("llama_cpp_python")},
+        "library_versions": {**library_versions(), "onnxruntime-genai": package_version("onnxruntime-genai"),
+                             "llama-cpp-python": package_version("llama_cpp_python")},
     }
     if output is not None:
         write_json(output, result)

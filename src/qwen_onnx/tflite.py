@@ -26,7 +26,6 @@ the functions that need it.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import logging
 import os
 import sys
@@ -36,7 +35,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .artifacts import copy_side_files, library_versions, read_json, staged_dir, verify_manifest, write_json
+from .artifacts import copy_side_files, library_versions, package_version, read_json, staged_dir, verify_manifest, write_json
 from .defaults import TFLITE, TFLITE_QUANTIZATIONS
 from .errors import ArchitectureError, ArtifactError, ExportError, OptionError
 
@@ -166,13 +165,6 @@ def litert_model_config(config: dict, kv_cache_length: int):
     if not tied:
         names.lm_head = "lm_head"
     return model_config, names
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _require_litert(converter: bool = True) -> None:
@@ -322,11 +314,11 @@ def convert_tflite(
             "model_type": config["model_type"],
             "signatures": describe_signatures(stage / TFLITE_FILE),
             "tflite_bytes": (stage / TFLITE_FILE).stat().st_size,
-            "litert_torch_version": _version("litert-torch"),
+            "litert_torch_version": package_version("litert-torch"),
             "seconds": round(seconds, 1),
             "peak_rss_mib": round(peak_rss_mib(), 1),
-            "library_versions": {**library_versions(), "litert-torch": _version("litert-torch"),
-                                 "ai-edge-litert": _version("ai-edge-litert")},
+            "library_versions": {**library_versions(), "litert-torch": package_version("litert-torch"),
+                                 "ai-edge-litert": package_version("ai-edge-litert")},
         }
         write_json(stage / SIGNATURES_FILE, info)
     log.info("wrote %s (%s, prefill %d, KV cache %d) in %.1f s", output_dir, quantize, prefill_length,
