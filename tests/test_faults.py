@@ -385,3 +385,32 @@ def _killed_then_unlocked(killable: Path, rule: str, pause_at: str, target: str,
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert _leftovers(killable / "results") == []
     assert _fingerprint(killable, target) == clean
+
+
+def test_a_verified_folder_is_not_hashed_again_by_a_later_process_until_a_file_changes(tmp_path, monkeypatch):
+    """The stamp of verify_manifest stands for a later process (the in-process memo is cleared here)."""
+    from qwen_onnx import artifacts
+    from qwen_onnx.errors import IntegrityError
+
+    monkeypatch.setenv(artifacts.VERIFIED_CACHE_ENV, str(tmp_path / "stamps"))
+    folder = tmp_path / "variant"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(b"graph" * 100)
+    (folder / "model.onnx_data").write_bytes(bytes(range(256)) * 40)
+    artifacts.write_manifest(folder)
+    hashed = []
+    real = artifacts._sha256
+    monkeypatch.setattr(artifacts, "_sha256", lambda path: hashed.append(path.name) or real(path))
+    assert artifacts.verify_manifest(folder) is True
+    assert sorted(hashed) == ["model.onnx", "model.onnx_data"]
+    assert len(list((tmp_path / "stamps").iterdir())) == 1
+    artifacts._verified.clear()  # a new process
+    hashed.clear()
+    assert artifacts.verify_manifest(folder) is True and hashed == []
+    # same size, new bytes and a new mtime: the stamp no longer matches, and the sha256 names the damage
+    data = folder / "model.onnx_data"
+    data.write_bytes(bytes(reversed(range(256))) * 40)
+    os.utime(data, ns=(data.stat().st_atime_ns, data.stat().st_mtime_ns + 1_000_000_000))
+    artifacts._verified.clear()
+    with pytest.raises(IntegrityError, match=r"model.onnx_data does not match the sha256 in manifest.json"):
+        artifacts.verify_manifest(folder)
