@@ -28,17 +28,17 @@ pytestmark = pytest.mark.workflow
 
 PROFILE = REPO / "profiles" / "local-cluster"
 # Targets that cover every kind of stage but peers and report: resolve, export, optimize,
-# sensitivity, the three quantizations, inspect, diff, reference, accuracy and latency.
+# sensitivity, the three quantizations, inspect, diff, reference, accuracy and profile.
 TARGETS = (
     "results/tiny/reports/int8-static.accuracy.json",
     "results/tiny/reports/int8-static.diff.json",
     "results/tiny/reports/int8-dynamic.inspect.json",
-    "results/tiny/reports/int4.latency.json",
+    "results/tiny/reports/int4.profile.json",
     "results/tiny/reports/sensitivity.json",  # no quantizer of these needs it by default any more
 )
 JOBS = Counter({rule: 1 for rule in ("resolve", "export", "optimize", "sensitivity", "quantize_dynamic",
                                      "quantize_static", "quantize_int4", "inspect", "diff", "reference", "accuracy",
-                                     "latency")})
+                                     "profile")})
 # Wall-clock figures, which differ from run to run (everything else must be equal).
 MEASURED = re.compile(r"^(seconds|load_s|prefill_ms_.*|ttft_ms.*|decode_tok_s|decode_ms_per_token|profile|peak_rss_mib)$")
 
@@ -113,9 +113,9 @@ def assert_same_artifacts(local_run: Path, other_run: Path) -> None:
         "seconds": accuracy["seconds"]}
     ops = json.loads((other / "tiny" / "reports" / "int8-dynamic.inspect.json").read_text())["op_types"]
     assert ops["MatMulNBits"] == 2 * 5 + 1 and ops["GroupQueryAttention"] == 2
-    # the latency job asks the cluster for the measured threads only (no local core count there)
-    latency = json.loads((other / "tiny" / "reports" / "int4.latency.json").read_text())
-    assert latency["threads"] == 1 and latency["decode_tok_s"] > 0
+    # the profile job asks the cluster for the measured threads only (no local core count there)
+    profile = json.loads((other / "tiny" / "reports" / "int4.profile.json").read_text())
+    assert profile["threads"] == 1 and "MatMulNBits" in {op["op_type"] for op in profile["profile"]["ops"]}
 
 
 def test_cluster_artifacts_equal_the_local_runs(runs):
@@ -186,17 +186,18 @@ def test_slurm_profile_resources_apply_to_every_job(tmp_path, tiny_qwen2, texts)
     jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", result.stdout, re.M)
     resources = {rule: dict(item.split("=", 1) for item in line.split(", ")) for rule, line in jobs}
     assert set(resources) == {"resolve", "export", "preprocess", "sensitivity", "quantize_dynamic", "quantize_static", "quantize_mixed",
-                              "quantize_int4", "convert_float16", "optimize", "inspect", "diff", "reference", "accuracy", "latency",
-                              "latency_pytorch", "peers", "machine", "report", "all"}
+                              "quantize_int4", "convert_float16", "optimize", "inspect", "diff", "reference", "accuracy", "profile",
+                              "latency", "latency_pytorch", "peers", "machine", "report", "all"}
     for rule, res in resources.items():
         assert res["slurm_partition"] == "cpu" and res["slurm_account"] == "my-account", rule
         if rule != "all":
             assert int(res["mem_mb"]) >= 1000 and int(res["runtime"]) >= 10, rule
-        assert (res.get("slurm_extra") == "--exclusive") == (rule in ("latency", "latency_pytorch", "peers", "machine"))
+        assert (res.get("slurm_extra") == "--exclusive") == (rule in ("profile", "peers", "machine"))
     # declared from params_billion (workflow/rules/common.smk), not replaced by the profile
     assert (resources["export"]["mem_mb"], resources["export"]["runtime"]) == ("21815", "43")
-    assert resources["latency"]["mem_mb"] == "21815" and resources["accuracy"]["mem_mb"] == "16769"
-    assert resources["peers"]["mem_mb"] == "18031" and resources["convert_float16"]["mem_mb"] == "21815"
+    assert resources["profile"]["mem_mb"] == "21815" and resources["accuracy"]["mem_mb"] == "16769"
+    assert resources["peers"]["mem_mb"] == "21815" and resources["convert_float16"]["mem_mb"] == "21815"
+    assert resources["latency"]["mem_mb"] == "1000" and resources["latency_pytorch"]["mem_mb"] == "1000"
 
 
 def test_every_rule_declares_threads_memory_and_runtime():
@@ -204,7 +205,7 @@ def test_every_rule_declares_threads_memory_and_runtime():
                      flags=re.M)[1:]
     from qwen_onnx.variants import VARIANTS
 
-    assert len(rules) == 19  # the 8 that write variants (the registry) and 11 others
+    assert len(rules) == 20  # the 8 that write variants (the registry) and 12 others
     assert {v.rule for v in VARIANTS} <= {body.split(":", 1)[0] for body in rules}
     for body in rules:
         name = body.split(":", 1)[0]
@@ -232,7 +233,7 @@ def test_slurm_plugin_with_a_stand_in_sbatch(runs, tmp_path_factory, tiny_qwen2,
     for args in calls.values():
         rule = re.search(r"--comment rule_(\w+?)_wildcards", args).group(1)
         assert " -A my-account -p cpu -t 10 --mem 10" in args and " --ntasks=1 " in args, args
-        assert ("--exclusive" in args) == (rule == "latency"), rule
-        assert f"--cpus-per-task={1 if rule in ('inspect', 'diff', 'latency') else 2}" in args, rule
+        assert ("--exclusive" in args) == (rule == "profile"), rule
+        assert f"--cpus-per-task={1 if rule in ('inspect', 'diff', 'profile') else 2}" in args, rule
     assert len((spool / "srun.log").read_text().splitlines()) == len(calls)
     assert_same_artifacts(runs["local"], folder)

@@ -100,9 +100,11 @@ def test_tflite_defaults_are_the_librarys_and_the_clis():
 
 def test_library_functions_read_the_defaults_module():
     evaluation, latency = defaults.section("evaluation"), defaults.section("latency")
-    for fn in (evaluate_accuracy, write_reference, accuracy_from_reference, measure_latency):
+    from qwen_onnx.peers import run_peers
+
+    for fn in (evaluate_accuracy, write_reference, accuracy_from_reference, measure_latency, run_peers):
         for name, parameter in inspect.signature(fn).parameters.items():
-            table = latency if fn is measure_latency else evaluation
+            table = latency if fn in (measure_latency, run_peers) else evaluation
             if name in table and parameter.default is not inspect.Parameter.empty:
                 assert plain(parameter.default) == table[name], (fn.__name__, name)
     assert inspect.signature(evaluate_accuracy).parameters["max_windows"].default == 6
@@ -144,6 +146,10 @@ def test_cli_defaults_are_the_librarys():
     timing = cli_defaults("latency")
     assert {k: timing[k] for k in ("prompt_lengths", "decode_prompt_tokens", "new_tokens", "warmup", "repeats", "threads")} == {
         k: latency[k] for k in ("prompt_lengths", "decode_prompt_tokens", "new_tokens", "warmup", "repeats", "threads")}
+    sitting = cli_defaults("peers")  # the timing sitting: the same protocol, and the rounds
+    assert {k: sitting[k] for k in ("rounds", "prompt_lengths", "new_tokens", "warmup", "repeats", "threads")} == {
+        k: latency[k] for k in ("rounds", "prompt_lengths", "new_tokens", "warmup", "repeats", "threads")}
+    assert sitting["prompt_tokens"] == latency["decode_prompt_tokens"]
     for command, settings, renamed in (
         ("quantize-dynamic", DynamicSettings, {"exclude": "nodes_to_exclude"}),
         ("quantize-static", StaticSettings, {"exclude": "nodes_to_exclude"}),

@@ -170,3 +170,31 @@ def test_peers_command_line(pipeline, texts, tmp_path, capsys, monkeypatch):
     assert json.loads((tmp_path / "p.json").read_text())["prompt_lengths"] == [8]
     assert main(["peers", str(tmp_path / "nope")]) == 2
     assert "no Hugging Face folder at" in capsys.readouterr().err
+
+
+def test_latency_reports_take_their_figures_from_the_sitting(peers_run, pipeline, texts, tmp_path):
+    """A variant's latency report is its row of the sitting plus its profile; PyTorch's has no profile."""
+    from qwen_onnx.errors import ArtifactError
+    from qwen_onnx.latency import latency_from_sitting, percentile, profile_variant
+
+    result, work, _ = peers_run
+    rows = _by_peer(result)
+    profile = profile_variant(pipeline["fp32"], texts["evaluation"], decode_prompt_tokens=8, threads=1,
+                              output=tmp_path / "fp32.profile.json")
+    assert profile["weight_bytes_per_token"] > 10_000 and profile["profile"]["decode_steps"] == 16
+    assert {"MatMul", "Gather"} & {op["op_type"] for op in profile["profile"]["ops"]}
+    fp32 = latency_from_sitting("fp32", work / "peers.json", profile=tmp_path / "fp32.profile.json",
+                                output=tmp_path / "fp32.latency.json")
+    row = rows["fp32"]
+    assert fp32["decode_tok_s"] == row["decode_tok_s"] and fp32["rounds"] == 3 and fp32["measured_in"] == "peers.json"
+    rounds_16 = [f["prefill_ms_16"] for f in row["per_round"]]
+    assert fp32["prefill_ms_p50_16"] == pytest.approx(statistics.median(rounds_16))
+    assert fp32["prefill_ms_p90_16"] == pytest.approx(percentile(rounds_16, 90))
+    assert fp32["prefill_ms_p90_16"] >= fp32["prefill_ms_p50_16"]
+    assert fp32["profile"] == profile["profile"] and fp32["weight_bytes_per_token"] == profile["weight_bytes_per_token"]
+    assert fp32["decode_ms_per_token"] == pytest.approx(1000.0 / row["decode_tok_s"])
+    torch = latency_from_sitting("pytorch", result)
+    assert torch["runtime"] == "pytorch" and "profile" not in torch and torch["load_s"] == rows["pytorch"]["load_s"]
+    assert torch["weight_bytes_per_token"] == rows["pytorch"]["weight_bytes_per_token"] > 10_000
+    with pytest.raises(ArtifactError, match=r"has no row 'int4' \(rows: pytorch, fp32, llama.cpp, "):
+        latency_from_sitting("int4", work / "peers.json")

@@ -37,9 +37,7 @@ def write_config(folder: Path, source, texts, extra_models=None, **overrides) ->
         "evaluation": {"text": str(texts["evaluation"]), "window": 64, "max_windows": 2, "kv_decode_steps": 4,
                        "generation_tokens": 6},
         "latency": {"prompt_lengths": [8, 16], "decode_prompt_tokens": 16, "new_tokens": 4, "warmup": 0,
-                    "repeats": 2, "threads": 1},
-        "peers": {"prompt_lengths": [8, 16], "prompt_tokens": 16, "new_tokens": 4, "rounds": 1, "warmup": 0,
-                  "variants": ["fp32", "int8-dynamic", "int8-static"]},
+                    "repeats": 1, "rounds": 1, "threads": 1},
     }
     for section, values in overrides.items():
         config.setdefault(section, {}).update(values)
@@ -83,19 +81,31 @@ def test_full_run_writes_every_artifact(finished_run):
             assert json.loads((results / "tiny" / "reports" / f"{variant}.diff.json").read_text())["nodes"]["a"] > 0
     with open(results / "metrics.csv", newline="") as f:
         rows_read = list(csv.DictReader(f))
-    every = [r for r in rows_read if r["measured_by"] == "latency"]
-    # the peers stage's measured peers follow (the tiny sources are folders: no GGUF for llama.cpp)
-    assert [(r["model"], r["variant"]) for r in rows_read if r["measured_by"] == "peers"] == [
+    from qwen_onnx.report import PEER_VARIANTS
+
+    # every speed figure comes from each model's one timing sitting (the peers stage)
+    assert {r["measured_by"] for r in rows_read} == {"peers"}
+    every = [r for r in rows_read if r["variant"] not in PEER_VARIANTS]
+    # the measured peers follow our rows (the tiny sources are folders: no GGUF for llama.cpp)
+    assert [(r["model"], r["variant"]) for r in rows_read if r["variant"] in PEER_VARIANTS] == [
         (m, v) for m in ("tiny", "tiny-qwen1.5", "tiny-qwen3") for v in ("genai-builder-int4", "genai-builder-int4-ort")]
-    assert all(float(r["decode_tok_s"]) > 0 for r in rows_read if r["measured_by"] == "peers")
+    assert all(float(r["decode_tok_s"]) > 0 for r in rows_read if r["variant"] in PEER_VARIANTS)
     peers = json.loads((results / "tiny" / "reports" / "peers.json").read_text())
-    assert [r["peer"] for r in peers["rows"]] == ["pytorch", "fp32", "int8-dynamic", "int8-static", "llama.cpp",
-                                                  "genai-builder-int4", "genai-builder-int4-ort"]
+    assert [r["peer"] for r in peers["rows"]] == ["pytorch", *VARIANTS, "llama.cpp", "genai-builder-int4",
+                                                  "genai-builder-int4-ort"]
+    # each variant's latency report holds the figures of its row in the sitting, and its own profile
+    for variant in ("pytorch", *VARIANTS):
+        latency = json.loads((results / "tiny" / "reports" / f"{variant}.latency.json").read_text())
+        row = next(r for r in peers["rows"] if r["peer"] == variant)
+        assert latency["decode_tok_s"] == row["decode_tok_s"] and latency["measured_in"] == "peers.json"
+        assert latency["prefill_ms_p50_16"] == row["prefill_ms_16"] and latency["rounds"] == 1
+        assert (latency.get("profile") is not None) == (variant != "pytorch"), variant
     # without llama-cpp-python (CI: envs/setup.sh without --peers) the package is named first
     import importlib.util
 
     note = "no GGUF: the source " if importlib.util.find_spec("llama_cpp") else "llama-cpp-python not installed: "
-    assert peers["rows"][4]["skipped"].startswith(note) and peers["reference"] == "genai-builder-int4"
+    llama = 1 + len(VARIANTS)
+    assert peers["rows"][llama]["skipped"].startswith(note) and peers["reference"] == "genai-builder-int4"
     assert "## Against peers: tiny-qwen3" in (results / "report.md").read_text()
     assert [(r["model"], r["variant"]) for r in every] == [
         (m, v) for m in ("tiny", "tiny-qwen1.5", "tiny-qwen3") for v in ("pytorch", *VARIANTS)]
@@ -136,7 +146,7 @@ def test_full_run_writes_every_artifact(finished_run):
         pipeline = {(r["model"], r["job"]): r for r in csv.DictReader(f)}
     expected = {("tiny", j) for j in ("resolve", "export", "preprocess", "optimize", "sensitivity",
                                       "quantize_dynamic", "quantize_static", "quantize_int4", "latency.pytorch", "peers")}
-    expected |= {("tiny", f"{rule}.{v}") for v in VARIANTS for rule in ("inspect", "accuracy", "latency")}
+    expected |= {("tiny", f"{rule}.{v}") for v in VARIANTS for rule in ("inspect", "accuracy", "profile", "latency")}
     expected |= {("tiny", f"diff.{v}") for v in VARIANTS if v != "fp32"} | {("", "machine")}
     assert expected <= set(pipeline)
     assert all(float(r["wall_s"]) > 0 and float(r["peak_rss_mib"]) > 50 for r in pipeline.values())
@@ -185,7 +195,10 @@ def test_calibration_change_reruns_only_the_static_variant(finished_run, texts):
         one_model = planned_jobs(snakemake(finished_run, "-n"))
     finally:
         (finished_run / "config.yaml").write_text(original)
-    per_model = {"quantize_static": 1, "inspect": 1, "diff": 1, "accuracy": 1, "latency": 1, "peers": 1}
+    # a changed variant is timed again with all the others (one sitting per model): every latency report
+    # is rewritten from the new sitting, and only the changed variant is profiled again
+    per_model = {"quantize_static": 1, "inspect": 1, "diff": 1, "accuracy": 1, "profile": 1, "peers": 1,
+                 "latency": len(VARIANTS), "latency_pytorch": 1}
     assert everywhere == {**{rule: 3 for rule in per_model}, "report": 1, "all": 1}
     assert one_model == {**per_model, "report": 1, "all": 1}
 
@@ -203,7 +216,8 @@ def test_float16_settings_rerun_only_the_fp16_variant_and_the_exporter_reruns_al
         exporter = planned_jobs(snakemake(finished_run, "-n"))
     finally:
         (finished_run / "config.yaml").write_text(original)
-    per_model = {"convert_float16": 1, "inspect": 1, "diff": 1, "accuracy": 1, "latency": 1}
+    per_model = {"convert_float16": 1, "inspect": 1, "diff": 1, "accuracy": 1, "profile": 1, "peers": 1,
+                 "latency": len(VARIANTS), "latency_pytorch": 1}
     assert blocked == {**{rule: 3 for rule in per_model}, "report": 1, "all": 1}
     assert exporter["export"] == 3 and exporter["preprocess"] == 3 and exporter["convert_float16"] == 3
     assert "optimize" not in exporter  # the builder starts from hf, not from the export
@@ -222,8 +236,8 @@ def test_adding_a_model_reruns_only_that_models_stages(finished_run, tiny_qwen2)
     assert planned_jobs(result) == {"resolve": 1, "export": 1, "preprocess": 1, "sensitivity": 1, "quantize_dynamic": 1,
                                     "quantize_static": 1, "quantize_mixed": 1, "quantize_int4": 1,
                                     "convert_float16": 1,
-                    "optimize": 1, "inspect": n, "diff": n - 1, "reference": 1, "accuracy": n, "latency": n,
-                    "latency_pytorch": 1, "peers": 1, "report": 1, "all": 1}
+                    "optimize": 1, "inspect": n, "diff": n - 1, "reference": 1, "accuracy": n, "profile": n,
+                    "latency": n, "latency_pytorch": 1, "peers": 1, "report": 1, "all": 1}
 
 
 def test_evaluation_settings_rerun_the_reference_only_when_they_change_it(finished_run):

@@ -510,13 +510,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--work-dir", default=None,
                    help="folder of the cached builder graph (WORK_DIR/genai-builder-int4) and the temporary GGUF")
     p.add_argument("--text", default=str(shipped_text(EVALUATION_TEXT)))
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--prompt-lengths", type=int, nargs="+", default=[128, 512], help="prefill prompt lengths (tokens)")
-    p.add_argument("--prompt-tokens", type=int, default=128, help="prompt before decode (tokens)")
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=LATENCY["rounds"])
+    p.add_argument("--prompt-lengths", type=int, nargs="+", default=list(LATENCY["prompt_lengths"]),
+                   help="prefill prompt lengths (tokens)")
+    p.add_argument("--prompt-tokens", type=int, default=LATENCY["decode_prompt_tokens"],
+                   help="prompt before decode (tokens)")
+    p.add_argument("--new-tokens", type=int, default=LATENCY["new_tokens"])
+    p.add_argument("--threads", type=int, default=LATENCY["threads"])
+    p.add_argument("--warmup", type=int, default=LATENCY["warmup"])
+    p.add_argument("--repeats", type=int, default=LATENCY["repeats"])
     for flag in ("pytorch", "llama-cpp", "genai-builder", "genai-builder-ort"):
         p.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=True, help=f"include the {flag} row")
     p.add_argument("-o", "--output", default=None, help="peers JSON")

@@ -48,9 +48,10 @@ EVALUATION: Mapping[str, Any] = MappingProxyType({
 LATENCY: Mapping[str, Any] = MappingProxyType({
     "prompt_lengths": (32, 128, 512),
     "decode_prompt_tokens": 128,
-    "new_tokens": 128,
+    "new_tokens": 64,
     "warmup": 1,
-    "repeats": 3,
+    "repeats": 1,
+    "rounds": 3,
     "threads": 2,
     "provider": "CPUExecutionProvider",
     "profile": True,

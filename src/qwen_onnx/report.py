@@ -64,9 +64,9 @@ COLUMNS: dict[str, str] = {
     "threads": "intra-op threads of the measured session",
     "provider": "ONNX Runtime execution provider (torch-eager-cpu for pytorch)",
     "top_op": "op type with the largest share of ONNX Runtime kernel time, with its percent",
-    "measured_by": "stage that measured the speed figures: `latency` (each variant on its own) or `peers` "
-                   "(llama.cpp, genai-builder-int4: interleaved rounds, their *_vs_pytorch against that run's "
-                   "own PyTorch row)",
+    "measured_by": "what timed the speed figures: `peers` (the model's timing sitting: every variant, PyTorch "
+                   "and the peers in the same interleaved rounds, one process per measurement) or `latency` (a "
+                   "variant timed on its own by `qwen-onnx latency`)",
 }
 
 
@@ -206,7 +206,7 @@ def variant_row(model: str, variant: str, inspect: Mapping | None, accuracy: Map
     row.update(model=model, variant=variant)
     row["gate"] = accuracy.get("gate")
     row["gate_failures"] = "; ".join(accuracy.get("gate_failures", []))
-    row["measured_by"] = "latency"
+    row["measured_by"] = "peers" if latency.get("measured_in") == "peers.json" else "latency"
     row["eval_tokens"] = accuracy.get("tokens")
     for key in _ACCURACY_KEYS:
         row[key] = accuracy.get(key)
@@ -291,9 +291,8 @@ def peer_metric_rows(models: Sequence[str], paths: Sequence[str | os.PathLike],
     """metrics.csv/json rows of the measured peers (:data:`PEER_VARIANTS`) of each model's peers JSON
     (:func:`qwen_onnx.peers.run_peers`), ``variant`` = the peer's name, ``measured_by`` = ``peers``.
 
-    Their ``*_vs_pytorch`` ratios divide by the ``pytorch`` row of the same peers run (the same
-    interleaved rounds), not by the latency stage's PyTorch figures. Prefill columns are filled
-    for the prompt lengths both stages measure.
+    Their ``*_vs_pytorch`` ratios divide by the ``pytorch`` row of the same sitting (the same
+    interleaved rounds that time our variants).
     """
     out = []
     for model, path in zip(models, paths):

@@ -16,7 +16,7 @@ from .errors import QwenOnnxError
 
 #: Rules that measure speed: each claims every core Snakemake was given (README, "Latency jobs
 #: claim every core"), so nothing runs beside it and the libraries keep their default threading.
-MEASURING_RULES = frozenset({"latency", "latency_pytorch", "peers", "machine"})
+MEASURING_RULES = frozenset({"profile", "peers", "machine"})
 
 
 def share_cores_politely(rule: str) -> bool:

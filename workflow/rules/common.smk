@@ -81,18 +81,18 @@ MEM_PER_FP32_GB = {
     "accuracy": 2.5,
     # PyTorch fp32 (eager) + one window's logits: 3.5 GB measured on the 0.5B (1.97 GB fp32), 4.6 GB declared
     "reference": 1.8,
-    "latency": 3.3,
-    "latency_pytorch": 1.8,
-    # not yet measured on the workflow: the largest of PyTorch's latency process (1.8) and the
-    # genai builder (loads the fp32 weights and quantizes them), with headroom
-    "peers": 2.7,
+    # one profiled session of the variant (the fp16 variant's is the largest)
+    "profile": 3.3,
+    # the timing sitting: its children load one variant at a time, the fp16 one the largest
+    # (15.2 GB on the 1.5B in session 10's latency job: 2.5 per fp32 GB), and the genai builder
+    "peers": 3.3,
 }
 
 # Declared run time (Snakemake's `runtime` resource, minutes; a cluster executor's time limit,
 # SLURM's --time): 10 minutes plus 5x the wall time measured on the 2-core build machine per GB
 # of fp32 weights, the larger of the 0.5B and 1.5B figures (benchmarks/*.tsv of the session 4
 # run): export 45 s (0.5B) / 401 s (1.5B), resolve 61 / 210 s, quantize_int4 56 / 250 s,
-# accuracy 143 / 135 s, peers 378 s and latency_pytorch 221 s (0.5B). Local runs ignore it.
+# accuracy 143 / 135 s, peers 378 s (0.5B). Local runs ignore it.
 RUNTIME_MIN_PER_FP32_GB = {
     "resolve": 0.6,
     "export": 1.1,
@@ -106,9 +106,10 @@ RUNTIME_MIN_PER_FP32_GB = {
     "convert_float16": 0.4,  # 44 s on the 0.5B
     "reference": 2.0,  # 6.6 min on the 0.5B at load ~7 (3.3 per GB): PyTorch logits and greedy generation
     "accuracy": 1.3,
-    "latency": 1.1,  # the fp16 variant: 126 s on the 0.5B
-    "latency_pytorch": 1.9,
-    "peers": 3.2,
+    "profile": 0.5,  # one profiled session: a prefill and 16 decode steps
+    # every variant, PyTorch and the peers, 3 rounds: 12 + 18 minutes (0.5B, 1.5B) in session 10
+    # for 5 of the 8 variants
+    "peers": 6.0,
 }
 
 
@@ -222,20 +223,12 @@ def get_peers_threads(wildcards):
 
 
 def get_peers_variant_dirs(wildcards):
-    """Our variant folders that the peers stage measures (config `peers.variants`)."""
-    variants = config["peers"]["variants"]
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown:
-        raise ValueError(
-            f"config `peers.variants` names {', '.join(unknown)}, not a variant ({', '.join(VARIANTS)})"
-        )
-    return [f"{RESULTS}/{wildcards.model}/{v}" for v in variants]
+    """Every variant folder of the model: the timing sitting (peers stage) measures them all."""
+    return [f"{RESULTS}/{wildcards.model}/{v}" for v in VARIANTS]
 
 
 def get_peers_inputs():
-    """Every model's peers report, when the peers stage is enabled."""
-    if not config["peers"]["enabled"]:
-        return []
+    """Every model's timing sitting (reports/peers.json)."""
     return expand(f"{RESULTS}/{{model}}/reports/peers.json", model=get_models())
 
 

@@ -97,11 +97,35 @@ rule accuracy:
         "../scripts/accuracy.py"
 
 
-rule latency:
-    """Load time, prefill latency per prompt length, TTFT, decode tokens/s, peak RSS and ORT profile of one variant."""
+rule profile:
+    """ONNX Runtime's time per op type on one variant (a prefill and 16 decode steps), bytes per decode step and on disk."""
     input:
         model_dir=get_variant_dir,
         text=lambda wc: get_settings(wc.model, "evaluation")["text"],
+    output:
+        json=f"{RESULTS}/{{model}}/reports/{{variant}}.profile.json",
+    log:
+        f"{RESULTS}/logs/{{model}}/profile.{{variant}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/profile.{{variant}}.tsv"
+    conda:
+        "../../envs/qwen-onnx.yaml"
+    threads: get_latency_threads
+    resources:
+        mem_mb=get_mem_mb("profile"),
+        runtime=get_runtime("profile"),
+    params:
+        settings=lambda wc: get_settings(wc.model, "latency"),
+        version=VERSION,
+    script:
+        "../scripts/profile.py"
+
+
+rule latency:
+    """Latency report of one variant: its figures from the model's timing sitting (peers.json), with its profile."""
+    input:
+        sitting=f"{RESULTS}/{{model}}/reports/peers.json",
+        profile=f"{RESULTS}/{{model}}/reports/{{variant}}.profile.json",
     output:
         json=f"{RESULTS}/{{model}}/reports/{{variant}}.latency.json",
     log:
@@ -110,10 +134,10 @@ rule latency:
         f"{RESULTS}/benchmarks/{{model}}/latency.{{variant}}.tsv"
     conda:
         "../../envs/qwen-onnx.yaml"
-    threads: get_latency_threads
+    threads: 1
     resources:
-        mem_mb=get_mem_mb("latency"),
-        runtime=get_runtime("latency"),
+        mem_mb=1000,
+        runtime=10,
     params:
         settings=lambda wc: get_settings(wc.model, "latency"),
         version=VERSION,
@@ -122,10 +146,9 @@ rule latency:
 
 
 rule latency_pytorch:
-    """The same latency protocol for PyTorch eager fp32, the baseline of every ratio."""
+    """PyTorch eager fp32's latency report (the baseline of every ratio), from the model's timing sitting."""
     input:
-        hf=f"{RESULTS}/{{model}}/hf",
-        text=lambda wc: get_settings(wc.model, "evaluation")["text"],
+        sitting=f"{RESULTS}/{{model}}/reports/peers.json",
     output:
         json=f"{RESULTS}/{{model}}/reports/pytorch.latency.json",
     log:
@@ -134,12 +157,11 @@ rule latency_pytorch:
         f"{RESULTS}/benchmarks/{{model}}/latency.pytorch.tsv"
     conda:
         "../../envs/qwen-onnx.yaml"
-    threads: get_latency_threads
+    threads: 1
     resources:
-        mem_mb=get_mem_mb("latency_pytorch"),
-        runtime=get_runtime("latency_pytorch"),
+        mem_mb=1000,
+        runtime=10,
     params:
-        settings=lambda wc: get_settings(wc.model, "latency"),
         version=VERSION,
     script:
         "../scripts/latency_pytorch.py"

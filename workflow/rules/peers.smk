@@ -1,5 +1,5 @@
 rule peers:
-    """Our variants against PyTorch eager, llama.cpp on the source GGUF and onnxruntime-genai's INT4 builder graph."""
+    """The timing sitting: every variant, PyTorch eager, llama.cpp on the source GGUF and onnxruntime-genai's INT4 builder graph, in interleaved rounds."""
     input:
         hf=f"{RESULTS}/{{model}}/hf",
         variants=get_peers_variant_dirs,
@@ -22,8 +22,8 @@ rule peers:
         mem_mb=get_mem_mb("peers"),
         runtime=get_runtime("peers"),
     params:
-        settings=lambda wc: get_settings(wc.model, "peers"),
-        threads=lambda wc: get_settings(wc.model, "latency")["threads"],
+        latency=lambda wc: get_settings(wc.model, "latency"),
+        peers=lambda wc: get_settings(wc.model, "peers"),
         source=lambda wc: config["models"][wc.model]["source"],
         work_dir=lambda wc: f"{RESULTS}/{wc.model}/peers",
         version=VERSION,

@@ -1,19 +1,12 @@
-"""Snakemake wrapper: latency and ONNX Runtime profile of one variant."""
-from qwen_onnx.latency import measure_latency
+"""Snakemake wrapper: one variant's latency report from the timing sitting, with its profile."""
+from qwen_onnx.latency import latency_from_sitting
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):
-    s = snakemake.params.settings
-    measure_latency(
-        snakemake.input.model_dir,
-        snakemake.input.text,
-        prompt_lengths=s["prompt_lengths"],
-        decode_prompt_tokens=s["decode_prompt_tokens"],
-        new_tokens=s["new_tokens"],
-        threads=s["threads"],
-        provider=s["provider"],
-        warmup=s["warmup"],
-        repeats=s["repeats"],
-        profile=s["profile"],
+    latency_from_sitting(
+        snakemake.wildcards.variant,
+        snakemake.input.sitting,
+        profile=snakemake.input.profile,
+        provider=snakemake.params.settings["provider"],
         output=snakemake.output.json,
     )

@@ -1,9 +1,11 @@
-"""Snakemake wrapper: our variants against PyTorch, llama.cpp and onnxruntime-genai's INT4 builder."""
+"""Snakemake wrapper: the timing sitting of one model (every variant, PyTorch eager, llama.cpp and
+onnxruntime-genai's INT4 builder graph in interleaved rounds)."""
 from qwen_onnx.peers import run_peers
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):
-    s = snakemake.params.settings
+    s = snakemake.params.latency
+    peers = snakemake.params.peers
     run_peers(
         snakemake.input.hf,
         snakemake.input.variants,
@@ -12,15 +14,15 @@ with logged(snakemake):
         work_dir=snakemake.params.work_dir,
         rounds=s["rounds"],
         prompt_lengths=s["prompt_lengths"],
-        decode_prompt_tokens=s["prompt_tokens"],
+        decode_prompt_tokens=s["decode_prompt_tokens"],
         new_tokens=s["new_tokens"],
-        threads=snakemake.params.threads,
+        threads=s["threads"],
         warmup=s["warmup"],
         repeats=s["repeats"],
-        pytorch=s["pytorch"],
-        llama_cpp=s["llama_cpp"],
-        genai_builder=s["genai_builder"],
-        genai_builder_ort=s["genai_builder_ort"],
+        pytorch=True,
+        llama_cpp=peers["enabled"] and peers["llama_cpp"],
+        genai_builder=peers["enabled"] and peers["genai_builder"],
+        genai_builder_ort=peers["enabled"] and peers["genai_builder_ort"],
         output=snakemake.output.json,
         markdown=snakemake.output.markdown,
     )

@@ -1,0 +1,14 @@
+"""Snakemake wrapper: ONNX Runtime's time per op type on one variant."""
+from qwen_onnx.latency import profile_variant
+from qwen_onnx.snakemake_support import logged
+
+with logged(snakemake):
+    s = snakemake.params.settings
+    profile_variant(
+        snakemake.input.model_dir,
+        snakemake.input.text,
+        decode_prompt_tokens=s["decode_prompt_tokens"],
+        threads=s["threads"],
+        provider=s["provider"],
+        output=snakemake.output.json,
+    )
