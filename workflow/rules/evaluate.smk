@@ -1,5 +1,5 @@
 rule inspect:
-    """Graph inspection of one variant: nodes, op-type histogram, inputs/outputs, bytes."""
+    """Graph inspection of one variant: nodes, op-type histogram, inputs/outputs, bytes (tflite: signatures, ops, bytes)."""
     input:
         model_dir=get_variant_dir,
     output:
@@ -10,7 +10,7 @@ rule inspect:
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/inspect.{{variant}}.tsv"
     conda:
-        "../../envs/qwen-onnx.yaml"
+        get_conda_env
     threads: 1
     resources:
         mem_mb=1000,
@@ -81,7 +81,7 @@ rule accuracy:
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/accuracy.{{variant}}.tsv"
     conda:
-        "../../envs/qwen-onnx.yaml"
+        get_conda_env
     threads: 2
     resources:
         mem_mb=get_mem_mb("accuracy"),
@@ -98,7 +98,7 @@ rule accuracy:
 
 
 rule latency:
-    """Load time, prefill latency per prompt length, TTFT, decode tokens/s, peak RSS and ORT profile of one variant."""
+    """Load time, prefill latency per prompt length, TTFT, decode tokens/s, peak RSS and ORT profile of one variant (tflite: LiteRT, no profile)."""
     input:
         model_dir=get_variant_dir,
         text=lambda wc: get_settings(wc.model, "evaluation")["text"],
@@ -109,7 +109,7 @@ rule latency:
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/latency.{{variant}}.tsv"
     conda:
-        "../../envs/qwen-onnx.yaml"
+        get_conda_env
     threads: get_latency_threads
     resources:
         mem_mb=get_mem_mb("latency"),

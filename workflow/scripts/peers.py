@@ -21,6 +21,7 @@ with logged(snakemake):
         llama_cpp=s["llama_cpp"],
         genai_builder=s["genai_builder"],
         genai_builder_ort=s["genai_builder_ort"],
+        tflite_dir=snakemake.input.get("tflite") or None,
         output=snakemake.output.json,
         markdown=snakemake.output.markdown,
     )
