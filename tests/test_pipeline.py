@@ -26,7 +26,9 @@ def _job(results, model, job, wall, rss, cpu, log_peak=None, child=0, ended=None
 
 def test_registry_names_kinds_and_parents():
     assert NAMES == ("fp32", "preprocessed", "int8-dynamic", "int8-static", "int8-mixed", "int4", "optimized",
-                     "fp16")
+                     "fp16", "tflite")
+    assert variant("tflite").rule == "convert_tflite" and variant("tflite").parent == "hf"
+    assert variant("tflite").format == "tflite" and variant("fp16").format == "onnx"
     assert variant("fp16").rule == "convert_float16" and variant("fp16").parent == "fp32"
     assert variant("fp16").kind == "float16"
     assert variant("int8-mixed").rule == "quantize_mixed" and variant("int8-mixed").kind == "int8_mixed"

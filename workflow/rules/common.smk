@@ -193,9 +193,7 @@ def tflite_scheduled(model):
     """Whether the workflow builds the model's tflite variant: enabled and within the memory
     budget (qwen_onnx.tflite.tflite_skip_reason, which the report also reads)."""
     settings = get_tflite_settings(model)
-    return (
-        tflite_skip_reason(model, settings.pop("params_billion"), settings) is None
-    )
+    return tflite_skip_reason(model, settings.pop("params_billion"), settings) is None
 
 
 def get_model_variants(model):
@@ -209,7 +207,9 @@ def get_conda_env(wildcards):
     (its inspect, accuracy and latency jobs; peers when the model has one)."""
     variant = wildcards.get("variant")
     tflite = (
-        variant == "tflite" if variant is not None else tflite_scheduled(wildcards.model)
+        variant == "tflite"
+        if variant is not None
+        else tflite_scheduled(wildcards.model)
     )
     return f"../../envs/{'tflite' if tflite else 'qwen-onnx'}.yaml"
 

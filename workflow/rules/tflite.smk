@@ -2,7 +2,8 @@ rule convert_tflite:
     """tflite variant: LiteRT (TFLite) via litert-torch from the hf folder, prefill and decode signatures, fixed KV cache.
 
     Scheduled for a model only when tflite.enabled and litert-torch's estimated conversion peak
-    fits tflite.max_rss_gib (common.smk, tflite_scheduled); the report names the models left out."""
+    fits tflite.max_rss_gib (common.smk, tflite_scheduled); the report names the models left out.
+    """
     input:
         hf=f"{RESULTS}/{{model}}/hf",
     output:
