@@ -106,7 +106,7 @@ def test_jobs_of_unregistered_variants_are_tabled_without_a_producer(tmp_path):
     """Benchmarks of a folder the registry does not know (a removed variant, a user's own rule) stay in
     the table; they once raised KeyError in the critical path."""
     assert dependencies("accuracy.coreml") == ["resolve", "reference"]
-    assert dependencies("accuracy.tflite") == ["convert_tflite", "reference"]  # registered now
+    assert dependencies("accuracy.tflite") == ["convert_tflite", "resolve", "reference"]  # registered now, as fp16
     assert dependencies("latency.coreml") == []
     assert dependencies("quantize_int4", {"int4": "elsewhere"}) == ["sensitivity"]
     _job(tmp_path, "m", "resolve", 10.0, 900, 8, ended=1000)
