@@ -35,10 +35,9 @@ import numpy as np
 
 from . import defaults
 from .artifacts import library_versions, model_path, write_json
-from .errors import GateError
+from .errors import GateError, OptionError
 from .gates import check_gate
 from .metrics import AccuracyAccumulator
-from .errors import OptionError
 from .options import check_options
 from .parity import generation_parity, kv_cache_parity, padded_batch_parity
 from .reference import load_torch_model, read_reference, torch_logits, write_reference  # noqa: F401 (re-exported)
