@@ -55,6 +55,26 @@ def test_variant_kinds():
         "float", "float", "float", "float16", "int8_dynamic", "int8_static"]
 
 
+def test_the_tflite_gate_kind_follows_its_quantization(tmp_path):
+    from qwen_onnx.defaults import TFLITE_QUANTIZATIONS
+    from qwen_onnx.errors import OptionError
+    from qwen_onnx.gates import DEFAULT_GATES, folder_gate_kind, tflite_gate_kind
+
+    expected = {"dynamic_int8": "int8_dynamic", "weight_only_int8": "int8_dynamic", "fp16": "float16", "none": "float",
+                "dynamic_int4_block32": "int4", "dynamic_int4_block128": "int4"}
+    assert {q: tflite_gate_kind(q) for q in TFLITE_QUANTIZATIONS} == expected
+    assert all(kind in DEFAULT_GATES for kind in expected.values())
+    assert variant_kind("tflite") == "int8_dynamic"  # the default quantization, dynamic_int8
+    assert [variant_kind("tflite", q) for q in ("fp16", "none", "dynamic_int4_block32")] == ["float16", "float", "int4"]
+    with pytest.raises(OptionError, match="tflite quantize 'int3' is unknown; give one of dynamic_int8"):
+        tflite_gate_kind("int3")
+    # a folder: a tflite one by the quantization in its tflite.json, whatever its name; any other by its name
+    (tmp_path / "my-export").mkdir()
+    (tmp_path / "my-export" / "tflite.json").write_text('{"quantize": "fp16"}')
+    (tmp_path / "int4").mkdir()
+    assert folder_gate_kind(tmp_path / "my-export") == "float16" and folder_gate_kind(tmp_path / "int4") == "int4"
+
+
 def test_matched_prefix():
     assert matched_prefix([1, 2, 3, 4], [1, 2, 9, 4]) == 2
     assert matched_prefix([1, 2], [1, 2, 3]) == 2

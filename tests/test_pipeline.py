@@ -26,7 +26,9 @@ def _job(results, model, job, wall, rss, cpu, log_peak=None, child=0, ended=None
 
 def test_registry_names_kinds_and_parents():
     assert NAMES == ("fp32", "preprocessed", "int8-dynamic", "int8-static", "int8-mixed", "int4", "optimized",
-                     "fp16")
+                     "fp16", "tflite")
+    assert variant("tflite").rule == "convert_tflite" and variant("tflite").parent == "hf"
+    assert variant("tflite").format == "tflite" and variant("fp16").format == "onnx"
     assert variant("fp16").rule == "convert_float16" and variant("fp16").parent == "fp32"
     assert variant("fp16").kind == "float16"
     assert variant("int8-mixed").rule == "quantize_mixed" and variant("int8-mixed").kind == "int8_mixed"
@@ -103,12 +105,13 @@ def test_critical_path_of_nothing():
 def test_jobs_of_unregistered_variants_are_tabled_without_a_producer(tmp_path):
     """Benchmarks of a folder the registry does not know (a removed variant, a user's own rule) stay in
     the table; they once raised KeyError in the critical path."""
-    assert dependencies("accuracy.tflite") == ["resolve", "reference"]
-    assert dependencies("latency.tflite") == []
+    assert dependencies("accuracy.coreml") == ["resolve", "reference"]
+    assert dependencies("accuracy.tflite") == ["convert_tflite", "resolve", "reference"]  # registered now, as fp16
+    assert dependencies("latency.coreml") == []
     assert dependencies("quantize_int4", {"int4": "elsewhere"}) == ["sensitivity"]
     _job(tmp_path, "m", "resolve", 10.0, 900, 8, ended=1000)
-    _job(tmp_path, "m", "latency.tflite", 70.0, 800, 60, ended=1100)
-    _job(tmp_path, "m", "accuracy.tflite", 30.0, 800, 20, ended=1130)
+    _job(tmp_path, "m", "latency.coreml", 70.0, 800, 60, ended=1100)
+    _job(tmp_path, "m", "accuracy.coreml", 30.0, 800, 20, ended=1130)
     table = pipeline_table(tmp_path, ["m"])
-    assert {r["job"] for r in table["rows"]} == {"resolve", "latency.tflite", "accuracy.tflite"}
-    assert table["critical_path"] == ["m/latency.tflite"] and table["critical_path_s"] == pytest.approx(70)
+    assert {r["job"] for r in table["rows"]} == {"resolve", "latency.coreml", "accuracy.coreml"}
+    assert table["critical_path"] == ["m/latency.coreml"] and table["critical_path_s"] == pytest.approx(70)

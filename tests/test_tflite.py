@@ -17,7 +17,8 @@ from qwen_onnx.artifacts import MANIFEST_FILE, verify_manifest
 from qwen_onnx.errors import ArchitectureError, OptionError
 from qwen_onnx.tflite import SIGNATURES_FILE, TFLITE_FILE, TfliteCausalLM, convert_tflite
 
-PREFILL, KV = 8, 32
+#: The cache holds the accuracy stage's longest chat prompt on the tiny tokenizer (105 tokens) plus its generation.
+PREFILL, KV = 8, 128
 #: fp32 (quantize none) against transformers: max |logit difference| measured 1.1e-5.
 FP32_ATOL = 1e-4
 
@@ -202,3 +203,208 @@ def test_workflow_config_refuses_a_prefill_longer_than_the_cache():
         check_config({"models": models, "tflite": {"prefill_length": 2048}})
     with pytest.raises(OptionError, match=r"^models\.m\.tflite\.prefill_length 64 is longer than kv_cache_length 32"):
         check_config({"models": {"m": {**models["m"], "tflite": {"kv_cache_length": 32}}}, "tflite": {"prefill_length": 64}})
+
+
+# --- the workflow variant: budget, accuracy, latency, inspection, peers, report --------------------------------
+
+#: The reference of the accuracy tests: windows of 24 tokens, 3 prefill chunks of PREFILL each.
+WINDOW = 24
+
+
+def test_the_skip_decision_is_the_memory_budget():
+    from qwen_onnx.tflite import conversion_rss_gib, tflite_skip_reason
+
+    assert conversion_rss_gib(0.49) == pytest.approx(11.0, abs=0.03)
+    assert tflite_skip_reason("qwen2.5-coder-0.5b", 0.49, {}) is None
+    assert tflite_skip_reason("qwen2.5-coder-1.5b", 1.54) == (
+        "qwen2.5-coder-1.5b tflite: skipped, litert-torch's conversion would need about 35 GiB (22.5 GiB per "
+        "billion parameters, measured on the 0.5B), above tflite.max_rss_gib = 16")
+    assert tflite_skip_reason("qwen2.5-coder-1.5b", 1.54, {"max_rss_gib": 40}) is None
+    assert tflite_skip_reason("m", 0.49, {"max_rss_gib": 8}).endswith("about 11 GiB (22.5 GiB per billion parameters, "
+                                                                      "measured on the 0.5B), above tflite.max_rss_gib = 8")
+    assert tflite_skip_reason("m", 0.001, {"enabled": False}) == "m tflite: not built, tflite.enabled is false"
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_qwen2, texts, tmp_path_factory):
+    from qwen_onnx.reference import write_reference
+
+    folder = tmp_path_factory.mktemp("tflite-reference") / "reference"
+    write_reference(tiny_qwen2, texts["evaluation"], folder, window=WINDOW, max_windows=2, generation_tokens=6, threads=1)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def accuracy(converted, reference, tmp_path_factory):
+    """Both conversions' accuracy JSON against the reference, with the gates the workflow gives them."""
+    from qwen_onnx.accuracy import accuracy_from_reference
+    from qwen_onnx.gates import default_gate, folder_gate_kind
+
+    out = {}
+    for quantize, (folder, _) in converted.items():
+        kind = folder_gate_kind(folder)
+        path = tmp_path_factory.mktemp("tflite-accuracy") / "tflite.accuracy.json"
+        out[quantize] = (path, accuracy_from_reference(folder, reference, threads=1, kv_decode_steps=4,
+                                                       gate_limits=default_gate(kind), gate_kind=kind, output=path))
+    return out
+
+
+def test_fp32_tflite_accuracy_equals_the_reference(accuracy):
+    """fp32 (``none``) against PyTorch's stored logits: measured ppl change 3e-6 %, max |Δlogit| 1e-5."""
+    path, result = accuracy["none"]
+    assert json.loads(path.read_text())["ppl"] == result["ppl"]
+    assert result["tokens"] == 2 * (WINDOW - 1) and result["window"] == WINDOW
+    assert abs(result["ppl"] - result["ppl_reference"]) / result["ppl_reference"] < 1e-3
+    assert result["top1_pct"] == 100.0 and result["kl_mean"] < 1e-6
+    assert result["max_abs_logit_diff"] < FP32_ATOL
+    assert result["kv_cache_steps"] == 4 and result["kv_cache_max_abs_diff"] < FP32_ATOL
+    assert result["kv_cache_top1_pct"] == 100.0
+    assert result["generation_match_pct"] == 100.0 and result["generation_exact"] == len(result["generation"]) == 5
+    assert result["padded_batch"] == "not applicable: LiteRT signatures are batch 1"
+    assert not any(k.startswith("padded_batch_") for k in result)
+    # the float gate's padded-batch limit is set aside, every other one applies and passes
+    assert result["gate_kind"] == "float" and result["gate"] == "PASS", result["gate_failures"]
+    assert result["gate_limits_not_applicable"] == {"padded_batch_max_abs_diff": 0.05}
+    assert "padded_batch_max_abs_diff" not in result["gate_limits"] and result["gate_limits"]["top1_pct"] == 99.5
+    assert result["runtime"] == "litert" and result["tflite_quantize"] == "none"
+
+
+def test_int8_tflite_accuracy_is_close_and_gated_as_int8_dynamic(accuracy):
+    _, result = accuracy["dynamic_int8"]
+    assert result["gate_kind"] == "int8_dynamic" and set(result["gate_limits"]) == {"ppl_delta_pct", "top1_pct", "kl_mean"}
+    assert 1e-3 < result["max_abs_logit_diff"] < 1.5 and result["kl_mean"] < 0.02
+    assert abs(result["ppl_delta_pct"]) < 5 and result["top1_pct"] > 75
+    assert result["kv_cache_max_abs_diff"] < 0.05  # int8 weights, but the same on both paths
+
+
+def test_windows_longer_than_the_kv_cache_are_refused_in_one_line(converted, tiny_qwen2, texts, tmp_path):
+    from qwen_onnx.accuracy import accuracy_from_reference
+    from qwen_onnx.reference import write_reference
+
+    write_reference(tiny_qwen2, texts["evaluation"], tmp_path / "long", window=KV + 8, max_windows=1,
+                    generation_tokens=1, threads=1)
+    with pytest.raises(OptionError, match=rf"windows of {KV + 8} tokens do not fit this tflite variant's KV cache "
+                                          rf"of {KV} positions; convert it with tflite.kv_cache_length of at least "
+                                          rf"{KV + 8}") as error:
+        accuracy_from_reference(converted["none"][0], tmp_path / "long", threads=1, output=tmp_path / "a.json")
+    assert "\n" not in str(error.value) and not (tmp_path / "a.json").exists()
+
+
+@pytest.fixture(scope="module")
+def latency(converted, texts):
+    from qwen_onnx.latency import measure_tflite_latency
+
+    return measure_tflite_latency(converted["dynamic_int8"][0], texts["evaluation"], prompt_lengths=(4, 8, 16),
+                                  decode_prompt_tokens=16, new_tokens=5, threads=1, warmup=0, repeats=2)
+
+
+def test_tflite_latency_follows_the_protocol(latency, converted):
+    for n in (4, 8, 16):
+        assert latency[f"prefill_ms_p90_{n}"] >= latency[f"prefill_ms_p50_{n}"] > 0
+    assert latency["ttft_ms"] > 0 and latency["decode_tok_s"] > 0 and latency["load_s"] > 0
+    assert latency["peak_rss_mib"] > 50 and latency["threads"] == 1 and latency["prompt_lengths"] == [4, 8, 16]
+    # a 4-token prompt pays one full 8-token call, as an 8-token one does; 16 tokens two
+    assert [latency[f"prefill_signature_calls_{n}"] for n in (4, 8, 16)] == [1, 1, 2]
+    assert "fixed length of 8 tokens" in latency["prefill_note"]
+    assert latency["profile"] is None and "LiteRT" in latency["profile_note"]
+    size = (converted["dynamic_int8"][0] / TFLITE_FILE).stat().st_size
+    assert latency["bytes_on_disk"] == size
+    config = json.loads((converted["dynamic_int8"][0] / "config.json").read_text())
+    vocab, hidden = config["vocab_size"], config["hidden_size"]
+    # the int8 embedding table (untied) is read one row per token
+    assert latency["weight_bytes_per_token"] == size - vocab * hidden + hidden
+    assert "embedding table" in latency["weight_bytes_per_token_note"]
+    assert latency["runtime"] == "litert" and latency["tflite_quantize"] == "dynamic_int8"
+
+
+def test_tflite_latency_refuses_prompts_past_the_cache(converted, texts):
+    from qwen_onnx.latency import measure_tflite_latency
+
+    with pytest.raises(OptionError, match=rf"needs {KV + 1} positions .* KV cache of {KV}"):
+        measure_tflite_latency(converted["none"][0], texts["evaluation"], prompt_lengths=(8,),
+                               decode_prompt_tokens=KV - 4, new_tokens=5, threads=1)
+
+
+def test_inspect_names_the_signatures_ops_and_quantized_weights(converted):
+    from qwen_onnx.tflite import inspect_tflite, inspect_tflite_markdown
+
+    info = inspect_tflite(converted["dynamic_int8"][0])
+    assert info["format"] == "tflite" and info["quantize"] == "dynamic_int8"
+    assert info["signatures"] == converted["dynamic_int8"][1]["signatures"]
+    assert set(info["subgraphs"]) == {f"prefill_{PREFILL}", "decode"}
+    assert info["nodes"] == info["subgraphs"][f"prefill_{PREFILL}"]["nodes"] > 50
+    assert info["op_types"]["FULLY_CONNECTED"] == 2 * 5 + 1 and info["op_types"]["EMBEDDING_LOOKUP"] == 1
+    # every weight MatMul and the embedding table int8 (5 per layer: fused qkv, o, gate, up, down; lm_head; table)
+    assert info["quant_ops"] == {"int8 weights": 2 * 5 + 2}
+    config = json.loads((converted["dynamic_int8"][0] / "config.json").read_text())
+    hidden, inner, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    kv = config["num_key_value_heads"] * hidden // config["num_attention_heads"]
+    per_layer = hidden * (hidden + 2 * kv) + hidden * hidden + 3 * hidden * inner  # qkv, o, gate, up, down
+    assert info["initializers"]["bytes_per_dtype"]["int8"] == 2 * per_layer + 2 * vocab * hidden  # one byte a weight
+    assert info["embedding"]["dtype"] == "int8" and not info["embedding"]["shared"]
+    assert info["bytes_on_disk"] == (converted["dynamic_int8"][0] / TFLITE_FILE).stat().st_size
+    fp32 = inspect_tflite(converted["none"][0])
+    assert fp32["quant_ops"] == {} and set(fp32["initializers"]["bytes_per_dtype"]) <= {"float32", "int32"}
+    text = inspect_tflite_markdown(info)
+    assert "## Signature `decode`" in text and "| input | `tokens` | int32 | [1, 1] | batch_size, sequence_length |" in text
+
+
+def test_peers_measure_the_tflite_variant(converted, tiny_qwen2, texts, tmp_path):
+    from qwen_onnx.peers import run_peers
+
+    result = run_peers(tiny_qwen2, [], texts["evaluation"], tflite_dir=converted["dynamic_int8"][0], rounds=1,
+                       prompt_lengths=(8,), decode_prompt_tokens=8, new_tokens=3, threads=1, warmup=0, repeats=1,
+                       pytorch=False, llama_cpp=False, genai_builder=False, genai_builder_ort=False,
+                       output=tmp_path / "peers.json", markdown=tmp_path / "peers.md")
+    [row] = result["rows"]
+    assert row["peer"] == "dynamic_int8" and row["skipped"] is None and row["rounds"] == 1
+    assert row["runtime"] == "LiteRT interpreter (qwen-onnx TfliteCausalLM)"
+    assert row["decode_tok_s"] > 0 and row["prefill_ms_8"] > 0 and row["ttft_ms"] > 0
+    assert row["bytes_on_disk"] == (converted["dynamic_int8"][0] / TFLITE_FILE).stat().st_size
+    assert "| dynamic_int8 | LiteRT interpreter" in (tmp_path / "peers.md").read_text()
+
+
+def test_report_has_tflite_rows_and_a_line_per_skipped_model(accuracy, latency, converted, tmp_path):
+    import csv
+
+    from test_latency_and_report import _fake_reports
+
+    from qwen_onnx.artifacts import write_json
+    from qwen_onnx.report import build_report
+    from qwen_onnx.tflite import inspect_tflite
+
+    files = {"inspect": [], "accuracy": [], "latency": [], "pytorch": []}
+    for model in ("tiny", "big"):
+        (tmp_path / model).mkdir()
+        fake, machine = _fake_reports(tmp_path / model, ["fp32"])
+        for kind in files:
+            files[kind] += fake[kind]
+        if model == "tiny":  # the tflite variant of the small model only
+            write_json(tmp_path / "tflite.inspect.json", inspect_tflite(converted["dynamic_int8"][0]))
+            # the fake reports' prompt length only, as the workflow measures every variant at the same ones
+            write_json(tmp_path / "tflite.latency.json",
+                       {k: v for k, v in latency.items() if not k.startswith("prefill_ms_") or k.endswith("_8")})
+            files["inspect"].append(tmp_path / "tflite.inspect.json")
+            files["accuracy"].append(accuracy["dynamic_int8"][0])
+            files["latency"].append(tmp_path / "tflite.latency.json")
+    outputs = dict(markdown=tmp_path / "report.md", html_path=tmp_path / "report.html",
+                   csv_path=tmp_path / "metrics.csv", json_path=tmp_path / "metrics.json",
+                   plots={k: tmp_path / f"{k}.png" for k in ("ppl_vs_size", "decode_tok_s", "prefill_latency")})
+    rows = build_report(["tiny", "big"], ["fp32", "tflite"], files, machine, prompt_lengths=(8,),
+                        tflite={"tiny": {"params_billion": 0.001}, "big": {"params_billion": 1.54, "max_rss_gib": 16}},
+                        **outputs)
+    assert [(r["model"], r["variant"]) for r in rows] == [
+        ("tiny", "pytorch"), ("tiny", "fp32"), ("tiny", "tflite"), ("big", "pytorch"), ("big", "fp32")]
+    tflite = rows[2]
+    assert tflite["padded_batch_max_abs_diff"] == "n/a" and tflite["top_op"] is None
+    assert tflite["gate"] == accuracy["dynamic_int8"][1]["gate"] and tflite["decode_tok_s"] == latency["decode_tok_s"]
+    assert tflite["roofline_pct"] > 0 and tflite["quant_ops"] == 2 * 5 + 2
+    md = (tmp_path / "report.md").read_text()
+    assert ("- big tflite: skipped, litert-torch's conversion would need about 35 GiB (22.5 GiB per billion "
+            "parameters, measured on the 0.5B), above tflite.max_rss_gib = 16") in md
+    accuracy_table = md.split("## Accuracy")[1].split("## Latency")[0]
+    assert "| tiny | tflite |" in accuracy_table and "| n/a | n/a |" in accuracy_table
+    assert "| tiny | tflite |" in md.split("## Graphs")[1] and "TFLite" in md.split("## Graphs")[1]
+    with open(tmp_path / "metrics.csv", newline="") as f:
+        assert [r["variant"] for r in csv.DictReader(f) if r["model"] == "tiny"] == ["pytorch", "fp32", "tflite"]
+    assert "big tflite: skipped" in (tmp_path / "report.html").read_text()

@@ -17,7 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qwen_onnx.variants import NAMES as VARIANTS
+from qwen_onnx.variants import DIFFED, NAMES as VARIANTS
+
+#: The variants of the tiny models without a tflite one (write_config builds it for `tiny` only).
+ONNX_VARIANTS = tuple(v for v in VARIANTS if v != "tflite")
 from test_resolve import make_part_packages
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,8 +30,12 @@ pytestmark = pytest.mark.workflow
 
 
 def write_config(folder: Path, source, texts, extra_models=None, **overrides) -> None:
+    """The tiny test configuration; the tflite variant (fp32, prefill 32 = half a window, KV cache 128:
+    the longest chat prompt plus its generation) is built for the model `tiny` only."""
     config = {
-        "models": {"tiny": {"source": source, "params_billion": 0.001}, **(extra_models or {})},
+        "models": {"tiny": {"source": source, "params_billion": 0.001, "tflite": {"enabled": True}},
+                   **(extra_models or {})},
+        "tflite": {"enabled": False, "prefill_length": 32, "kv_cache_length": 128, "quantize": "none"},
         "quantize_static": {"samples": 4, "sequence_length": 32, "calibration_text": str(texts["calibration"])},
         "quantize_mixed": {"samples": 4, "sequence_length": 32, "calibration_text": str(texts["calibration"]),
                            "block_size": 16},
@@ -73,12 +80,22 @@ def test_full_run_writes_every_artifact(finished_run):
     for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "source.json"):
         assert (results / "tiny" / "hf" / name).is_file()
     for variant in VARIANTS:
-        assert (results / "tiny" / variant / "model.onnx").is_file()
-        assert (results / "tiny" / variant / "model.onnx_data").is_file()
+        if variant == "tflite":
+            assert (results / "tiny" / variant / "model.tflite").is_file()
+        else:
+            assert (results / "tiny" / variant / "model.onnx").is_file()
+            assert (results / "tiny" / variant / "model.onnx_data").is_file()
         for kind in ("inspect.json", "inspect.md", "accuracy.json", "latency.json"):
             assert (results / "tiny" / "reports" / f"{variant}.{kind}").is_file()
-        if variant != "fp32":
+        if variant in DIFFED:
             assert json.loads((results / "tiny" / "reports" / f"{variant}.diff.json").read_text())["nodes"]["a"] > 0
+    # the tflite variant: only where enabled (tiny), not diffed, its gate that of its quantization (none: float)
+    assert not (results / "tiny-qwen3" / "tflite").exists() and not (results / "tiny" / "reports" / "tflite.diff.json").exists()
+    tflite = json.loads((results / "tiny" / "reports" / "tflite.accuracy.json").read_text())
+    assert tflite["gate_kind"] == "float" and tflite["gate"] == "PASS", tflite["gate_failures"]
+    assert tflite["top1_pct"] == 100.0 and tflite["padded_batch"].startswith("not applicable")
+    assert json.loads((results / "tiny" / "reports" / "tflite.inspect.json").read_text())["format"] == "tflite"
+    assert json.loads((results / "tiny" / "reports" / "tflite.latency.json").read_text())["profile"] is None
     with open(results / "metrics.csv", newline="") as f:
         rows_read = list(csv.DictReader(f))
     from qwen_onnx.report import PEER_VARIANTS
@@ -91,26 +108,30 @@ def test_full_run_writes_every_artifact(finished_run):
         (m, v) for m in ("tiny", "tiny-qwen1.5", "tiny-qwen3") for v in ("genai-builder-int4", "genai-builder-int4-ort")]
     assert all(float(r["decode_tok_s"]) > 0 for r in rows_read if r["variant"] in PEER_VARIANTS)
     peers = json.loads((results / "tiny" / "reports" / "peers.json").read_text())
-    assert [r["peer"] for r in peers["rows"]] == ["pytorch", *VARIANTS, "llama.cpp", "genai-builder-int4",
+    onnx = [v for v in VARIANTS if v != "tflite"]
+    assert [r["peer"] for r in peers["rows"]] == ["pytorch", *onnx, "tflite", "llama.cpp", "genai-builder-int4",
                                                   "genai-builder-int4-ort"]
+    assert "tflite" not in [r["peer"] for r in json.loads((results / "tiny-qwen3" / "reports" / "peers.json").read_text())["rows"]]
     # each variant's latency report holds the figures of its row in the sitting, and its own profile
     for variant in ("pytorch", *VARIANTS):
         latency = json.loads((results / "tiny" / "reports" / f"{variant}.latency.json").read_text())
         row = next(r for r in peers["rows"] if r["peer"] == variant)
-        assert latency["decode_tok_s"] == row["decode_tok_s"] and latency["measured_in"] == "peers.json"
+        assert row["decode_tok_s"] > 0 and latency["decode_tok_s"] == row["decode_tok_s"], variant
         assert latency["prefill_ms_p50_16"] == row["prefill_ms_16"] and latency["rounds"] == 1
-        assert (latency.get("profile") is not None) == (variant != "pytorch"), variant
+        assert latency["measured_in"] == "peers.json"
+        assert (latency.get("profile") is not None) == (variant not in ("pytorch", "tflite")), variant
     # without llama-cpp-python (CI: envs/setup.sh without --peers) the package is named first
     import importlib.util
 
     note = "no GGUF: the source " if importlib.util.find_spec("llama_cpp") else "llama-cpp-python not installed: "
-    llama = 1 + len(VARIANTS)
+    llama = 2 + len(onnx)
     assert peers["rows"][llama]["skipped"].startswith(note) and peers["reference"] == "genai-builder-int4"
     assert "## Against peers: tiny-qwen3" in (results / "report.md").read_text()
     assert [(r["model"], r["variant"]) for r in every] == [
-        (m, v) for m in ("tiny", "tiny-qwen1.5", "tiny-qwen3") for v in ("pytorch", *VARIANTS)]
+        (m, v) for m in ("tiny", "tiny-qwen1.5", "tiny-qwen3")
+        for v in ("pytorch", *(VARIANTS if m == "tiny" else ONNX_VARIANTS))]
     for row in every:
-        if row["variant"] in ("fp32", "preprocessed", "optimized"):
+        if row["variant"] in ("fp32", "preprocessed", "optimized", "tflite"):
             assert row["gate"] == "PASS", (row["model"], row["variant"], row["gate_failures"])
     rows = {r["variant"]: r for r in every if r["model"] == "tiny"}
     fp32 = rows["fp32"]
@@ -146,8 +167,9 @@ def test_full_run_writes_every_artifact(finished_run):
         pipeline = {(r["model"], r["job"]): r for r in csv.DictReader(f)}
     expected = {("tiny", j) for j in ("resolve", "export", "preprocess", "optimize", "sensitivity",
                                       "quantize_dynamic", "quantize_static", "quantize_int4", "latency.pytorch", "peers")}
-    expected |= {("tiny", f"{rule}.{v}") for v in VARIANTS for rule in ("inspect", "accuracy", "profile", "latency")}
-    expected |= {("tiny", f"diff.{v}") for v in VARIANTS if v != "fp32"} | {("", "machine")}
+    expected |= {("tiny", f"{rule}.{v}") for v in VARIANTS for rule in ("inspect", "accuracy", "latency")}
+    expected |= {("tiny", f"profile.{v}") for v in VARIANTS if v != "tflite"}
+    expected |= {("tiny", f"diff.{v}") for v in DIFFED} | {("", "machine"), ("tiny", "convert_tflite")}
     assert expected <= set(pipeline)
     assert all(float(r["wall_s"]) > 0 and float(r["peak_rss_mib"]) > 50 for r in pipeline.values())
     assert "## Pipeline: where the time goes" in report and "critical path:" in report
@@ -232,7 +254,7 @@ def test_adding_a_model_reruns_only_that_models_stages(finished_run, tiny_qwen2)
         result = snakemake(finished_run, "-n")
     finally:
         (finished_run / "config.yaml").write_text(original)
-    n = len(VARIANTS)
+    n = len(ONNX_VARIANTS)  # the copy has no tflite variant (tflite.enabled is false but for `tiny`)
     assert planned_jobs(result) == {"resolve": 1, "export": 1, "preprocess": 1, "sensitivity": 1, "quantize_dynamic": 1,
                                     "quantize_static": 1, "quantize_mixed": 1, "quantize_int4": 1,
                                     "convert_float16": 1,
@@ -260,8 +282,31 @@ def test_evaluation_settings_rerun_the_reference_only_when_they_change_it(finish
     finally:
         (finished_run / "config.yaml").write_text(original)
     models = len(config["models"])
-    assert windows == {"reference": models, "accuracy": len(VARIANTS) * models, "report": 1, "all": 1}
-    assert steps == {"accuracy": len(VARIANTS) * models, "report": 1, "all": 1}
+    accuracy = len(ONNX_VARIANTS) * models + 1  # and tiny's tflite
+    assert windows == {"reference": models, "accuracy": accuracy, "report": 1, "all": 1}
+    assert steps == {"accuracy": accuracy, "report": 1, "all": 1}
+
+
+def test_tflite_is_scheduled_only_within_the_memory_budget(tmp_path, tiny_qwen2, texts):
+    """A 1.5B-sized model's tflite conversion (22.5 GiB per billion parameters, 35 GiB) is over the
+    16 GiB budget: not scheduled, and the report will say why; raising the budget schedules it,
+    tflite.enabled: false removes it everywhere."""
+    # both models follow the global tflite section (no per-model override)
+    big = {"tiny": {"source": str(tiny_qwen2), "params_billion": 0.001},
+           "big": {"source": str(tiny_qwen2), "params_billion": 1.54}}
+
+    def plan(**tflite):
+        write_config(tmp_path, str(tiny_qwen2), texts, extra_models=big, tflite={"enabled": True, **tflite})
+        result = snakemake(tmp_path, "-n")
+        assert result.returncode == 0, result.stderr[-3000:]
+        return planned_jobs(result), result.stdout
+
+    jobs, out = plan()
+    assert jobs["convert_tflite"] == 1 and "output: results/tiny/tflite\n" in out and "results/big/tflite" not in out
+    assert jobs["accuracy"] == len(VARIANTS) + len(ONNX_VARIANTS) and jobs["diff"] == 2 * len(DIFFED)
+    assert "results/tiny/reports/tflite.latency.json" in out and "results/big/reports/tflite" not in out
+    assert plan(max_rss_gib=40)[0]["convert_tflite"] == 2
+    assert "convert_tflite" not in plan(enabled=False)[0]
 
 
 

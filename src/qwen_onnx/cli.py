@@ -163,12 +163,11 @@ def _extract(a):
 
 def _gate_of(a) -> tuple[str, dict[str, float]]:
     """The gate kind and limits ``qwen-onnx accuracy`` applies: the workflow's defaults for the
-    variant's kind (:data:`qwen_onnx.gates.DEFAULT_GATES`), with ``--gate`` overrides, or none."""
-    import os
+    variant's kind (:data:`qwen_onnx.gates.DEFAULT_GATES`; a tflite folder's from its quantization), with
+    ``--gate`` overrides, or none."""
+    from .gates import default_gate, folder_gate_kind
 
-    from .gates import default_gate, variant_kind
-
-    kind = a.gate_kind or variant_kind(os.path.basename(os.path.normpath(a.variant)))
+    kind = a.gate_kind or folder_gate_kind(a.variant)
     limits = {} if a.no_gate else default_gate(kind)
     for item in a.gate or []:
         figure, sep, value = item.partition("=")
@@ -219,8 +218,13 @@ def _reference(a):
 
 
 def _latency(a):
-    from .latency import measure_latency
+    from .latency import measure_latency, measure_tflite_latency
+    from .tflite import is_tflite_folder
 
+    if is_tflite_folder(a.variant):
+        return measure_tflite_latency(
+            a.variant, a.text, prompt_lengths=a.prompt_lengths, decode_prompt_tokens=a.decode_prompt_tokens,
+            new_tokens=a.new_tokens, threads=a.threads, warmup=a.warmup, repeats=a.repeats, output=a.output)
     return measure_latency(
         a.variant, a.text, prompt_lengths=a.prompt_lengths, decode_prompt_tokens=a.decode_prompt_tokens,
         new_tokens=a.new_tokens, threads=a.threads, warmup=a.warmup, repeats=a.repeats, profile=not a.no_profile,
@@ -236,10 +240,15 @@ def _compare_decode(a):
 
 
 def _peers(a):
+    from .errors import OptionError
     from .peers import peers_markdown, run_peers
+    from .tflite import is_tflite_folder
 
+    tflite = [v for v in a.variants if is_tflite_folder(v)]
+    if len(tflite) > 1:
+        raise OptionError(f"give at most one tflite folder, got {', '.join(tflite)}")
     result = run_peers(
-        a.hf_dir, a.variants, a.text, source=a.source, work_dir=a.work_dir, rounds=a.rounds,
+        a.hf_dir, [v for v in a.variants if v not in tflite], a.text, tflite_dir=tflite[0] if tflite else None, source=a.source, work_dir=a.work_dir, rounds=a.rounds,
         prompt_lengths=a.prompt_lengths, decode_prompt_tokens=a.prompt_tokens, new_tokens=a.new_tokens,
         threads=a.threads, warmup=a.warmup, repeats=a.repeats, pytorch=a.pytorch, llama_cpp=a.llama_cpp,
         genai_builder=a.genai_builder, genai_builder_ort=a.genai_builder_ort, output=a.output, markdown=a.markdown,
@@ -504,7 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("peers", help="our variants against PyTorch, llama.cpp and onnxruntime-genai's INT4 builder")
     p.add_argument("hf_dir", help="the resolved Hugging Face folder (results/MODEL/hf)")
-    p.add_argument("variants", nargs="*", help="our ONNX variant folders")
+    p.add_argument("variants", nargs="*", help="our ONNX variant folders, and at most one tflite folder")
     p.add_argument("--source", default=None,
                    help="model source (embedded:NAME, .gguf, folder); default: the one in HF_DIR/source.json")
     p.add_argument("--work-dir", default=None,

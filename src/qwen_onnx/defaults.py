@@ -13,7 +13,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
-__all__ = ["EVALUATION", "EXPORT", "EXPORTERS", "FLOAT16", "LATENCY", "TFLITE", "TFLITE_QUANTIZATIONS", "section"]
+__all__ = ["EVALUATION", "EXPORT", "EXPORTERS", "FLOAT16", "LATENCY", "TFLITE", "TFLITE_CONVERSION", "TFLITE_QUANTIZATIONS", "section"]
 
 #: ``export:`` (the fp32 export). ``exporter``: ``optimum`` (optimum-onnx) or ``torch``
 #: (``torch.onnx.export(dynamo=True)``, which needs ``opset`` 18 or newer); README, "Export routes".
@@ -61,12 +61,21 @@ LATENCY: Mapping[str, Any] = MappingProxyType({
 #: (tokens of the fixed prefill signature) is the evaluation window, so one prefill covers a window;
 #: ``kv_cache_length`` (positions of the fixed KV cache, prompt plus generated tokens) covers the
 #: latency protocol's longest prompt (512) plus ``new_tokens`` (128), as litert-torch's default 1280. ``quantize``:
-#: dynamic-range int8 weights, litert-torch's default.
+#: dynamic-range int8 weights, litert-torch's default. The workflow builds the variant when ``enabled`` and
+#: litert-torch's estimated conversion peak, ``params_billion`` x ``rss_gib_per_billion_params`` GiB, is at most
+#: ``max_rss_gib`` (:func:`qwen_onnx.tflite.tflite_skip_reason`): 22.5 GiB per billion parameters is the 11 GB
+#: peak RSS measured converting the 0.5B (0.49 B parameters) with litert-torch 0.10, so the 0.5B (11 GiB)
+#: converts under 16 GiB and the 1.5B (35 GiB) does not.
 TFLITE: Mapping[str, Any] = MappingProxyType({
+    "enabled": True,
     "prefill_length": 256,
     "kv_cache_length": 1280,
     "quantize": "dynamic_int8",
+    "max_rss_gib": 16,
+    "rss_gib_per_billion_params": 22.5,
 })
+#: The keys of ``tflite:`` that :func:`qwen_onnx.tflite.convert_tflite` takes (the others decide whether it runs).
+TFLITE_CONVERSION: tuple[str, ...] = ("prefill_length", "kv_cache_length", "quantize")
 #: The allowed values of ``tflite.quantize``: litert-torch's ``QuantizationName`` (its generative
 #: converter offers no full-integer recipe).
 TFLITE_QUANTIZATIONS: tuple[str, ...] = (

@@ -8,9 +8,13 @@ never reported as fine.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+from pathlib import Path
 from typing import Any, Mapping
 
+from .defaults import TFLITE
 from .variants import VARIANTS
 
 #: Figures where a larger value is worse.
@@ -60,15 +64,54 @@ def default_gate(kind: str) -> dict[str, float]:
     return dict(DEFAULT_GATES[kind])
 
 
-def variant_kind(variant: str) -> str:
-    """Gate kind of a variant folder name (``float`` for unknown float variants)."""
+#: litert-torch quantization recipe (``tflite.quantize``) -> the gate kind whose limits the tflite
+#: variant meets: int8 weights (with or without dynamic-range activations) as int8-dynamic, fp16
+#: weights as fp16, none (fp32) as the float variants, int4 blocks as int4.
+TFLITE_GATE_KINDS: dict[str, str] = {
+    "dynamic_int8": "int8_dynamic",
+    "weight_only_int8": "int8_dynamic",
+    "fp16": "float16",
+    "none": "float",
+    "dynamic_int4_block32": "int4",
+    "dynamic_int4_block128": "int4",
+}
+
+
+def tflite_gate_kind(quantize: str) -> str:
+    """The gate kind of a tflite variant converted with litert-torch recipe ``quantize`` (:data:`TFLITE_GATE_KINDS`).
+
+    Raises:
+        OptionError: ``quantize`` is not one of :data:`qwen_onnx.defaults.TFLITE_QUANTIZATIONS`.
+    """
+    if quantize not in TFLITE_GATE_KINDS:
+        from .errors import OptionError
+
+        raise OptionError(f"tflite quantize {quantize!r} is unknown; give one of {', '.join(TFLITE_GATE_KINDS)}")
+    return TFLITE_GATE_KINDS[quantize]
+
+
+def variant_kind(variant: str, tflite_quantize: str = TFLITE["quantize"]) -> str:
+    """Gate kind of a variant folder name (``float`` for unknown float variants); the tflite variant's
+    follows ``tflite_quantize``, its ``tflite.quantize`` (:func:`tflite_gate_kind`)."""
     if variant in VARIANT_KIND:
-        return VARIANT_KIND[variant]
+        kind = VARIANT_KIND[variant]
+        return tflite_gate_kind(tflite_quantize) if kind == "tflite" else kind
     if "int4" in variant:
         return "int4"
     if "mixed" in variant:
         return "int8_mixed"
     return "int8_static" if "static" in variant else "int8_dynamic" if "int8" in variant else "float"
+
+
+def folder_gate_kind(folder: str | os.PathLike) -> str:
+    """Gate kind of a variant folder: a tflite folder's from the quantization in its ``tflite.json``,
+    any other's from its name (:func:`variant_kind`)."""
+    from .tflite import SIGNATURES_FILE
+
+    path = Path(folder)
+    if (path / SIGNATURES_FILE).is_file():
+        return tflite_gate_kind(json.loads((path / SIGNATURES_FILE).read_text(encoding="utf-8"))["quantize"])
+    return variant_kind(os.path.basename(os.path.normpath(os.fspath(folder))))
 
 
 def check_gate(metrics: Mapping[str, Any], limits: Mapping[str, float]) -> tuple[str, list[str]]:

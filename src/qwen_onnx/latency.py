@@ -19,6 +19,10 @@ Protocol (the same for every variant and for PyTorch, at the same thread count):
 - ONNX Runtime profiling (ONNX variants): a separate profiled session runs one prefill and 16
   decode steps; kernel time is summed per op type (:mod:`qwen_onnx.profiling`).
 
+A tflite variant (:func:`measure_tflite_latency`) runs the same protocol with the LiteRT
+interpreter; its fixed-length prefill signature makes short prompts cost a full prefill call, and
+it has no op profile.
+
 The memory-bandwidth roofline of decode uses ``weight_bytes_per_token``: the bytes of weights read
 to decode one token (every initializer, with an embedding table counted as one row, since a Gather
 reads one row per token).
@@ -40,7 +44,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from . import defaults
-from .artifacts import MODEL_FILE, folder_bytes, library_versions, model_path, read_json, write_json
+from .artifacts import MODEL_FILE, folder_bytes, library_versions, model_path, package_version, read_json, write_json
 from .errors import ArtifactError
 from .inspect_graph import decode_weight_bytes, load_graph
 from .options import check_options
@@ -235,6 +239,109 @@ def measure_latency_of_tokens(
         "library_versions": library_versions(),
     })
     log.info("load %.2f s, TTFT %.1f ms, decode %.2f tokens/s", result["load_s"], result["ttft_ms"], result["decode_tok_s"])
+    return result
+
+
+#: Why a tflite variant's latency JSON has no op profile.
+TFLITE_PROFILE_NOTE = ("no op profile: ONNX Runtime's profiler does not apply to the LiteRT interpreter, and its "
+                       "own op profiler is not exposed by ai-edge-litert's Python interpreter")
+
+
+def measure_tflite_latency(
+    variant_dir: str | os.PathLike,
+    text_path: str | os.PathLike,
+    *,
+    prompt_lengths: Sequence[int] = defaults.LATENCY["prompt_lengths"],
+    decode_prompt_tokens: int = defaults.LATENCY["decode_prompt_tokens"],
+    new_tokens: int = defaults.LATENCY["new_tokens"],
+    threads: int = defaults.LATENCY["threads"],
+    warmup: int = defaults.LATENCY["warmup"],
+    repeats: int = defaults.LATENCY["repeats"],
+    output: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Time a tflite variant (:mod:`qwen_onnx.tflite`) with the LiteRT interpreter, by the module's protocol.
+
+    The same prompts and :func:`_protocol` as :func:`measure_latency`, run by
+    :class:`qwen_onnx.tflite.TfliteCausalLM` at ``threads`` (the interpreter's ``num_threads``).
+    The prefill signature has a fixed length L (``prefill_length``): a prompt of n tokens costs
+    ceil(n / L) calls of L tokens each, so a prompt shorter than L pays for L
+    (``prefill_signature_calls_{n}`` records the count per prompt length). Decode feeds the KV
+    cache back through the ``decode`` signature, one token per call.
+
+    Returns:
+        The keys of :func:`measure_latency` (``load_s``: the interpreter's creation with the
+        manifest check, s; ``prefill_ms_p50_{n}``/``prefill_ms_p90_{n}``, ``ttft_ms`` (ms),
+        ``decode_tok_s``, ``peak_rss_mib`` (MiB), ``bytes_on_disk`` (``model.tflite``, bytes),
+        ``weight_bytes_per_token`` (bytes, :func:`qwen_onnx.tflite.tflite_weight_bytes_per_token`,
+        with ``weight_bytes_per_token_note``)); ``runtime`` ``litert``, ``provider``,
+        ``profile`` None with ``profile_note``; ``prefill_length``, ``kv_cache_length``,
+        ``tflite_quantize``, ``prefill_signature_calls_{n}`` and ``prefill_note``.
+
+    Raises:
+        OptionError: a number out of its range, or prompts (longest prompt length;
+            ``decode_prompt_tokens + new_tokens``) longer than the model's KV cache (the message names both).
+        ArtifactError: the folder has no ``model.tflite`` or ``tflite.json``.
+        TextError: a text too short for the prompts.
+    """
+    from .errors import OptionError
+    from .text import load_tokenizer
+    from .tflite import TfliteCausalLM, read_tflite_info, tflite_weight_bytes_per_token
+
+    check_options(prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens, new_tokens=new_tokens,
+                  threads=threads, warmup=warmup, repeats=repeats)
+    info = read_tflite_info(variant_dir)
+    length, cache = int(info["prefill_length"]), int(info["kv_cache_length"])
+    needed = max(max(prompt_lengths), decode_prompt_tokens + new_tokens)
+    if needed > cache:
+        raise OptionError(f"the latency protocol needs {needed} positions (prompt lengths up to {max(prompt_lengths)}, "
+                          f"decode {decode_prompt_tokens} + {new_tokens} tokens), more than this tflite variant's KV "
+                          f"cache of {cache}; convert it with tflite.kv_cache_length of at least {needed} or "
+                          "shorten the prompts")
+    tokenizer = load_tokenizer(variant_dir)
+    tokens = prompt_tokens(tokenizer, text_path, max([*prompt_lengths, decode_prompt_tokens]))
+    started = time.perf_counter()
+    lm = TfliteCausalLM(variant_dir, threads=threads)
+    load_s = time.perf_counter() - started
+
+    def generate(prompt, count, steps):
+        begin = time.perf_counter()
+        token = int(np.argmax(lm.prefill(prompt)[-1]))
+        ttft = time.perf_counter() - begin
+        for _ in range(count - 1):
+            step = time.perf_counter()
+            token = int(np.argmax(lm.decode(token)))
+            steps.append(time.perf_counter() - step)
+        return ttft
+
+    result: dict[str, Any] = {"variant_dir": os.fspath(variant_dir), "runtime": "litert",
+                              "provider": "LiteRT interpreter (CPU)", "load_s": load_s}
+    result.update(_protocol(lm.prefill, generate, tokens, prompt_lengths, decode_prompt_tokens, new_tokens, warmup,
+                            repeats))
+    del lm
+    weight_bytes, weight_note = tflite_weight_bytes_per_token(variant_dir)
+    calls = {n: -(-n // length) for n in prompt_lengths}
+    result.update({
+        "profile": None,
+        "profile_note": TFLITE_PROFILE_NOTE,
+        "peak_rss_mib": round(peak_rss_mib(), 1),
+        "bytes_on_disk": (Path(variant_dir) / info["tflite_file"]).stat().st_size,
+        "weight_bytes_per_token": weight_bytes,
+        "weight_bytes_per_token_note": weight_note,
+        "prefill_length": length,
+        "kv_cache_length": cache,
+        "tflite_quantize": info["quantize"],
+        **{f"prefill_signature_calls_{n}": c for n, c in calls.items()},
+        "prefill_note": (f"the prefill signature has a fixed length of {length} tokens: a prompt of n tokens costs "
+                         f"ceil(n / {length}) calls of {length} tokens, so a prompt shorter than {length} pays for "
+                         f"{length} (calls per prompt length: {', '.join(f'{n}: {c}' for n, c in calls.items())})"),
+        **_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats),
+        "library_versions": {**library_versions(), "ai-edge-litert": package_version("ai-edge-litert"),
+                             "litert-torch": info.get("litert_torch_version")},
+    })
+    log.info("tflite: load %.2f s, TTFT %.1f ms, decode %.2f tokens/s", result["load_s"], result["ttft_ms"],
+             result["decode_tok_s"])
+    if output is not None:
+        write_json(output, result)
     return result
 
 
@@ -576,10 +683,11 @@ def latency_from_sitting(
     per_round = row["per_round"]
     lengths = list(data["prompt_lengths"])
     pytorch = name == "pytorch"
+    litert = "LiteRT" in str(row.get("runtime", ""))
     result: dict[str, Any] = {
         "variant_dir": row.get("path"),
-        "runtime": "pytorch" if pytorch else "onnxruntime",
-        "provider": "torch-eager-cpu" if pytorch else provider,
+        "runtime": "pytorch" if pytorch else "litert" if litert else "onnxruntime",
+        "provider": "torch-eager-cpu" if pytorch else "LiteRT interpreter (CPU)" if litert else provider,
         "load_s": row["load_s"],
     }
     for n in lengths:
@@ -595,10 +703,12 @@ def latency_from_sitting(
         "bytes_on_disk": extra.get("bytes_on_disk", row.get("bytes_on_disk")),
         "weight_bytes_per_token": extra.get("weight_bytes_per_token", row.get("weight_bytes_per_token")),
     })
-    if not pytorch:
+    if not pytorch and not litert:
         result.update({"decode_loop": "bound", "session_settings": resolve_settings(None)})
     if "profile" in extra:
         result["profile"] = extra["profile"]
+    elif litert:
+        result.update({"profile": None, "profile_note": TFLITE_PROFILE_NOTE})
     result.update({
         "prompt_lengths": lengths,
         "decode_prompt_tokens": data["decode_prompt_tokens"],

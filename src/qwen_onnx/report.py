@@ -32,9 +32,10 @@ COLUMNS: dict[str, str] = {
     "variant": "variant folder name; `pytorch` is PyTorch eager fp32, the reference",
     "gate": "PASS or FAIL against the gate of the variant's kind (config `gates`)",
     "gate_failures": "the failing figures with their limits, `;`-separated",
-    "bytes_on_disk": "bytes of model.onnx + model.onnx_data (safetensors for pytorch)",
-    "nodes": "ONNX graph node count",
-    "quant_ops": "quantization ops in the graph (QuantizeLinear/DequantizeLinear, MatMulInteger, ...)",
+    "bytes_on_disk": "bytes of model.onnx + model.onnx_data (model.tflite for tflite, safetensors for pytorch)",
+    "nodes": "ONNX graph node count (tflite: operators of the prefill signature)",
+    "quant_ops": "quantization ops in the graph (QuantizeLinear/DequantizeLinear, MatMulInteger, ...; tflite: "
+                 "weight tensors stored int8, int4 or float16)",
     "eval_tokens": "predicted tokens in the accuracy evaluation",
     "ppl": "perplexity on the evaluation text: exp(mean negative log-likelihood)",
     "ppl_delta_pct": "(ppl - ppl of PyTorch) / ppl of PyTorch, percent",
@@ -44,7 +45,8 @@ COLUMNS: dict[str, str] = {
     "top1_pct": "positions whose argmax token equals PyTorch's, percent",
     "max_abs_logit_diff": "max |logit - PyTorch logit| over all positions and the vocabulary",
     "mean_abs_logit_diff": "mean |logit - PyTorch logit|",
-    "padded_batch_max_abs_diff": "max |Δlogit| between left-padded batch and each prompt alone, non-pad positions",
+    "padded_batch_max_abs_diff": "max |Δlogit| between left-padded batch and each prompt alone, non-pad positions "
+                                 "(n/a for tflite: its signatures are batch 1)",
     "padded_batch_nonfinite": "NaN/inf count in the padded batch's logits (pad rows included)",
     "kv_cache_max_abs_diff": "max |Δlogit| between prefill + single-token decode steps and one full pass",
     "generation_match_pct": "greedy tokens matched before the first difference from PyTorch, percent of PyTorch's output",
@@ -199,9 +201,53 @@ _RATIO_OF = {
 }
 
 
+#: The cell of a figure a variant cannot have (the tflite variant's padded-batch parity: batch-1 signatures).
+NOT_APPLICABLE = "n/a"
+
+
+def _keys(models: Sequence[str], variants: Sequence[str] | Mapping[str, Sequence[str]]) -> list[tuple[str, str]]:
+    """(model, variant) in report order: ``variants`` is one list for every model, or a list per model."""
+    return [(m, v) for m in models for v in (variants[m] if isinstance(variants, Mapping) else variants)]
+
+
+def _diffed(variant: str) -> bool:
+    """Whether the diff stage compares ``variant`` with fp32 (every ONNX variant but fp32: :data:`qwen_onnx.variants.DIFFED`)."""
+    from .variants import BY_NAME
+
+    return variant != "fp32" and (variant not in BY_NAME or BY_NAME[variant].format == "onnx")
+
+
+def built_variants(models: Sequence[str], variants: Sequence[str],
+                   tflite: Mapping[str, Mapping[str, Any]] | None = None) -> tuple[dict[str, list[str]], list[str]]:
+    """Per model the variants the workflow built, and one line per variant it left out.
+
+    Args:
+        variants: the registry's variants (:data:`qwen_onnx.variants.NAMES`), in report order.
+        tflite: per model its ``params_billion`` and ``tflite`` settings; the tflite variant is left
+            out where :func:`qwen_onnx.tflite.tflite_skip_reason` (the workflow's own decision) gives a
+            reason. None: every variant of ``variants`` for every model.
+
+    Returns:
+        ``({model: [variant, ...]}, [reason, ...])``.
+    """
+    from .tflite import tflite_skip_reason
+
+    built, skipped = {}, []
+    for model in models:
+        reason = None
+        if tflite is not None and "tflite" in variants:
+            settings = dict(tflite[model])
+            reason = tflite_skip_reason(model, settings.pop("params_billion"), settings)
+        built[model] = [v for v in variants if not (v == "tflite" and reason)]
+        if reason:
+            skipped.append(reason)
+    return built, skipped
+
+
 def variant_row(model: str, variant: str, inspect: Mapping | None, accuracy: Mapping, latency: Mapping,
                 bandwidth_gb_s: float | None) -> dict[str, Any]:
-    """One report row from a variant's inspection, accuracy and latency JSON."""
+    """One report row from a variant's inspection, accuracy and latency JSON (a figure the accuracy
+    JSON marks not applicable, such as a tflite variant's ``padded_batch``, is :data:`NOT_APPLICABLE`)."""
     row: dict[str, Any] = {c: None for c in COLUMNS}
     row.update(model=model, variant=variant)
     row["gate"] = accuracy.get("gate")
@@ -210,6 +256,8 @@ def variant_row(model: str, variant: str, inspect: Mapping | None, accuracy: Map
     row["eval_tokens"] = accuracy.get("tokens")
     for key in _ACCURACY_KEYS:
         row[key] = accuracy.get(key)
+    if isinstance(accuracy.get("padded_batch"), str):  # "not applicable: ..." (qwen_onnx.accuracy)
+        row["padded_batch_max_abs_diff"] = row["padded_batch_nonfinite"] = NOT_APPLICABLE
     for key in _LATENCY_KEYS:
         row[key] = latency.get(key)
     for key, value in latency.items():
@@ -218,7 +266,7 @@ def variant_row(model: str, variant: str, inspect: Mapping | None, accuracy: Map
     if inspect is not None:
         row["nodes"] = inspect["nodes"]
         row["quant_ops"] = sum(inspect.get("quant_ops", {}).values())
-    ops = latency.get("profile", {}).get("ops", [])
+    ops = (latency.get("profile") or {}).get("ops", [])
     if ops:
         row["top_op"] = f"{ops[0]['op_type']} {ops[0]['pct']:.0f}%"
     if bandwidth_gb_s and row["weight_bytes_per_token"]:
@@ -253,7 +301,7 @@ def add_ratios(rows: list[dict[str, Any]], prompt_lengths: Sequence[int]) -> Non
 
 def collect_rows(
     models: Sequence[str],
-    variants: Sequence[str],
+    variants: Sequence[str] | Mapping[str, Sequence[str]],
     files: Mapping[str, Sequence[str | os.PathLike]],
     machine: Mapping,
     prompt_lengths: Sequence[int],
@@ -261,18 +309,20 @@ def collect_rows(
     """Rows for every (model, variant), each model's ``pytorch`` row first.
 
     Args:
-        files: ``inspect``, ``accuracy``, ``latency``: JSON paths in (model, variant) product
-            order; ``pytorch``: one latency JSON per model.
+        variants: the variants of every model, or per model its own (:func:`built_variants`).
+        files: ``inspect``, ``accuracy``, ``latency``: JSON paths in (model, variant) order;
+            ``pytorch``: one latency JSON per model.
     """
     rows = []
     bandwidth = machine.get("memory_bandwidth_gb_s")
-    keys = [(m, v) for m in models for v in variants]
+    keys = _keys(models, variants)
     by_key = {kind: dict(zip(keys, files[kind])) for kind in ("inspect", "accuracy", "latency")}
     for model, torch_latency in zip(models, files["pytorch"]):
-        fp32_accuracy = read_json(by_key["accuracy"][(model, variants[0])])
+        mine = [v for m, v in keys if m == model]
+        fp32_accuracy = read_json(by_key["accuracy"][(model, mine[0])])
         rows.append(variant_row(model, "pytorch", None, pytorch_accuracy(fp32_accuracy), read_json(torch_latency),
                                 bandwidth))
-        for variant in variants:
+        for variant in mine:
             key = (model, variant)
             rows.append(variant_row(model, variant, read_json(by_key["inspect"][key]),
                                     read_json(by_key["accuracy"][key]), read_json(by_key["latency"][key]), bandwidth))
@@ -498,6 +548,7 @@ def write_report(
     peers: Sequence[Mapping[str, Any]] | None = None,
     peer_rows: Sequence[Mapping[str, Any]] | None = None,
     pipeline: Mapping[str, Any] | None = None,
+    skipped: Sequence[str] | None = None,
 ) -> None:
     """Write the CSV, JSON, Markdown and HTML reports and the three plots.
 
@@ -518,6 +569,8 @@ def write_report(
         peer_rows: from :func:`peer_metric_rows`, appended to metrics.csv/json and drawn, hatched or
             dashed, in the decode and prefill plots (not in the tables, nor in "Which variant to ship").
         pipeline: from :func:`qwen_onnx.pipeline.pipeline_table` (the "Pipeline" section).
+        skipped: one line per variant the workflow did not build, and why (:func:`built_variants`),
+            listed under the gate verdict.
     """
     from .pipeline import COLUMNS as PIPELINE_COLUMNS, pipeline_markdown
     from .plots import CAPTIONS, plot_decode_speed, plot_ppl_vs_size, plot_prefill
@@ -558,7 +611,8 @@ def write_report(
     if answer_rows:
         md += [markdown_table(answer_rows, ANSWER)]
     md += [*[f"**{n}**\n" for n in answer_notes],
-           f"**{verdict}**", "", *[f"- {line}" for line in _machine_lines(machine)], "",
+           f"**{verdict}**", "", *[f"- {line}" for line in skipped or []], *([""] if skipped else []),
+           *[f"- {line}" for line in _machine_lines(machine)], "",
            "## Summary", "", markdown_table(rows, SUMMARY), "## Accuracy", "",
            markdown_table(rows, ACCURACY), "## Latency", "", markdown_table(rows, latency),
            "## Latency details and the decode roofline", "", markdown_table(rows, latency_details),
@@ -601,7 +655,9 @@ def write_report(
         f"<h2>Which variant to ship</h2><div class='answer'><p>{html.escape(answer_intro)}</p>",
         html_table(answer_rows, ANSWER, styles) if answer_rows else "",
         *[f"<p class='note'>{html.escape(n)}</p>" for n in answer_notes],
-        f"</div><p><b>{html.escape(verdict)}</b></p><ul>",
+        f"</div><p><b>{html.escape(verdict)}</b></p>",
+        *([f"<ul class='skipped'>{''.join(f'<li>{html.escape(x)}</li>' for x in skipped)}</ul>"] if skipped else []),
+        "<ul>",
         *[f"<li>{html.escape(x)}</li>" for x in _machine_lines(machine)], "</ul>",
         "<h2>Summary</h2>", html_table(rows, SUMMARY, styles),
         "<h2>Figures</h2>",
@@ -659,23 +715,28 @@ def build_report(
     prompt_lengths: Sequence[int] = (32, 128, 512),
     results_dir: str | os.PathLike | None = None,
     pipeline_csv: str | os.PathLike | None = None,
+    tflite: Mapping[str, Mapping[str, Any]] | None = None,
     **outputs: Any,
 ) -> list[dict[str, Any]]:
     """Read every report JSON (see :func:`collect_rows` for ``files``) and write the combined report.
 
     ``outputs`` are :func:`write_report`'s ``markdown``, ``html_path``, ``csv_path``, ``json_path``
     and ``plots``. With ``results_dir``, the report gets the pipeline table of the jobs' benchmark
-    files and logs there (:mod:`qwen_onnx.pipeline`), also written to ``pipeline_csv``.
+    files and logs there (:mod:`qwen_onnx.pipeline`), also written to ``pipeline_csv``. With
+    ``tflite`` (per model ``params_billion`` and its ``tflite`` settings), the models whose tflite
+    variant the workflow did not build have no tflite files and get one line each
+    (:func:`built_variants`).
     """
     from .pipeline import COLUMNS as PIPELINE_COLUMNS, pipeline_table
 
     machine = read_json(machine_json)
+    variants, skipped = built_variants(models, variants, tflite)
     rows = collect_rows(models, variants, files, machine, prompt_lengths)
-    keys = [(m, v) for m in models for v in variants]
+    keys = _keys(models, variants)
     profiles, generations = {}, {}
     for key, latency_path, accuracy_path in zip(keys, files["latency"], files["accuracy"]):
         latency = read_json(latency_path)
-        if "profile" in latency:
+        if latency.get("profile"):  # a tflite variant has none
             profiles[key] = latency["profile"]
         generations[key] = read_json(accuracy_path).get("generation", [])
     graphs = graph_rows(models, variants, files)
@@ -690,7 +751,8 @@ def build_report(
         write_text(pipeline_csv, buffer.getvalue())
     write_report(rows, machine, profiles=profiles, generations=generations, prompt_lengths=prompt_lengths,
                  graphs=graphs, sensitivity=sensitivity, peers=peer_tables(models, peer_paths),
-                 peer_rows=peer_metric_rows(models, peer_paths, prompt_lengths), pipeline=pipeline, **outputs)
+                 peer_rows=peer_metric_rows(models, peer_paths, prompt_lengths), pipeline=pipeline, skipped=skipped,
+                 **outputs)
     return rows
 
 
@@ -698,14 +760,16 @@ GRAPH_COLUMNS = ("model", "variant", "nodes", "initializers", "bytes_on_disk", "
                  "nodes_vs_fp32", "fusions_vs_fp32", "quantization_ops_vs_fp32", "architecture")
 
 
-def graph_rows(models: Sequence[str], variants: Sequence[str], files: Mapping[str, Sequence]) -> list[dict[str, Any]]:
+def graph_rows(models: Sequence[str], variants: Sequence[str] | Mapping[str, Sequence[str]],
+               files: Mapping[str, Sequence]) -> list[dict[str, Any]]:
     """The inspection table: per (model, variant) its graph figures and its diff against fp32.
 
-    ``files["diff"]`` holds the diff JSON of every variant except fp32, in (model, variant) order.
+    ``files["diff"]`` holds the diff JSON of every ONNX variant except fp32 (:data:`qwen_onnx.variants.DIFFED`;
+    a tflite file is not diffed), in (model, variant) order.
     """
-    keys = [(m, v) for m in models for v in variants]
+    keys = _keys(models, variants)
     inspect = dict(zip(keys, files["inspect"]))
-    diffs = dict(zip([(m, v) for m in models for v in variants if v != "fp32"], files.get("diff", [])))
+    diffs = dict(zip([k for k in keys if _diffed(k[1])], files.get("diff", [])))
     out = []
     for key in keys:
         info = read_json(inspect[key])
@@ -717,7 +781,7 @@ def graph_rows(models: Sequence[str], variants: Sequence[str], files: Mapping[st
             "nodes": info["nodes"],
             "initializers": info["initializers"]["count"],
             "bytes_on_disk": info["bytes_on_disk"],
-            "opset": info["opsets"].get("ai.onnx"),
+            "opset": info["opsets"].get("ai.onnx") if info.get("format") != "tflite" else "TFLite",
             "quant_ops": ", ".join(f"{k} {v}" for k, v in info.get("quant_ops", {}).items()) or "–",
             "fused_ops": ", ".join(f"{k} {v}" for k, v in info.get("op_types", {}).items() if k in FUSED_OPS) or "–",
             "nodes_vs_fp32": f"{diff['nodes']['change']:+d}" if diff else "–",

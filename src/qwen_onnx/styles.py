@@ -2,7 +2,7 @@
 
 The fixed table :data:`STYLES` covers the reference ``pytorch``, every variant of the registry
 (:mod:`qwen_onnx.variants`) and the measured peers (:data:`qwen_onnx.report.PEER_VARIANTS`). Any
-other name (a variant added to the registry later, such as ``fp16``) gets a style from
+other name (a variant added to the registry later) gets a style from
 :data:`FALLBACK_COLOURS` x :data:`FALLBACK_MARKERS` chosen by a hash of its name, so it is stable
 from run to run and never equal to a fixed one (:func:`variant_styles`). No matplotlib here: the
 report imports it for its table swatches.
@@ -40,6 +40,7 @@ STYLES: dict[str, Style] = {
     "int4": Style("#2ca02c", "P"),
     "fp16": Style("#bd9e39", "d"),  # tab20b's gold
     "int8-mixed": Style("#ad494a", "<"),  # tab20b's dark red, a sibling of int8-static
+    "tflite": Style("#6b6ecf", ">"),  # tab20b's periwinkle: another runtime, not a sibling of an ONNX variant
     "llama.cpp": Style("#8c564b", "X"),
     "genai-builder-int4": Style("#e377c2", "h"),
     "genai-builder-int4-ort": Style("#bcbd22", "p"),

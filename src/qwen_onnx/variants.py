@@ -17,13 +17,16 @@ class Variant:
     Attributes:
         name: the folder name, and the ``variant`` column of the report.
         kind: the gate kind in the config's ``gates`` section (``float``, ``float16``,
-            ``int8_dynamic``, ``int8_static``, ``int8_mixed``, ``int4``).
+            ``int8_dynamic``, ``int8_static``, ``int8_mixed``, ``int4``), or ``tflite``: the kind
+            of the folder's litert-torch quantization (:func:`qwen_onnx.gates.tflite_gate_kind`).
         rule: the Snakemake rule that writes the folder.
         parent: the folder it is built from (``hf`` is the resolved checkpoint). The quantized
             variants start from ``optimized``, or from ``preprocessed`` when the config's
             ``optimize.quantize_fused`` is false; the builder ``optimize`` starts from ``hf``, the
             ``transformers`` method from ``fp32``.
         description: what the folder holds, in a few words.
+        format: ``onnx`` (``model.onnx`` + ``model.onnx_data``, diffed against fp32) or ``tflite``
+            (``model.tflite`` + ``tflite.json``, :mod:`qwen_onnx.tflite`).
     """
 
     name: str
@@ -31,6 +34,7 @@ class Variant:
     rule: str
     parent: str
     description: str
+    format: str = "onnx"
 
 
 VARIANTS: tuple[Variant, ...] = (
@@ -47,11 +51,15 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("optimized", "float", "optimize", "hf", "fused decoder graph (GroupQueryAttention)"),
     Variant("fp16", "float16", "convert_float16", "fp32",
             "onnxruntime's float16 conversion, float32 inputs, outputs and KV cache"),
+    Variant("tflite", "tflite", "convert_tflite", "hf",
+            "LiteRT (TFLite) via litert-torch, prefill and decode signatures, fixed KV cache", format="tflite"),
 )
 
 #: Variant names in report order.
 NAMES: tuple[str, ...] = tuple(v.name for v in VARIANTS)
 BY_NAME: dict[str, Variant] = {v.name: v for v in VARIANTS}
+#: The variants the ``diff`` stage compares with fp32: the ONNX ones but fp32 (a tflite file has no ONNX graph).
+DIFFED: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.format == "onnx" and v.name != "fp32")
 
 
 def variant(name: str) -> Variant:

@@ -12,6 +12,7 @@ import qwen_onnx.options
 import qwen_onnx.variants
 from qwen_onnx.gates import DEFAULT_GATES, variant_kind
 from qwen_onnx.resolve import hub_snapshot_revision, source_files
+from qwen_onnx.tflite import conversion_rss_gib, tflite_skip_reason
 
 # --config values nested in a mapping arrive as strings (export='{opset: 18}'): typed by the schema
 with open(
@@ -110,7 +111,14 @@ RUNTIME_MIN_PER_FP32_GB = {
     # every variant, PyTorch and the peers, 3 rounds: 12 + 18 minutes (0.5B, 1.5B) in session 10
     # for 5 of the 8 variants
     "peers": 6.0,
+    "convert_tflite": 0.9,  # 104 s for the 0.5B with litert-torch 0.10 (0.88 min per fp32 GB)
 }
+
+# The tflite conversion's memory is declared from its own measurement instead (get_tflite_mem_mb):
+# litert-torch's estimated peak, params_billion x tflite.rss_gib_per_billion_params (22.5 GiB: 11 GB
+# measured on the 0.5B), 15% headroom, and at least the 1.2 GiB measured converting the tiny test models
+# (the tensorflow and litert-torch imports).
+TFLITE_MIN_RSS_GIB = 1.2
 
 
 wildcard_constraints:
@@ -162,6 +170,49 @@ def get_runtime(stage):
         return int(10 + 5 * RUNTIME_MIN_PER_FP32_GB[stage] * fp32_gb)
 
     return runtime
+
+
+def get_tflite_mem_mb(wildcards):
+    """Declared memory of a model's convert_tflite job, in MB (see TFLITE_MIN_RSS_GIB above)."""
+    settings = get_settings(wildcards.model, "tflite")
+    gib = conversion_rss_gib(
+        config["models"][wildcards.model]["params_billion"],
+        settings["rss_gib_per_billion_params"],
+    )
+    return int(1024 * 1.15 * max(gib, TFLITE_MIN_RSS_GIB))
+
+
+def get_tflite_settings(model):
+    """The model's params_billion and tflite section: the inputs of the skip decision."""
+    return {
+        "params_billion": config["models"][model]["params_billion"],
+        **get_settings(model, "tflite"),
+    }
+
+
+def tflite_scheduled(model):
+    """Whether the workflow builds the model's tflite variant: enabled and within the memory
+    budget (qwen_onnx.tflite.tflite_skip_reason, which the report also reads)."""
+    settings = get_tflite_settings(model)
+    return tflite_skip_reason(model, settings.pop("params_billion"), settings) is None
+
+
+def get_model_variants(model):
+    """The variants built for a model: every registered one, tflite only when scheduled."""
+    return [v for v in VARIANTS if v != "tflite" or tflite_scheduled(model)]
+
+
+def get_conda_env(wildcards):
+    """A job's conda environment (--software-deployment-method conda): envs/tflite.yaml, which is
+    envs/qwen-onnx.yaml plus litert-torch and ai-edge-litert, for a job that runs the tflite variant
+    (its inspect, accuracy and latency jobs; peers when the model has one)."""
+    variant = wildcards.get("variant")
+    tflite = (
+        variant == "tflite"
+        if variant is not None
+        else tflite_scheduled(wildcards.model)
+    )
+    return f"../../envs/{'tflite' if tflite else 'qwen-onnx'}.yaml"
 
 
 def get_optimize_input(wildcards):
@@ -223,8 +274,24 @@ def get_peers_threads(wildcards):
 
 
 def get_peers_variant_dirs(wildcards):
-    """Every variant folder of the model: the timing sitting (peers stage) measures them all."""
-    return [f"{RESULTS}/{wildcards.model}/{v}" for v in VARIANTS]
+    """Every ONNX variant folder of the model: the timing sitting (peers stage) measures them all
+    (the tflite folder comes as an input of its own, get_peers_tflite_input)."""
+    onnx = {v.name for v in qwen_onnx.variants.VARIANTS if v.format == "onnx"}
+    return [f"{RESULTS}/{wildcards.model}/{v}" for v in VARIANTS if v in onnx]
+
+
+def get_profile_input(wildcards):
+    """A variant's ONNX Runtime profile (none for tflite: LiteRT has no per-op profile here)."""
+    if qwen_onnx.variants.variant(wildcards.variant).format != "onnx":
+        return []
+    return f"{RESULTS}/{wildcards.model}/reports/{wildcards.variant}.profile.json"
+
+
+def get_peers_tflite_input(wildcards):
+    """The model's tflite folder, measured by the peers stage when the workflow builds it."""
+    if tflite_scheduled(wildcards.model):
+        return f"{RESULTS}/{wildcards.model}/tflite"
+    return []
 
 
 def get_peers_inputs():
@@ -234,9 +301,12 @@ def get_peers_inputs():
 
 def get_gate(wildcards):
     """The accuracy gate ({figure: limit}) of the variant's kind for this model (the defaults of
-    qwen_onnx.gates.DEFAULT_GATES when the config leaves the kind out)."""
+    qwen_onnx.gates.DEFAULT_GATES when the config leaves the kind out); the tflite variant's kind
+    follows tflite.quantize (qwen_onnx.gates.tflite_gate_kind)."""
     gates = get_settings(wildcards.model, "gates")
-    kind = variant_kind(wildcards.variant)
+    kind = variant_kind(
+        wildcards.variant, get_settings(wildcards.model, "tflite")["quantize"]
+    )
     return gates.get(kind, DEFAULT_GATES[kind])
 
 
@@ -245,21 +315,23 @@ def get_variant_dir(wildcards):
 
 
 def get_report_inputs(kind):
-    """Every (model, variant) report file of one kind: inspect, accuracy or latency."""
-    return expand(
-        f"{RESULTS}/{{model}}/reports/{{variant}}.{kind}.json",
-        model=get_models(),
-        variant=VARIANTS,
-    )
+    """Every (model, variant) report file of one kind: inspect, accuracy or latency, in
+    (model, variant) order, each model's built variants only (get_model_variants)."""
+    return [
+        f"{RESULTS}/{model}/reports/{variant}.{kind}.json"
+        for model in get_models()
+        for variant in get_model_variants(model)
+    ]
 
 
 def get_diff_inputs():
-    """The diff against fp32 of every other variant of every model."""
-    return expand(
-        f"{RESULTS}/{{model}}/reports/{{variant}}.diff.json",
-        model=get_models(),
-        variant=[v for v in VARIANTS if v != "fp32"],
-    )
+    """The diff against fp32 of every other ONNX variant of every model (not tflite: no ONNX graph)."""
+    return [
+        f"{RESULTS}/{model}/reports/{variant}.diff.json"
+        for model in get_models()
+        for variant in get_model_variants(model)
+        if variant in qwen_onnx.variants.DIFFED
+    ]
 
 
 def get_final_targets():

@@ -1,5 +1,5 @@
 rule inspect:
-    """Graph inspection of one variant: nodes, op-type histogram, inputs/outputs, bytes."""
+    """Graph inspection of one variant: nodes, op-type histogram, inputs/outputs, bytes (tflite: signatures, ops, bytes)."""
     input:
         model_dir=get_variant_dir,
     output:
@@ -10,7 +10,7 @@ rule inspect:
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/inspect.{{variant}}.tsv"
     conda:
-        "../../envs/qwen-onnx.yaml"
+        get_conda_env
     threads: 1
     resources:
         mem_mb=1000,
@@ -81,7 +81,7 @@ rule accuracy:
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/accuracy.{{variant}}.tsv"
     conda:
-        "../../envs/qwen-onnx.yaml"
+        get_conda_env
     threads: 2
     resources:
         mem_mb=get_mem_mb("accuracy"),
@@ -125,7 +125,7 @@ rule latency:
     """Latency report of one variant: its figures from the model's timing sitting (peers.json), with its profile."""
     input:
         sitting=f"{RESULTS}/{{model}}/reports/peers.json",
-        profile=f"{RESULTS}/{{model}}/reports/{{variant}}.profile.json",
+        profile=get_profile_input,
     output:
         json=f"{RESULTS}/{{model}}/reports/{{variant}}.latency.json",
     log:

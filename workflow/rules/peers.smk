@@ -3,6 +3,7 @@ rule peers:
     input:
         hf=f"{RESULTS}/{{model}}/hf",
         variants=get_peers_variant_dirs,
+        tflite=get_peers_tflite_input,
         text=lambda wc: get_settings(wc.model, "evaluation")["text"],
     output:
         json=f"{RESULTS}/{{model}}/reports/peers.json",
@@ -16,7 +17,7 @@ rule peers:
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/peers.tsv"
     conda:
-        "../../envs/qwen-onnx.yaml"
+        get_conda_env
     threads: get_peers_threads
     resources:
         mem_mb=get_mem_mb("peers"),

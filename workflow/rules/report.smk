@@ -53,6 +53,7 @@ rule report:
     params:
         models=get_models(),
         variants=VARIANTS,
+        tflite=lambda wc: {m: get_tflite_settings(m) for m in get_models()},
         prompt_lengths=config["latency"]["prompt_lengths"],
         version=VERSION,
     script:

@@ -1,6 +1,6 @@
-"""Snakemake wrapper: accuracy, parity and gate of one variant against PyTorch fp32's stored reference."""
+"""Snakemake wrapper: accuracy, parity and gate of one variant (ONNX or tflite) against PyTorch fp32's stored reference."""
 from qwen_onnx.accuracy import accuracy_from_reference
-from qwen_onnx.gates import variant_kind
+from qwen_onnx.gates import folder_gate_kind
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):
@@ -10,7 +10,7 @@ with logged(snakemake):
         kv_decode_steps=snakemake.params.kv_decode_steps,
         threads=snakemake.threads,
         gate_limits=snakemake.params.gate,
-        gate_kind=variant_kind(snakemake.wildcards.variant),
+        gate_kind=folder_gate_kind(snakemake.input.model_dir),  # tflite: its quantization's kind, as get_gate
         fail_on_gate=snakemake.params.fail_on_gate,
         output=snakemake.output.json,
     )

@@ -6,7 +6,7 @@ with logged(snakemake):
     latency_from_sitting(
         snakemake.wildcards.variant,
         snakemake.input.sitting,
-        profile=snakemake.input.profile,
+        profile=snakemake.input.get("profile") or None,
         provider=snakemake.params.settings["provider"],
         output=snakemake.output.json,
     )

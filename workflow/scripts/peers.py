@@ -23,6 +23,7 @@ with logged(snakemake):
         llama_cpp=peers["enabled"] and peers["llama_cpp"],
         genai_builder=peers["enabled"] and peers["genai_builder"],
         genai_builder_ort=peers["enabled"] and peers["genai_builder_ort"],
+        tflite_dir=snakemake.input.get("tflite") or None,
         output=snakemake.output.json,
         markdown=snakemake.output.markdown,
     )

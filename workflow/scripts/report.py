@@ -20,6 +20,7 @@ with logged(snakemake):
         },
         inp.machine,
         prompt_lengths=snakemake.params.prompt_lengths,
+        tflite=snakemake.params.tflite,  # which models have a tflite variant, and why not (qwen_onnx.tflite.tflite_skip_reason)
         results_dir=Path(out.json).parent,  # metrics.json is at the results folder's top
         pipeline_csv=out.pipeline,
         markdown=out.markdown,

@@ -1,0 +1,28 @@
+rule convert_tflite:
+    """tflite variant: LiteRT (TFLite) via litert-torch from the hf folder, prefill and decode signatures, fixed KV cache.
+
+    Scheduled for a model only when tflite.enabled and litert-torch's estimated conversion peak
+    fits tflite.max_rss_gib (common.smk, tflite_scheduled); the report names the models left out.
+    """
+    input:
+        hf=f"{RESULTS}/{{model}}/hf",
+    output:
+        model_dir=directory(f"{RESULTS}/{{model}}/tflite"),
+    log:
+        f"{RESULTS}/logs/{{model}}/convert_tflite.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/convert_tflite.tsv"
+    conda:
+        "../../envs/tflite.yaml"
+    threads: 2
+    resources:
+        mem_mb=get_tflite_mem_mb,
+        runtime=get_runtime("convert_tflite"),
+    params:
+        settings=lambda wc: {
+            k: get_settings(wc.model, "tflite")[k]
+            for k in ("prefill_length", "kv_cache_length", "quantize")
+        },
+        version=VERSION,
+    script:
+        "../scripts/convert_tflite.py"
