@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -47,17 +46,13 @@ from . import defaults
 from .artifacts import MODEL_FILE, folder_bytes, library_versions, model_path, package_version, read_json, write_json
 from .errors import ArtifactError
 from .inspect_graph import decode_weight_bytes, load_graph
+from .machine import peak_rss_mib  # noqa: F401 (re-exported: peers and the tests read it here)
 from .options import check_options
 from .profiling import summarise_trace
 from .runtime import LOOPS, OnnxCausalLM, resolve_settings
 from .text import read_text
 
 log = logging.getLogger(__name__)
-
-
-def peak_rss_mib() -> float:
-    """Peak resident set size of this process in MiB (``getrusage``; Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -21,6 +21,13 @@ import psutil
 from .artifacts import library_versions
 
 
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process in MiB (``getrusage``; Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
 def cpu_model() -> str:
     """The CPU model name from ``/proc/cpuinfo`` (Linux), else ``platform.processor()``."""
     try:

@@ -315,7 +315,7 @@ def convert_tflite(
 
     Nothing is written when any of these is raised before the conversion starts.
     """
-    from .latency import peak_rss_mib
+    from .machine import peak_rss_mib
 
     check_tflite_options(prefill_length, kv_cache_length, quantize)
     hf_dir = Path(hf_dir)
