@@ -288,7 +288,7 @@ def test_evaluation_settings_rerun_the_reference_only_when_they_change_it(finish
 
 
 def test_tflite_is_scheduled_only_within_the_memory_budget(tmp_path, tiny_qwen2, texts):
-    """A 1.5B-sized model's tflite conversion (22.5 GiB per billion parameters, 35 GiB) is over the
+    """A 1.5B-sized model's tflite conversion (26 GiB per billion parameters, 40 GiB) is over the
     16 GiB budget: not scheduled, and the report will say why; raising the budget schedules it,
     tflite.enabled: false removes it everywhere."""
     # both models follow the global tflite section (no per-model override)
@@ -305,7 +305,7 @@ def test_tflite_is_scheduled_only_within_the_memory_budget(tmp_path, tiny_qwen2,
     assert jobs["convert_tflite"] == 1 and "output: results/tiny/tflite\n" in out and "results/big/tflite" not in out
     assert jobs["accuracy"] == len(VARIANTS) + len(ONNX_VARIANTS) and jobs["diff"] == 2 * len(DIFFED)
     assert "results/tiny/reports/tflite.latency.json" in out and "results/big/reports/tflite" not in out
-    assert plan(max_rss_gib=40)[0]["convert_tflite"] == 2
+    assert plan(max_rss_gib=41)[0]["convert_tflite"] == 2
     assert "convert_tflite" not in plan(enabled=False)[0]
 
 
