@@ -59,7 +59,15 @@ def prefill_signature(prefill_length: int) -> str:
 
 
 def is_tflite_folder(folder: str | os.PathLike) -> bool:
-    """Whether ``folder`` is a tflite variant folder (it holds ``tflite.json``, written last but the manifest)."""
+    """Whether ``folder`` is a tflite variant folder (it holds ``tflite.json``, written last but the manifest).
+
+    Raises:
+        ArtifactError: ``folder`` or a folder above it cannot be read by this process (one line
+            naming it, its owner and mode, and the fix; :func:`qwen_onnx.artifacts.require_readable`).
+    """
+    from .artifacts import require_readable
+
+    require_readable(folder)
     return (Path(folder) / SIGNATURES_FILE).is_file()
 
 
