@@ -17,6 +17,7 @@ from qwen_onnx.sensitivity import (
     fake_quant_blockwise,
     fake_quant_weight,
     node_sensitivity,
+    percentile_range_of,
     sqnr_db,
 )
 
@@ -175,8 +176,51 @@ def test_float_nodes_chosen_under_a_budget(sensitivity):
     by_name = {r["name"]: r for r in result["nodes"]}
     threshold = by_name[ranked[1]]["sqnr_static_db"]  # only the single worst node is under it
     assert choose_float_nodes(result, "static", 5, min_sqnr_db=threshold) == ranked[:1]
-    with pytest.raises(QwenOnnxError, match="unknown; use dynamic or static"):
+    with pytest.raises(QwenOnnxError, match="^sensitivity kind 'qoperator' unknown; use one of dynamic, static, static_percentile$"):
         choose_float_nodes(result, "qoperator", 2)
+    percentile = result["rank_static_percentile"]
+    assert sorted(percentile) == sorted(by_name)
+    figures = [by_name[n]["sqnr_static_percentile_db"] for n in percentile]
+    assert figures == sorted(figures) and all(5 < f < 60 for f in figures)
+    assert choose_float_nodes(result, "static_percentile", 4) == percentile[:4]
+
+
+def test_percentile_range_is_the_static_variants_calibration():
+    """The sensitivity report scores the range the int8-static variant calibrates: the same
+    (low, high) as the streaming calibrator's Percentile over the same windows."""
+    from qwen_onnx.activation_ranges import StreamingCalibrator
+
+    rng = np.random.default_rng(1)
+    windows = [rng.normal(size=(64, 48)).astype(np.float32) * (1 + i) for i in range(3)]
+    windows[1][0, 7] = 250.0
+    calibrator = StreamingCalibrator("Percentile")
+    for x in windows:
+        calibrator.collect({"x": x}, held_out=False)
+    expected = calibrator.ranges()["x"]
+    low, high = percentile_range_of(windows)
+    assert (low, high) == pytest.approx(expected, rel=1e-6)
+    assert low < -2 and high > 2
+
+
+def test_per_token_percentile_sqnr_ranks_a_massive_activation_first():
+    """One massive value on the first token (as in Qwen's down_proj inputs) widens the static range
+    and coarsens every token: both static figures fall; the per-token one is checked against its
+    formula, the mean over tokens of each token's error ratio."""
+    rng = np.random.default_rng(2)
+    w = rng.normal(size=(64, 32)).astype(np.float32)
+    x = rng.normal(size=(256, 64)).astype(np.float32)
+    spiky = x.copy()
+    spiky[0, 3] = 500.0
+    figures = node_sensitivity([spiky[:128], spiky[128:]], w)
+    low, high = percentile_range_of([spiky[:128], spiky[128:]])
+    y = spiky @ w
+    yq = fake_quant_activation(spiky, low, high) @ fake_quant_weight(w)
+    ratio = (np.square(y - yq).sum(1) / np.square(y).sum(1)).mean()
+    assert figures["sqnr_static_percentile_db"] == pytest.approx(-10 * np.log10(ratio), abs=1e-3)
+    clean = node_sensitivity([x[:128], x[128:]], w)
+    # the MinMax range keeps the spike and coarsens every token; Percentile clips it
+    assert figures["sqnr_static_db"] < clean["sqnr_static_db"] - 15
+    assert figures["sqnr_static_percentile_db"] < clean["sqnr_static_percentile_db"]
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "static"])
@@ -214,6 +258,27 @@ def test_sensitive_nodes_kept_float_or_blockwise(pipeline, texts, sensitivity, t
         assert np.isfinite(logits).all()
         assert np.abs(logits - reference).max() < 0.5 * np.abs(reference).max()
         assert sorted(p.name for p in out.iterdir() if p.name.startswith("model.onnx")) == ["model.onnx", "model.onnx_data"]
+
+
+def test_static_sensitive_nodes_from_the_percentile_ranking(pipeline, texts, sensitivity, tmp_path):
+    from qwen_onnx.quantize import StaticSettings, quantize_static_variant
+
+    result, folder = sensitivity
+    settings = StaticSettings.from_config({"samples": 2, "sequence_length": 32, "sensitive": {
+        "max_nodes": 2, "scheme": "float", "rank": "static_percentile"}})
+    assert settings.sensitive_rank == "static_percentile"
+    info = quantize_static_variant(pipeline["preprocessed"], tmp_path / "s", texts["calibration"], settings,
+                                   sensitivity=folder / "sensitivity.json")
+    worst = result["rank_static_percentile"][:2]
+    assert [n["name"] for n in info["sensitive_nodes"]] == worst
+    assert {n["ranked_by"] for n in info["sensitive_nodes"]} == {"sqnr_static_percentile_db"}
+    assert set(worst) <= set(info["nodes_excluded"])
+    with pytest.raises(QwenOnnxError, match="^sensitive rank 'worst' unknown; use one of static, static_percentile$"):
+        StaticSettings(sensitive_rank="worst")
+    old = {k: v for k, v in result.items() if k != "rank_static_percentile"}
+    with pytest.raises(QwenOnnxError, match="has no static_percentile ranking .*rerun `qwen-onnx sensitivity`"):
+        quantize_static_variant(pipeline["preprocessed"], tmp_path / "t", texts["calibration"], settings, sensitivity=old)
+    assert not (tmp_path / "t").exists()
 
 
 def test_sensitive_nodes_need_the_report(pipeline, tmp_path):

@@ -57,7 +57,7 @@ def _static(a):
         sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
         sensitive_scheme=a.sensitive_scheme, block_size=a.block_size, quant_format=a.quant_format,
         embedding=a.embedding, embedding_bits=a.embedding_bits, smooth=a.smooth,
-        smooth_alphas=a.smooth_alphas, search_tokens=a.search_tokens,
+        smooth_alphas=a.smooth_alphas, search_tokens=a.search_tokens, sensitive_rank=a.sensitive_rank,
     )
     return quantize_static_variant(a.input, a.output, a.calibration_text, settings, sensitivity=a.sensitivity)
 
@@ -326,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--activation-symmetric", action=argparse.BooleanOptionalAction, default=False)
             p.add_argument("--quant-format", choices=["QDQ", "QOperator"], default="QDQ",
                            help="QDQ: Q/DQ pairs fused by ORT at load; QOperator: QLinearMatMul in the graph")
+            p.add_argument("--sensitive-rank", choices=["static", "static_percentile"], default="static",
+                           help="the sensitivity ranking the sensitive MatMuls come from: static (MinMax range, "
+                                "tensor-wide SQNR) or static_percentile (Percentile range, per-token SQNR)")
 
     p = sub.add_parser("quantize-int4", help="weight-only 4-bit MatMulNBits (accuracy_level 4), quantized embedding")
     p.add_argument("input", help="float variant folder (pre-processed or fused)")

@@ -85,6 +85,9 @@ class _SensitiveSettings:
         for name in ("samples", "sequence_length", "search_tokens"):
             if hasattr(self, name):
                 check_option(name, getattr(self, name))
+        rank = getattr(self, "sensitive_rank", "static")
+        if rank not in STATIC_RANKS:
+            raise QwenOnnxError(f"sensitive rank {rank!r} unknown; use one of {', '.join(STATIC_RANKS)}")
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any]):
@@ -158,8 +161,10 @@ class StaticSettings(_SensitiveSettings):
         matmul_const_b_only: quantize only MatMuls whose second input is a constant weight.
         nodes_to_exclude: node names kept float.
         sensitive_max_nodes, sensitive_below_sqnr_db, sensitive_scheme, block_size: the most
-            sensitive MatMuls and what they get, as in :class:`DynamicSettings` (ranked by their
-            static SQNR).
+            sensitive MatMuls and what they get, as in :class:`DynamicSettings`.
+        sensitive_rank: the sensitivity report's ranking they are taken from: ``static`` (SQNR
+            with the MinMax range, over the whole tensor) or ``static_percentile`` (per-token SQNR
+            with the Percentile range; :mod:`qwen_onnx.sensitivity`).
         embedding, embedding_bits: the embedding table, as in :class:`DynamicSettings`.
     """
 
@@ -179,9 +184,12 @@ class StaticSettings(_SensitiveSettings):
     nodes_to_exclude: list[str] = field(default_factory=list)
     embedding: str = "shared"
     embedding_bits: int = 8
+    sensitive_rank: str = "static"
 
 
 SENSITIVE_SCHEMES = ("float", "blockwise")
+#: The sensitivity rankings a static variant's sensitive MatMuls can be taken from.
+STATIC_RANKS = ("static", "static_percentile")
 DYNAMIC_SCHEMES = ("per_tensor", "blockwise")
 
 
@@ -191,6 +199,8 @@ def _flatten_sensitive(section: Mapping[str, Any]) -> dict[str, Any]:
     values["sensitive_max_nodes"] = int(sensitive.get("max_nodes", 0))
     values["sensitive_below_sqnr_db"] = sensitive.get("below_sqnr_db")
     values["sensitive_scheme"] = sensitive.get("scheme", "float")
+    if "rank" in sensitive:
+        values["sensitive_rank"] = sensitive["rank"]
     return values
 
 
@@ -219,9 +229,16 @@ def sensitive_nodes(
         )
     report = read_json(sensitivity) if isinstance(sensitivity, (str, os.PathLike)) else sensitivity
     rows = {r["name"]: r for r in report["nodes"]}
+    kind = getattr(settings, "sensitive_rank", kind)
+    if kind != "dynamic" and f"rank_{kind}" not in report:
+        raise QwenOnnxError(
+            f"the sensitivity report has no {kind} ranking (written by an older qwen-onnx); "
+            "rerun `qwen-onnx sensitivity` (the workflow's sensitivity rule) to write it"
+        )
     names = choose_float_nodes(report, kind, settings.sensitive_max_nodes, settings.sensitive_below_sqnr_db)
     return [
-        {"name": n, "role": rows[n]["role"], "layer": rows[n]["layer"], "sqnr_db": rows[n][f"sqnr_{kind}_db"]}
+        {"name": n, "role": rows[n]["role"], "layer": rows[n]["layer"], "sqnr_db": rows[n][f"sqnr_{kind}_db"],
+         "ranked_by": f"sqnr_{kind}_db"}
         for n in names
     ]
 

@@ -16,7 +16,10 @@ numpy so that it needs neither a QDQ model nor all activations of the graph at o
      at run time from each call's min and max, both widened to include 0 (``DynamicQuantizeLinear``
      in the ONNX operator spec); each calibration window is one call, as in a prefill;
    - static activations: the same per-tensor formula with the min and max over all calibration
-     windows (MinMax calibration), UINT8 asymmetric or INT8 symmetric.
+     windows (MinMax calibration), UINT8 asymmetric or INT8 symmetric;
+   - static Percentile activations: the range the ``int8-static`` variant calibrates, onnxruntime's
+     ``HistogramCollector`` (2048 bins, 99.999th percentile) over the same windows, scored per token
+     (``sqnr_static_percentile_db``, below).
 
 3. The error a node adds is its signal-to-quantization-noise ratio,
    ``SQNR = 10·log10(Σ Y² / Σ (Y − Ŷ)²)`` in dB (higher is better; the metric of onnxruntime's
@@ -26,7 +29,11 @@ numpy so that it needs neither a QDQ model nor all activations of the graph at o
 Qwen's activation outliers (a few channels, and the first token of every sequence, with values
 hundreds of times the median; Sun et al. 2024, "Massive Activations in Large Language Models",
 arXiv:2402.17762) make a per-tensor activation scale coarse for every other value of that tensor;
-the nodes whose inputs carry them rank first. :func:`choose_float_nodes` turns the ranking into
+the nodes whose inputs carry them rank first. A tensor-wide SQNR is that first token's error alone
+(its product holds most of the tensor's energy), so ``sqnr_static_percentile_db`` is the mean over
+tokens of each token's SQNR, ``-10·log10(mean_t ‖y_t − ŷ_t‖² / ‖y_t‖²)``: on the 0.5B it ranks the
+down_proj MatMuls whose inputs carry massive activations first, and keeping its 12 lowest float
+is the ``int8-static`` recipe (README, "Fully static INT8"). :func:`choose_float_nodes` turns the ranking into
 ``nodes_to_exclude`` under a budget.
 """
 
@@ -51,6 +58,8 @@ from .text import token_windows
 log = logging.getLogger(__name__)
 
 _COLUMN_BLOCK = 8192  # output columns per product block: bounds memory for lm_head [hidden, vocab]
+#: The rankings of the report: ``rank_{kind}`` by ``sqnr_{kind}_db``.
+SENSITIVITY_KINDS = ("dynamic", "static", "static_percentile")
 
 
 def fake_quant_weight(w: np.ndarray, per_channel: bool = True) -> np.ndarray:
@@ -111,6 +120,26 @@ def sqnr_db(signal_power: float, noise_power: float) -> float:
     return float(10.0 * np.log10(max(signal_power, 1e-30) / noise_power))
 
 
+#: The Percentile calibration of the ``int8-static`` variant (onnxruntime's defaults, as
+#: :class:`qwen_onnx.activation_ranges.StreamingCalibrator` uses them).
+PERCENTILE = 99.999
+PERCENTILE_BINS = 2048
+
+
+def percentile_range_of(windows: Iterable[np.ndarray], symmetric: bool = False) -> tuple[float, float]:
+    """The static Percentile range (low, high) of an activation float32 [tokens, features] given
+    window by window: onnxruntime's ``HistogramCollector`` (``PERCENTILE_BINS`` bins, the
+    ``PERCENTILE``th percentile; of absolute values when ``symmetric``)."""
+    from onnxruntime.quantization.calibrate import HistogramCollector
+
+    collector = HistogramCollector(method="percentile", symmetric=symmetric, num_bins=PERCENTILE_BINS,
+                                   num_quantized_bins=128, percentile=PERCENTILE, scenario="same")
+    for x in windows:
+        collector.collect({"x": np.asarray(x, dtype=np.float32)})
+    low, high = collector.compute_collection_result()["x"][:2]
+    return float(low), float(high)
+
+
 def node_sensitivity(
     windows: Sequence[np.ndarray],
     w: np.ndarray,
@@ -118,6 +147,7 @@ def node_sensitivity(
     per_channel: bool = True,
     static_symmetric: bool = False,
     block_size: int = 32,
+    percentile_range: tuple[float, float] | None = None,
 ) -> dict[str, float]:
     """Quantization error of one MatMul on captured activations.
 
@@ -127,16 +157,24 @@ def node_sensitivity(
         per_channel: per-output-channel weight scales.
         static_symmetric: static activations INT8 symmetric instead of UINT8 asymmetric.
         block_size: block length along ``in_features`` of the blockwise scheme.
+        percentile_range: the static Percentile range (low, high) of the activation; None: from
+            ``windows`` with :func:`percentile_range_of`.
 
     Returns:
         ``sqnr_dynamic_db``, ``sqnr_static_db`` (whole product), ``sqnr_weight_only_db`` (float
         activations, INT8 weights), ``sqnr_blockwise_db`` (INT8 weights and activations with one
         scale per block of ``block_size`` inputs, as MatMulNBits 8-bit with ``accuracy_level=4``),
-        ``activation_absmax``, ``activation_rms`` and ``outlier_ratio`` (absmax / rms).
+        ``sqnr_static_percentile_db`` (per-token SQNR with the Percentile range, averaged over
+        tokens as error ratios), ``activation_absmax``, ``activation_rms`` and ``outlier_ratio``
+        (absmax / rms).
     """
     wq = fake_quant_weight(w, per_channel)
     stacked = np.concatenate([np.asarray(x, dtype=np.float32) for x in windows], axis=0)
     low, high = float(stacked.min()), float(stacked.max())
+    p_low, p_high = percentile_range if percentile_range is not None else percentile_range_of(windows, static_symmetric)
+    percentile = fake_quant_activation(stacked, p_low, p_high, static_symmetric)
+    token_signal = np.zeros(stacked.shape[0], dtype=np.float64)
+    token_noise = np.zeros(stacked.shape[0], dtype=np.float64)
     dynamic = np.concatenate([fake_quant_activation(x, x.min(), x.max()) for x in windows], axis=0)
     static = fake_quant_activation(stacked, low, high, static_symmetric)
     blockwise_x = fake_quant_blockwise(stacked, block_size, axis=1)
@@ -151,6 +189,10 @@ def node_sensitivity(
         noise_static += float(np.square(y - static @ wq_block, dtype=np.float64).sum())
         noise_weight += float(np.square(y - stacked @ wq_block, dtype=np.float64).sum())
         noise_blockwise += float(np.square(y - blockwise_x @ blockwise_w[:, block], dtype=np.float64).sum())
+        token_signal += np.square(y, dtype=np.float64).sum(axis=1)
+        token_noise += np.square(y - percentile @ wq_block, dtype=np.float64).sum(axis=1)
+    live = token_signal > 0
+    token_ratio = float((token_noise[live] / token_signal[live]).mean()) if live.any() else 0.0
     absmax = float(np.abs(stacked).max())
     rms = float(np.sqrt(np.square(stacked, dtype=np.float64).mean()))
     return {
@@ -158,6 +200,7 @@ def node_sensitivity(
         "sqnr_static_db": sqnr_db(signal, noise_static),
         "sqnr_weight_only_db": sqnr_db(signal, noise_weight),
         "sqnr_blockwise_db": sqnr_db(signal, noise_blockwise),
+        "sqnr_static_percentile_db": sqnr_db(1.0, token_ratio),
         "activation_absmax": absmax,
         "activation_rms": rms,
         "outlier_ratio": absmax / rms if rms > 0 else float("inf"),
@@ -247,7 +290,8 @@ def analyse_sensitivity(
     Returns:
         ``nodes``: one row per weight MatMul (``name``, ``layer``, ``role``, ``weight``,
         ``in_features``, ``out_features`` and the figures of :func:`node_sensitivity`), plus
-        ``rank_dynamic`` and ``rank_static`` (node names from the lowest SQNR up) and the settings.
+        ``rank_dynamic``, ``rank_static`` and ``rank_static_percentile`` (node names from the lowest
+        SQNR up) and the settings.
 
     Raises:
         QwenOnnxError: the graph has no weight MatMul, or the text is too short.
@@ -295,6 +339,7 @@ def analyse_sensitivity(
         "nodes": rows,
         "rank_dynamic": [r["name"] for r in sorted(rows, key=lambda r: r["sqnr_dynamic_db"])],
         "rank_static": [r["name"] for r in sorted(rows, key=lambda r: r["sqnr_static_db"])],
+        "rank_static_percentile": [r["name"] for r in sorted(rows, key=lambda r: r["sqnr_static_percentile_db"])],
         "seconds": round(time.time() - started, 1),
         "library_versions": library_versions(),
     }
@@ -316,15 +361,15 @@ def choose_float_nodes(
 
     Args:
         sensitivity: the result of :func:`analyse_sensitivity`.
-        kind: ``dynamic`` or ``static``.
+        kind: one of :data:`SENSITIVITY_KINDS` (the ``sqnr_{kind}_db`` figure ranked by).
         max_nodes: most nodes kept float (0 keeps none).
         min_sqnr_db: SQNR in dB at or above which a node is quantized whatever its rank.
 
     Raises:
-        QwenOnnxError: ``kind`` is neither dynamic nor static, or ``max_nodes`` is negative.
+        QwenOnnxError: ``kind`` is unknown, or ``max_nodes`` is negative.
     """
-    if kind not in ("dynamic", "static"):
-        raise QwenOnnxError(f"sensitivity kind {kind!r} unknown; use dynamic or static")
+    if kind not in SENSITIVITY_KINDS:
+        raise QwenOnnxError(f"sensitivity kind {kind!r} unknown; use one of {', '.join(SENSITIVITY_KINDS)}")
     if max_nodes < 0:
         raise QwenOnnxError(f"max_nodes must be 0 or more, got {max_nodes}")
     key = f"sqnr_{kind}_db"
@@ -347,13 +392,17 @@ def sensitivity_markdown(result: Mapping[str, Any], top: int = 25) -> str:
         f"{result['sequence_length']} tokens ({result['calibration_text']}). SQNR in dB of the quantized product "
         "against the float one (higher is better; every 6 dB halves the error's amplitude). Weights INT8 symmetric "
         f"{'per channel' if result['per_channel'] else 'per tensor'}; dynamic: UINT8 per-tensor range of each "
-        "window; static: MinMax range over all windows; blockwise: INT8 weights and activations with one scale per "
+        "window; static: MinMax range over all windows; static percentile: the 99.999th-percentile range, "
+        "SQNR per token averaged over tokens; blockwise: INT8 weights and activations with one scale per "
         "block of 32 inputs (MatMulNBits 8-bit, accuracy_level 4).",
         "",
     ]
-    for kind in ("dynamic", "static"):
+    for kind in SENSITIVITY_KINDS:
+        if f"rank_{kind}" not in result:
+            continue
         lines += [
-            f"## Lowest SQNR, {kind} INT8",
+            f"## Lowest SQNR, {kind.replace('_', ' ')} INT8"
+            + (" (Percentile range, per token)" if kind == "static_percentile" else ""),
             "",
             "| rank | node | layer | role | SQNR dB | weight-only SQNR dB | blockwise SQNR dB | activation absmax "
             "| absmax / rms |",
