@@ -26,7 +26,8 @@ SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").r
 #: Library defaults that differ from the workflow's on purpose: the library picks no sensitive
 #: MatMuls unless it is handed a sensitivity report, the workflow always makes one.
 LIBRARY_ONLY = {("quantize_static", "sensitive.max_nodes"), ("quantize_static", "sensitive.below_sqnr_db"),
-                ("quantize_static", "sensitive.scheme"), ("quantize_static", "sensitive.rank")}
+                ("quantize_static", "sensitive.scheme"), ("quantize_static", "sensitive.rank"),
+                ("quantize_static", "sensitive.max_fraction")}
 
 
 def schema_defaults(section: str) -> dict:

@@ -273,6 +273,15 @@ def test_static_sensitive_nodes_from_the_percentile_ranking(pipeline, texts, sen
     assert [n["name"] for n in info["sensitive_nodes"]] == worst
     assert {n["ranked_by"] for n in info["sensitive_nodes"]} == {"sqnr_static_percentile_db"}
     assert set(worst) <= set(info["nodes_excluded"])
+    # the 10% budget: 15 weight MatMuls in the tiny pre-processed graph, so one
+    capped = StaticSettings.from_config({"samples": 2, "sequence_length": 32, "sensitive": {
+        "max_nodes": 4, "max_fraction": 0.1, "scheme": "float", "rank": "static_percentile"}})
+    assert len(result["nodes"]) == 15
+    info = quantize_static_variant(pipeline["preprocessed"], tmp_path / "c", texts["calibration"], capped,
+                                   sensitivity=folder / "sensitivity.json")
+    assert [n["name"] for n in info["sensitive_nodes"]] == worst[:1]
+    with pytest.raises(QwenOnnxError, match="^sensitive max_fraction 1.5 is out of range; give a number from 0 to 1$"):
+        StaticSettings(sensitive_max_fraction=1.5)
     with pytest.raises(QwenOnnxError, match="^sensitive rank 'worst' unknown; use one of static, static_percentile$"):
         StaticSettings(sensitive_rank="worst")
     old = {k: v for k, v in result.items() if k != "rank_static_percentile"}

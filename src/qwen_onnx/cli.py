@@ -41,7 +41,7 @@ def _dynamic(a):
     settings = DynamicSettings(
         scheme=a.scheme, op_types=a.op_types, per_channel=a.per_channel, nodes_to_exclude=a.exclude,
         sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
-        sensitive_scheme=a.sensitive_scheme, block_size=a.block_size, embedding=a.embedding,
+        sensitive_max_fraction=a.sensitive_max_fraction, sensitive_scheme=a.sensitive_scheme, block_size=a.block_size, embedding=a.embedding,
         embedding_bits=a.embedding_bits,
     )
     return quantize_dynamic_variant(a.input, a.output, settings, sensitivity=a.sensitivity)
@@ -55,7 +55,7 @@ def _static(a):
         sequence_length=a.sequence_length, activation_type=a.activation_type, weight_type=a.weight_type,
         activation_symmetric=a.activation_symmetric, nodes_to_exclude=a.exclude,
         sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
-        sensitive_scheme=a.sensitive_scheme, block_size=a.block_size, quant_format=a.quant_format,
+        sensitive_max_fraction=a.sensitive_max_fraction, sensitive_scheme=a.sensitive_scheme, block_size=a.block_size, quant_format=a.quant_format,
         embedding=a.embedding, embedding_bits=a.embedding_bits, smooth=a.smooth,
         smooth_alphas=a.smooth_alphas, search_tokens=a.search_tokens, sensitive_rank=a.sensitive_rank,
     )
@@ -296,6 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--sensitivity", default=None, help="sensitivity report JSON (qwen-onnx sensitivity)")
         p.add_argument("--sensitive-max-nodes", type=int, default=0,
                        help="treat this many of the most sensitive MatMuls apart (needs --sensitivity)")
+        p.add_argument("--sensitive-max-fraction", type=float, default=None,
+                       help="at most this fraction of the weight MatMuls treated apart (e.g. 0.1)")
         p.add_argument("--sensitive-below-sqnr-db", type=float, default=None,
                        help="only sensitive MatMuls whose simulated SQNR is under this (dB)")
         p.add_argument("--sensitive-scheme", choices=["float", "blockwise"], default="float",

@@ -75,6 +75,7 @@ class _SensitiveSettings:
     sensitive_below_sqnr_db: float | None = None
     sensitive_scheme: str = "float"
     block_size: int = 128
+    sensitive_max_fraction: float | None = None
 
     def __post_init__(self) -> None:
         """Numbers checked on construction (:class:`qwen_onnx.errors.OptionError` names the range)."""
@@ -85,6 +86,9 @@ class _SensitiveSettings:
         for name in ("samples", "sequence_length", "search_tokens"):
             if hasattr(self, name):
                 check_option(name, getattr(self, name))
+        fraction = self.sensitive_max_fraction
+        if fraction is not None and not (isinstance(fraction, (int, float)) and 0 <= fraction <= 1):
+            raise QwenOnnxError(f"sensitive max_fraction {fraction!r} is out of range; give a number from 0 to 1")
         rank = getattr(self, "sensitive_rank", "static")
         if rank not in STATIC_RANKS:
             raise QwenOnnxError(f"sensitive rank {rank!r} unknown; use one of {', '.join(STATIC_RANKS)}")
@@ -114,6 +118,8 @@ class DynamicSettings(_SensitiveSettings):
             the report of :func:`qwen_onnx.sensitivity.analyse_sensitivity`); 0: none.
         sensitive_below_sqnr_db: of those, only the ones whose simulated SQNR is under this (dB);
             None: all ``sensitive_max_nodes``.
+        sensitive_max_fraction: at most this fraction of the report's weight MatMuls (rounded
+            down), whatever ``sensitive_max_nodes`` says; None: no such cap.
         sensitive_scheme: what the sensitive MatMuls get: ``float`` (left unquantized) or
             ``blockwise`` (INT8 weights with one scale per ``block_size`` inputs, run as
             MatMulNBits 8-bit with ``accuracy_level=4``, which quantizes the activation per token
@@ -201,6 +207,8 @@ def _flatten_sensitive(section: Mapping[str, Any]) -> dict[str, Any]:
     values["sensitive_scheme"] = sensitive.get("scheme", "float")
     if "rank" in sensitive:
         values["sensitive_rank"] = sensitive["rank"]
+    if sensitive.get("max_fraction") is not None:
+        values["sensitive_max_fraction"] = sensitive["max_fraction"]
     return values
 
 
@@ -235,7 +243,10 @@ def sensitive_nodes(
             f"the sensitivity report has no {kind} ranking (written by an older qwen-onnx); "
             "rerun `qwen-onnx sensitivity` (the workflow's sensitivity rule) to write it"
         )
-    names = choose_float_nodes(report, kind, settings.sensitive_max_nodes, settings.sensitive_below_sqnr_db)
+    budget = settings.sensitive_max_nodes
+    if settings.sensitive_max_fraction is not None:
+        budget = min(budget, int(settings.sensitive_max_fraction * len(report["nodes"]) + 1e-9))
+    names = choose_float_nodes(report, kind, budget, settings.sensitive_below_sqnr_db)
     return [
         {"name": n, "role": rows[n]["role"], "layer": rows[n]["layer"], "sqnr_db": rows[n][f"sqnr_{kind}_db"],
          "ranked_by": f"sqnr_{kind}_db"}
