@@ -163,3 +163,55 @@ def test_cli_defaults_are_the_librarys():
             field = renamed.get(dest, dest)
             if field in library:
                 assert plain(value) == library[field], (command, dest)
+
+
+SETTINGS = {"quantize_dynamic": DynamicSettings, "quantize_static": StaticSettings,
+            "quantize_mixed": StaticSettings, "quantize_int4": Int4Settings}
+
+
+def validated_config(config: dict) -> dict:
+    """``config`` as the workflow sees it: Snakemake's validate writes the schema's defaults in."""
+    import copy
+
+    from snakemake.utils import validate
+
+    config = copy.deepcopy(config)
+    validate(config, str(REPO / "workflow" / "schemas" / "config.schema.yaml"))
+    return config
+
+
+@pytest.mark.parametrize("section", sorted(SETTINGS))
+def test_every_quantize_section_as_the_schema_fills_it_builds_its_settings(section):
+    """The schema's defaults are written into every section (nested ``sensitive`` included); a
+    default only one variant has a field for must not reach the others (CI, session 12: the schema's
+    ``sensitive.rank`` default broke quantize_int4 with a TypeError)."""
+    config = validated_config(CONFIG)
+    settings = SETTINGS[section].from_config(config[section])
+    assert settings.sensitive_max_nodes == CONFIG[section]["sensitive"]["max_nodes"]
+    if section == "quantize_static":
+        assert (settings.sensitive_rank, settings.sensitive_max_fraction) == ("static_percentile", 0.1)
+    if section == "quantize_mixed":
+        assert (settings.sensitive_rank, settings.sensitive_max_fraction) == ("static", None)
+
+
+@pytest.mark.parametrize("section, key, message", [
+    ("quantize_int4", "rank", "Int4Settings has no setting 'sensitive.rank' (rankings are for the static variants: "
+                              "quantize_static, quantize_mixed); remove it from the config section"),
+    ("quantize_dynamic", "rank", "DynamicSettings has no setting 'sensitive.rank' (rankings are for the static "
+                                 "variants: quantize_static, quantize_mixed); remove it from the config section"),
+])
+def test_a_rank_outside_the_static_sections_is_a_one_line_error(section, key, message):
+    from qwen_onnx.errors import QwenOnnxError
+
+    config = validated_config(CONFIG)
+    config[section]["sensitive"][key] = "static_percentile"
+    with pytest.raises(QwenOnnxError) as caught:
+        SETTINGS[section].from_config(config[section])
+    assert str(caught.value) == message
+
+
+def test_an_unknown_key_in_a_quantize_section_is_named():
+    from qwen_onnx.errors import QwenOnnxError
+
+    with pytest.raises(QwenOnnxError, match=r"^StaticSettings has no setting 'sampels'; remove it from the config section$"):
+        StaticSettings.from_config({**CONFIG["quantize_static"], "sampels": 8})

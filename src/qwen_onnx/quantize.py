@@ -26,7 +26,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -95,9 +95,21 @@ class _SensitiveSettings:
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any]):
-        """From a config section, whose ``sensitive: {max_nodes, below_sqnr_db, scheme}`` is nested
-        (``calibration_text`` is left out; it is a rule input)."""
-        return cls(**{k: v for k, v in _flatten_sensitive(section).items() if k != "calibration_text"})
+        """From a config section, whose ``sensitive: {max_nodes, below_sqnr_db, scheme, max_fraction,
+        rank}`` is nested (``calibration_text`` is left out; it is a rule input).
+
+        Raises:
+            QwenOnnxError: a key this variant has no setting for (``sensitive.rank`` outside a static
+                section, a misspelt key), named with the fix.
+        """
+        values = {k: v for k, v in _flatten_sensitive(section).items() if k != "calibration_text"}
+        known = {f.name for f in fields(cls)}
+        for key in values:
+            if key not in known:
+                shown = "sensitive." + key.removeprefix("sensitive_") if key.startswith("sensitive_") else key
+                hint = " (rankings are for the static variants: quantize_static, quantize_mixed)" if key == "sensitive_rank" else ""
+                raise QwenOnnxError(f"{cls.__name__} has no setting {shown!r}{hint}; remove it from the config section")
+        return cls(**values)
 
 
 @dataclass
