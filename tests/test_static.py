@@ -200,3 +200,79 @@ def test_static_graph_has_only_static_quantization(pipeline, transformers_optimi
     assert len(quantized) == len(weight_matmuls(graph)) == (11 if source == pipeline["optimized"] else 15)
     assert all(producers[n.input[0]].op_type == "DequantizeLinear" for n in quantized)
     assert len(info["smoothing"]) == (7 if smooth else 0) and info["calibrated_tensors"] >= 8
+
+
+@pytest.mark.parametrize("variant", ["preprocessed", "optimized"])
+def test_outlier_split_keeps_float_logits(pipeline, texts, tmp_path, variant):
+    """Three channels of each down_proj input computed apart: the float graph's logits are unchanged."""
+    import shutil
+
+    from qwen_onnx.export import normalise_external_data
+    from qwen_onnx.outlier_split import apply_split, split_targets
+
+    source = pipeline[variant]
+    windows = _windows(source, texts)
+    before = _logits(source, windows)
+    out = tmp_path / "split"
+    out.mkdir()
+    with lazy_model(source) as (proto, scratch):
+        targets = split_targets(proto.graph)
+        channels = {t.node: np.array([0, 5, t.in_features - 1]) for t in targets}
+        added = apply_split(proto, targets, channels, scratch / "split.data")
+        onnx.save_model(proto, str(scratch / "split.onnx"))
+        shutil.copyfile(scratch / "split.onnx", out / MODEL_FILE)
+        normalise_external_data(out, search=[source])
+    assert [t.role for t in targets] == ["down_proj", "down_proj"]
+    assert added == [f"{t.node}/outlier_split/MatMul" for t in targets]
+    after = _logits(out, windows)
+    assert np.abs(after - before).max() < 1e-4 * max(1.0, float(np.abs(before).max()))
+    graph = onnx.load(str(out / MODEL_FILE)).graph
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    target = targets[0]
+    assert weights[f"{target.node}/outlier_split/weight"].shape == (3, weights[target.weight].shape[1])
+    assert not weights[target.weight][[0, 5, target.in_features - 1]].any()
+
+
+def test_outlier_channels_are_the_largest():
+    from qwen_onnx.outlier_split import outlier_channels
+
+    assert outlier_channels(np.array([0.5, 90.0, 1.0, 400.0, 2.0], dtype=np.float32), 2).tolist() == [1, 3]
+    assert outlier_channels(np.array([1.0, 2.0], dtype=np.float32), 5).tolist() == [0, 1]
+
+
+def test_static_graph_with_outlier_split(pipeline, texts, tmp_path):
+    """down_proj quantized with its two largest input channels in float: still no run-time
+    quantization, the split channels' range is out of the calibrated one, and quantize.json lists them."""
+    out = tmp_path / "static-split"
+    source = pipeline["optimized"]
+    info = quantize_static_variant(source, out, texts["calibration"],
+                                   StaticSettings(samples=2, sequence_length=32, outlier_channels=2))
+    proto = onnx.load(str(out / MODEL_FILE), load_external_data=False)
+    ops = collections.Counter(n.op_type for n in proto.graph.node)
+    assert not DYNAMIC_OPS & set(ops), ops
+    producers = {o: n for n in proto.graph.node for o in n.output}
+    rows = info["outlier_split"]
+    assert [len(r["channels"]) for r in rows] == [2, 2]
+    assert all(r["absmax_kept"] <= r["absmax_split"] for r in rows)
+    for row in rows:
+        main = next(n for n in proto.graph.node if n.name.startswith(row["node"]) and n.op_type == "MatMul"
+                    and "outlier_split" not in n.name)
+        assert producers[main.input[0]].op_type == "DequantizeLinear"  # static INT8
+        side = next(n for n in proto.graph.node if n.name == f"{row['node']}/outlier_split/MatMul")
+        assert producers[side.input[0]].op_type == "Gather"  # float, k channels
+        assert side.name in info["nodes_excluded"]
+    windows = _windows(source, texts)
+    assert np.isfinite(_logits(out, windows)).all()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"outlier_channels": -1}, "outlier_channels -1 must be a whole number of input channels; 0 turns the split off"),
+    ({"outlier_roles": ["down"]}, "outlier_roles ['down'] unknown; use MatMul roles from qkv_proj, q_proj, k_proj, "
+                                  "v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head"),
+])
+def test_outlier_split_settings_are_checked(kwargs, message):
+    from qwen_onnx.errors import QwenOnnxError
+
+    with pytest.raises(QwenOnnxError) as caught:
+        StaticSettings(**kwargs)
+    assert str(caught.value) == message

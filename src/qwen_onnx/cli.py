@@ -58,6 +58,7 @@ def _static(a):
         sensitive_max_fraction=a.sensitive_max_fraction, sensitive_scheme=a.sensitive_scheme, block_size=a.block_size, quant_format=a.quant_format,
         embedding=a.embedding, embedding_bits=a.embedding_bits, smooth=a.smooth,
         smooth_alphas=a.smooth_alphas, search_tokens=a.search_tokens, sensitive_rank=a.sensitive_rank,
+        outlier_channels=a.outlier_channels, outlier_roles=a.outlier_roles,
     )
     return quantize_static_variant(a.input, a.output, a.calibration_text, settings, sensitivity=a.sensitivity)
 
@@ -331,6 +332,11 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--sensitive-rank", choices=["static", "static_percentile"], default="static",
                            help="the sensitivity ranking the sensitive MatMuls come from: static (MinMax range, "
                                 "tensor-wide SQNR) or static_percentile (Percentile range, per-token SQNR)")
+            p.add_argument("--outlier-channels", type=int, default=0,
+                           help="per MatMul of --outlier-roles, this many input channels (largest calibration "
+                                "magnitude) computed in float beside the static INT8 product; 0: none")
+            p.add_argument("--outlier-roles", nargs="+", default=["down_proj"],
+                           help="MatMul roles whose outlier channels are split off (down_proj: massive activations)")
 
     p = sub.add_parser("quantize-int4", help="weight-only 4-bit MatMulNBits (accuracy_level 4), quantized embedding")
     p.add_argument("input", help="float variant folder (pre-processed or fused)")

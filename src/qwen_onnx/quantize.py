@@ -50,7 +50,8 @@ from .external import ScratchFiles, lazy_model
 from .blockwise import blockwise_int8
 from .activation_ranges import CALIBRATION_METHODS, StreamingCalibrator, stream_ranges, tensors_data
 from .genai_config import write_genai_config
-from .matmuls import activation_matmuls, weight_matmul_names, weight_matmuls
+from .matmuls import ROLES, activation_matmuls, weight_matmul_names, weight_matmuls
+from .outlier_split import split_graph
 from .sensitivity import choose_float_nodes
 from .smoothquant import smooth_graph
 from .text import token_windows
@@ -89,6 +90,12 @@ class _SensitiveSettings:
         fraction = self.sensitive_max_fraction
         if fraction is not None and not (isinstance(fraction, (int, float)) and 0 <= fraction <= 1):
             raise QwenOnnxError(f"sensitive max_fraction {fraction!r} is out of range; give a number from 0 to 1")
+        channels = getattr(self, "outlier_channels", 0)
+        if isinstance(channels, bool) or not isinstance(channels, int) or channels < 0:
+            raise QwenOnnxError(f"outlier_channels {channels!r} must be a whole number of input channels; 0 turns the split off")
+        unknown = [r for r in getattr(self, "outlier_roles", []) if r not in ROLES]
+        if unknown:
+            raise QwenOnnxError(f"outlier_roles {unknown} unknown; use MatMul roles from {', '.join(ROLES)}")
         rank = getattr(self, "sensitive_rank", "static")
         if rank not in STATIC_RANKS:
             raise QwenOnnxError(f"sensitive rank {rank!r} unknown; use one of {', '.join(STATIC_RANKS)}")
@@ -184,6 +191,10 @@ class StaticSettings(_SensitiveSettings):
             with the MinMax range, over the whole tensor) or ``static_percentile`` (per-token SQNR
             with the Percentile range; :mod:`qwen_onnx.sensitivity`).
         embedding, embedding_bits: the embedding table, as in :class:`DynamicSettings`.
+        outlier_channels: per MatMul of ``outlier_roles``, this many input channels (the largest
+            calibration magnitudes) computed apart in float, so that the static activation range
+            spans the others (:mod:`qwen_onnx.outlier_split`); 0: no split.
+        outlier_roles: the MatMul roles split (``down_proj``: the SwiGLU product's massive activations).
     """
 
     quant_format: str = "QDQ"
@@ -203,6 +214,8 @@ class StaticSettings(_SensitiveSettings):
     embedding: str = "shared"
     embedding_bits: int = 8
     sensitive_rank: str = "static"
+    outlier_channels: int = 0
+    outlier_roles: list[str] = field(default_factory=lambda: ["down_proj"])
 
 
 SENSITIVE_SCHEMES = ("float", "blockwise")
@@ -530,6 +543,12 @@ def quantize_static_variant(
                 graph_only, windows, scratch, alphas=settings.smooth_alphas, search_tokens=settings.search_tokens,
                 symmetric=settings.activation_symmetric,
             )
+        split: list[dict] = []
+        if settings.outlier_channels:
+            graph_only, split_float, split = split_graph(
+                graph_only, windows, scratch, channels=settings.outlier_channels, roles=settings.outlier_roles,
+                skip=set(excluded))
+            excluded += split_float
         # Calibration first, one window at a time (onnxruntime's calibrators hold every window's
         # outputs); its ranges go to a calibration cache that quantize_static reads instead of
         # calibrating again.
@@ -568,6 +587,7 @@ def quantize_static_variant(
             "calibration_tokens": int(windows.size),
             "calibrated_tensors": len(ranges),
             "smoothing": smoothing,
+            "outlier_split": split,
             "nodes_excluded": excluded,
             "sensitive_nodes": sensitive,
             "sensitive_scheme": settings.sensitive_scheme,
