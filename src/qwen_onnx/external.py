@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Iterator, Sequence
 
+import numpy as np
 import onnx
 
 from .artifacts import DATA_FILE, MODEL_FILE, all_tensors, owner_tag, sweep_stale
@@ -179,3 +180,30 @@ def _find(location: str, search: Sequence[str | os.PathLike]) -> Path:
     raise ArtifactError(
         f"external data file {location!r} not found in {', '.join(str(s) for s in search)}"
     )
+
+
+class DataWriter:
+    """Appends new tensors to one external data file beside the graph (``location`` relative to it)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = open(path, "wb")
+
+    def set(self, tensor: onnx.TensorProto, array: np.ndarray) -> None:
+        data = np.ascontiguousarray(array, dtype=np.float32)
+        offset = self._file.tell()
+        pad = (-offset) % 64  # ORT memory-maps external data; keep tensors aligned
+        if pad:
+            self._file.write(b"\0" * pad)
+            offset += pad
+        self._file.write(data.data)  # no bytes copy: lm_head [896, 151936] is 545 MB
+        tensor.ClearField("raw_data")
+        del tensor.float_data[:]
+        del tensor.external_data[:]
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", self.path.name), ("offset", str(offset)), ("length", str(data.nbytes))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+
+    def close(self) -> None:
+        self._file.close()

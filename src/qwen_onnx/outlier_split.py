@@ -26,6 +26,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .errors import QwenOnnxError
+from .external import DataWriter
 from .matmuls import graph_maps, node_role, weight_matmuls
 
 log = logging.getLogger(__name__)
@@ -105,11 +106,9 @@ def apply_split(proto: onnx.ModelProto, targets: Sequence[SplitTarget], channels
     Raises:
         QwenOnnxError: a channel index outside the MatMul's input features.
     """
-    from .smoothquant import _DataWriter
-
     graph = proto.graph
     initializers = {t.name: t for t in graph.initializer}
-    writer = _DataWriter(data_path)
+    writer = DataWriter(data_path)
     added: list[str] = []
     position = {node.name: i for i, node in enumerate(graph.node)}
     inserts: dict[str, tuple[list[onnx.NodeProto], list[onnx.NodeProto]]] = {}

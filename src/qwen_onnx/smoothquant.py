@@ -56,6 +56,7 @@ import onnx
 from onnx import numpy_helper
 
 from .errors import QwenOnnxError
+from .external import DataWriter
 from .matmuls import ROLES, graph_maps, node_role, weight_matmuls
 from .sensitivity import fake_quant_activation, fake_quant_weight, sqnr_db
 
@@ -293,33 +294,6 @@ def column_subset(out_features: int, seed: int = 0, limit: int = _MAX_COLUMNS) -
     return np.sort(np.random.default_rng(seed).choice(out_features, limit, replace=False))
 
 
-class _DataWriter:
-    """Appends new tensors to one external data file beside the graph (``location`` relative to it)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._file = open(path, "wb")
-
-    def set(self, tensor: onnx.TensorProto, array: np.ndarray) -> None:
-        data = np.ascontiguousarray(array, dtype=np.float32)
-        offset = self._file.tell()
-        pad = (-offset) % 64  # ORT memory-maps external data; keep tensors aligned
-        if pad:
-            self._file.write(b"\0" * pad)
-            offset += pad
-        self._file.write(data.data)  # no bytes copy: lm_head [896, 151936] is 545 MB
-        tensor.ClearField("raw_data")
-        del tensor.float_data[:]
-        del tensor.external_data[:]
-        tensor.data_location = onnx.TensorProto.EXTERNAL
-        for key, value in (("location", self.path.name), ("offset", str(offset)), ("length", str(data.nbytes))):
-            entry = tensor.external_data.add()
-            entry.key, entry.value = key, value
-
-    def close(self) -> None:
-        self._file.close()
-
-
 def apply_smoothing(proto: onnx.ModelProto, groups: Iterable[SmoothGroup], scales: dict[str, np.ndarray],
                     data_path: Path) -> int:
     """Fold the scales into ``proto`` in place; new tensor data goes to ``data_path``.
@@ -343,7 +317,7 @@ def apply_smoothing(proto: onnx.ModelProto, groups: Iterable[SmoothGroup], scale
     for node in proto.graph.node:
         for name in node.input:
             uses[name] = uses.get(name, 0) + 1
-    writer = _DataWriter(data_path)
+    writer = DataWriter(data_path)
     done = 0
     try:
         for group in groups:
