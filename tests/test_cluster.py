@@ -187,7 +187,7 @@ def test_slurm_profile_resources_apply_to_every_job(tmp_path, tiny_qwen2, texts)
     resources = {rule: dict(item.split("=", 1) for item in line.split(", ")) for rule, line in jobs}
     assert set(resources) == {"resolve", "export", "preprocess", "sensitivity", "quantize_dynamic", "quantize_static", "quantize_mixed",
                               "quantize_int4", "convert_float16", "optimize", "inspect", "diff", "reference", "accuracy", "profile",
-                              "latency", "latency_pytorch", "peers", "machine", "report", "all"}
+                              "latency", "latency_pytorch", "genai_builder", "peers", "machine", "report", "all"}
     for rule, res in resources.items():
         assert res["slurm_partition"] == "cpu" and res["slurm_account"] == "my-account", rule
         if rule != "all":

@@ -126,6 +126,34 @@ def test_builder_graph_is_cached_and_rebuilt_when_the_weights_change(peers_run, 
     assert json.loads((work / GENAI / "builder.json").read_text())["hf"] != stamp["hf"]
 
 
+def test_a_failed_build_is_recorded_and_its_row_skipped(pipeline, texts, tmp_path, monkeypatch):
+    """The genai_builder rule keeps a failure (keep_failure) so its job completes; the sitting then
+    skips both builder rows with the builder's message and does not build again."""
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    for path in pipeline["hf"].iterdir():
+        (hf / path.name).symlink_to(path.resolve())
+    config = json.loads((pipeline["hf"] / "config.json").read_text())
+    (hf / "config.json").unlink()
+    (hf / "config.json").write_text(json.dumps({**config, "architectures": ["NoSuchForCausalLM"]}))
+    record = build_genai_int4(hf, tmp_path / "work" / GENAI, keep_failure=True)
+    assert record["error"].startswith(f"onnxruntime-genai's builder failed on {hf} (status 1): ")
+    assert record["error"].endswith(f"NotImplementedError: The {hf} model is not currently supported.")
+    assert sorted(p.name for p in (tmp_path / "work" / GENAI).iterdir()) == ["builder.json", "builder.log", "manifest.json"]
+
+    def no_second_build(*args, **kwargs):
+        raise AssertionError("the recorded failure was built again")
+
+    monkeypatch.setattr(peers.subprocess, "run", no_second_build)
+    with pytest.raises(peers.QwenOnnxError) as caught:
+        build_genai_int4(hf, tmp_path / "work" / GENAI)
+    assert str(caught.value) == record["error"]
+    monkeypatch.setattr(peers, "_installed", lambda module: module == "onnxruntime_genai")
+    result = run_peers(hf, [], texts["evaluation"], pytorch=False, work_dir=tmp_path / "work", rounds=1, **SMALL)
+    rows = _by_peer(result)
+    assert rows[GENAI]["skipped"] == rows[GENAI_ORT]["skipped"] == peers._one_line(f"builder failed: {record['error']}")
+
+
 def test_report_has_the_peers_section_and_metrics_rows(peers_run, tmp_path):
     from test_latency_and_report import _fake_reports
 

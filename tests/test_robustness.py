@@ -59,6 +59,8 @@ OUT_OF_RANGE = [
     (["quantize-static", "{pre}", "--samples", "0"], "samples 0 is out of range; give an integer of at least 1"),
     (["quantize-static", "{pre}", "--sequence-length", "4"],
      "sequence_length 4 is out of range; give an integer of at least 8"),
+    (["quantize-static", "{pre}", "--outlier-channels", "-1"],
+     "outlier_channels -1 is out of range; give an integer of at least 0"),
     (["quantize-dynamic", "{pre}", "--block-size", "100"],
      "block_size 100 is out of range; give one of 16, 32, 64, 128, 256"),
     (["quantize-dynamic", "{pre}", "--sensitive-max-nodes", "-1"],

@@ -266,7 +266,8 @@ def test_static_graph_with_outlier_split(pipeline, texts, tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"outlier_channels": -1}, "outlier_channels -1 must be a whole number of input channels; 0 turns the split off"),
+    ({"outlier_channels": -1}, "outlier_channels -1 is out of range; give an integer of at least 0"),
+    ({"outlier_channels": 2.5}, "outlier_channels 2.5 is not an integer; give an integer of at least 0"),
     ({"outlier_roles": ["down"]}, "outlier_roles ['down'] unknown; use MatMul roles from qkv_proj, q_proj, k_proj, "
                                   "v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head"),
 ])

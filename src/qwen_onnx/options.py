@@ -14,8 +14,9 @@ from .errors import OptionError
 __all__ = ["BLOCK_SIZES", "CHOICES", "RANGES", "OptionError", "check_config", "check_option", "check_options"]
 
 #: Option name -> (minimum, maximum or None), inclusive, in the option's own unit (tokens, windows,
-#: threads, steps, nodes). opset: 14 (the first with the Trilu the exporter's causal mask needs) to
-#: 23 (the newest the schema allows; 17 and 18 are tested).
+#: threads, steps, nodes, input channels). opset: 14 (the first with the Trilu the exporter's
+#: causal mask needs) to 23 (the newest the schema allows; 17 and 18 are tested). Every integer
+#: range of workflow/schemas/config.schema.yaml is here (tests/test_robustness.py checks it).
 RANGES: dict[str, tuple[int, int | None]] = {
     "opset": (14, 23),
     "samples": (1, None),
@@ -42,6 +43,7 @@ RANGES: dict[str, tuple[int, int | None]] = {
     "importance_samples": (0, None),
     "prefill_length": (1, None),
     "kv_cache_length": (1, None),
+    "outlier_channels": (0, None),
 }
 #: Block lengths of MatMulNBits (a power of 2 from 16 to 256; onnxruntime contrib op MatMulNBits).
 BLOCK_SIZES = (16, 32, 64, 128, 256)

@@ -44,6 +44,7 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -228,20 +229,29 @@ def source_of(hf_dir: str | os.PathLike) -> Any:
     return read_json(path)["source"]
 
 
-def build_genai_int4(hf_dir: str | os.PathLike, output_dir: str | os.PathLike) -> dict[str, Any]:
+def build_genai_int4(hf_dir: str | os.PathLike, output_dir: str | os.PathLike, *, keep_failure: bool = False) -> dict[str, Any]:
     """onnxruntime-genai's model builder INT4 CPU graph of ``hf_dir``, cached at ``output_dir``.
 
     Runs ``python -m onnxruntime_genai.models.builder -i HF -o OUT -p int4 -e cpu`` (the builder's
     CPU defaults: MatMulNBits 4-bit RTN, block 32, accuracy_level 4; GroupQueryAttention) offline
     (``HF_HUB_OFFLINE=1``) through a staged folder. ``output_dir/builder.json`` records the
     command, the builder version and the Hugging Face weights it read; a folder whose record
-    matches is reused.
+    matches is reused. In the workflow the ``genai_builder`` rule builds it and the timing sitting
+    (:func:`run_peers`) finds it built.
+
+    Args:
+        keep_failure: a failed build still writes ``output_dir`` (``builder.json`` with ``error``,
+            ``builder.log``) and returns the record, so that a workflow job completes and the
+            sitting reports the row as skipped with the builder's message; a rerun with the same
+            weights and builder version reads the failure instead of building again.
 
     Returns:
-        The record (``command``, ``onnxruntime_genai``, ``hf`` size/mtime of the weights, ``seconds``).
+        The record (``command``, ``onnxruntime_genai``, ``hf`` size/mtime of the weights,
+        ``seconds``; ``error`` when the build failed and ``keep_failure`` is set).
 
     Raises:
-        QwenOnnxError: the builder failed (the message ends with its last output lines).
+        QwenOnnxError: the builder failed, now or in the recorded build (the message ends with its
+            last output lines), and ``keep_failure`` is not set.
     """
     hf_dir, output_dir = Path(hf_dir), Path(output_dir)
     weights = sorted(hf_dir.glob("*.safetensors"))
@@ -253,9 +263,14 @@ def build_genai_int4(hf_dir: str | os.PathLike, output_dir: str | os.PathLike) -
     record_path = output_dir / "builder.json"
     if record_path.is_file():
         record = read_json(record_path)
-        if {k: record.get(k) for k in stamp} == stamp and (output_dir / "model.onnx").is_file():
-            log.info("reusing the genai builder's INT4 graph in %s", output_dir)
-            return record
+        if {k: record.get(k) for k in stamp} == stamp:
+            if "error" in record:
+                if keep_failure:
+                    return record
+                raise QwenOnnxError(record["error"])
+            if (output_dir / "model.onnx").is_file():
+                log.info("reusing the genai builder's INT4 graph in %s", output_dir)
+                return record
     started = time.time()
     with staged_dir(output_dir) as stage, tempfile.TemporaryDirectory(prefix="qwen-onnx-builder-") as cache:
         command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir.resolve()), "-o",
@@ -264,10 +279,17 @@ def build_genai_int4(hf_dir: str | os.PathLike, output_dir: str | os.PathLike) -
         done = subprocess.run(command, capture_output=True, text=True, cwd=cache,
                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
         (stage / "builder.log").write_text(done.stdout + done.stderr, encoding="utf-8")
+        record = {**stamp, "seconds": round(time.time() - started, 1)}
         if done.returncode != 0:
             tail = " / ".join((done.stdout + done.stderr).strip().splitlines()[-5:])
-            raise QwenOnnxError(f"onnxruntime-genai's builder failed on {hf_dir} (status {done.returncode}): {tail}")
-        record = {**stamp, "seconds": round(time.time() - started, 1)}
+            error = f"onnxruntime-genai's builder failed on {hf_dir} (status {done.returncode}): {tail}"
+            if not keep_failure:
+                raise QwenOnnxError(error)
+            log.warning("%s", error)
+            record["error"] = error
+            for path in stage.iterdir():  # a failed build's partial graph is not a graph to measure
+                if path.name != "builder.log":
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
         write_json(stage / "builder.json", record)
     return record
 

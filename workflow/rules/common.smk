@@ -1,4 +1,5 @@
 import copy
+import importlib.util
 import re
 import sys
 
@@ -87,6 +88,8 @@ MEM_PER_FP32_GB = {
     # the timing sitting: its children load one variant at a time, the fp16 one the largest
     # (15.2 GB on the 1.5B in session 10's latency job: 2.5 per fp32 GB), and the genai builder
     "peers": 3.3,
+    # the model builder again (as optimize: 3.5 / 6.8 GB), writing 4-bit MatMulNBits
+    "genai_builder": 1.8,
 }
 
 # Declared run time (Snakemake's `runtime` resource, minutes; a cluster executor's time limit,
@@ -111,6 +114,7 @@ RUNTIME_MIN_PER_FP32_GB = {
     # every variant, PyTorch and the peers, 3 rounds: 12 + 18 minutes (0.5B, 1.5B) in session 10
     # for 5 of the 8 variants
     "peers": 6.0,
+    "genai_builder": 0.5,  # the builder's INT4 graph: the model builder as optimize, plus 4-bit RTN
     "convert_tflite": 0.9,  # 104 s for the 0.5B with litert-torch 0.10 (0.88 min per fp32 GB)
 }
 
@@ -291,6 +295,16 @@ def get_peers_tflite_input(wildcards):
     """The model's tflite folder, measured by the peers stage when the workflow builds it."""
     if tflite_scheduled(wildcards.model):
         return f"{RESULTS}/{wildcards.model}/tflite"
+    return []
+
+
+def get_peers_genai_input(wildcards):
+    """The builder's INT4 graph (rule genai_builder) when the sitting has a builder row; without
+    onnxruntime-genai in this environment the peers stage records the row as skipped instead."""
+    peers = get_settings(wildcards.model, "peers")
+    wanted = peers["enabled"] and (peers["genai_builder"] or peers["genai_builder_ort"])
+    if wanted and importlib.util.find_spec("onnxruntime_genai") is not None:
+        return f"{RESULTS}/{wildcards.model}/peers/genai-builder-int4"
     return []
 
 

@@ -4,6 +4,7 @@ rule peers:
         hf=f"{RESULTS}/{{model}}/hf",
         variants=get_peers_variant_dirs,
         tflite=get_peers_tflite_input,
+        genai=get_peers_genai_input,
         text=lambda wc: get_settings(wc.model, "evaluation")["text"],
     output:
         json=f"{RESULTS}/{{model}}/reports/peers.json",
@@ -30,3 +31,25 @@ rule peers:
         version=VERSION,
     script:
         "../scripts/peers.py"
+
+
+rule genai_builder:
+    """onnxruntime-genai's model builder INT4 graph of the hf folder (a peer of the timing sitting), built beside the other builds."""
+    input:
+        hf=f"{RESULTS}/{{model}}/hf",
+    output:
+        model_dir=directory(f"{RESULTS}/{{model}}/peers/genai-builder-int4"),
+    log:
+        f"{RESULTS}/logs/{{model}}/genai_builder.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/genai_builder.tsv"
+    conda:
+        "../../envs/qwen-onnx.yaml"
+    threads: 2
+    resources:
+        mem_mb=get_mem_mb("genai_builder"),
+        runtime=get_runtime("genai_builder"),
+    params:
+        version=VERSION,
+    script:
+        "../scripts/genai_builder.py"
