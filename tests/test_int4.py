@@ -246,6 +246,21 @@ def test_k_quant_int_fits_integer_zero_points_better_than_onnxruntimes_k_quant()
     assert np.isfinite(scale).all() and (scale * (q - zp) == 0).all()
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_k_quant_int_block_search_is_the_same_on_any_thread_count(threads):
+    """The blocks are searched in row chunks on threads; each block's search is independent."""
+    from qwen_onnx.kquant import quantize_blocks
+
+    rng = np.random.default_rng(2)
+    weight = (rng.laplace(size=(96, 256)) * 0.02).astype(np.float32)
+    importance = rng.gamma(1.0, size=256).astype(np.float32)
+    one = quantize_blocks(weight, 4, 32, importance)
+    many = quantize_blocks(weight, 4, 32, importance, threads=threads)
+    assert [a.shape for a in many] == [(768, 32), (768, 1), (768, 1)]
+    for a, b in zip(one, many):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
 @pytest.mark.parametrize("importance_samples", [0, 4])
 def test_k_quant_int_variant_runs_in_onnxruntime(pipeline, texts, tmp_path, importance_samples):
     """k_quant_int's weights packed by onnxruntime's make_matmul_weight_only_node: 4-bit nodes with

@@ -175,12 +175,13 @@ def _algo_config(settings: Int4Settings, graph_only: Path, float_names: Sequence
 
 
 def int4_pass(graph_only: Path, settings: Int4Settings, keep: Sequence[str], scratch: ScratchFiles,
-              calibration_text=None, importance=None) -> Path:
+              calibration_text=None, importance=None, threads: int = 1) -> Path:
     """Turn every float weight MatMul of ``graph_only`` except ``keep`` into 4-bit MatMulNBits.
 
     Args:
         importance: ``k_quant_int`` only: ``{node name: float32 [in_features]}`` activation
             importance (:func:`qwen_onnx.kquant.activation_importance`), or None.
+        threads: ``k_quant_int`` only: threads of the block search (:func:`qwen_onnx.kquant.quantize_blocks`).
 
     Returns:
         The new graph (``scratch / "int4.onnx"`` or ``"kquant_int.onnx"``), its new weights in a
@@ -195,7 +196,8 @@ def int4_pass(graph_only: Path, settings: Int4Settings, keep: Sequence[str], scr
     weights = weight_matmul_names(graph_only)
     targets = [n for n in weights if n not in set(keep)]
     if settings.algorithm == "k_quant_int":
-        return kquant_int_pass(graph_only, targets, settings.block_size, settings.accuracy_level, scratch, importance)
+        return kquant_int_pass(graph_only, targets, settings.block_size, settings.accuracy_level, scratch, importance,
+                               threads=threads)
     kept_float = [n for n in weights if n in set(keep)]  # the 8-bit ones are MatMulNBits already
     before = sum(n.op_type == "MatMulNBits" for n in proto.graph.node)
     others = [n.name for n in proto.graph.node if n.op_type == "MatMul" and n.name not in set(targets)]
@@ -296,6 +298,7 @@ def quantize_int4_variant(
     sensitivity: str | os.PathLike | Mapping[str, Any] | None = None,
     calibration_text: str | os.PathLike | None = None,
     source_info: str | os.PathLike | Mapping[str, Any] | None = None,
+    threads: int | None = None,
 ) -> dict:
     """Weight-only 4-bit quantization of the float variant at ``input_dir`` into ``output_dir``.
 
@@ -312,6 +315,8 @@ def quantize_int4_variant(
             the shipped ``calibration.txt``).
         source_info: the resolve stage's ``source.json`` (path or dict) of the checkpoint, whose
             ``weight_types`` (GGUF sources) ``settings.source_bits`` reads.
+        threads: CPU threads of ``k_quant_int``'s block search (the result does not depend on
+            it); default the cores this process may run on.
 
     Returns:
         Provenance written to ``output_dir/quantize.json``: settings, 8-bit and float node names,
@@ -359,7 +364,7 @@ def quantize_int4_variant(
                 graph_only = blockwise_int8(graph_only, eight, fitting_block_size(settings.block_size_8bit, hidden),
                                             scratch)
             graph_only = int4_pass(graph_only, settings, [*eight, *float_names], scratch, calibration_text,
-                                   importance)
+                                   importance, threads=threads or len(os.sched_getaffinity(0)))
             shutil.copyfile(graph_only, stage / MODEL_FILE)
             normalise_external_data(stage, search=[input_dir])
         embedding = quantize_embedding(stage, settings.embedding_plan(tied))

@@ -10,4 +10,5 @@ with logged(snakemake):
         sensitivity=snakemake.input.get("sensitivity") or None,
         calibration_text=snakemake.input.get("text") or None,
         source_info=f"{snakemake.input.hf}/source.json",
+        threads=snakemake.threads,
     )
