@@ -300,7 +300,8 @@ def get_peers_tflite_input(wildcards):
 
 def get_peers_genai_input(wildcards):
     """The builder's INT4 graph (rule genai_builder) when the sitting has a builder row; without
-    onnxruntime-genai in this environment the peers stage records the row as skipped instead."""
+    onnxruntime-genai in this environment the peers stage records the row as skipped instead.
+    """
     peers = get_settings(wildcards.model, "peers")
     wanted = peers["enabled"] and (peers["genai_builder"] or peers["genai_builder_ort"])
     if wanted and importlib.util.find_spec("onnxruntime_genai") is not None:
