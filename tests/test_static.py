@@ -50,6 +50,18 @@ def test_smoothing_groups_cover_norms_and_down_proj(pipeline, variant):
     assert {g.fold for g in groups if g.role != "down_proj"} == {"gamma"}
 
 
+def _save_rewritten(proto, scratch, out, source):
+    """A graph rewritten inside lazy_model(source) saved as the variant folder ``out`` (its new
+    weights in scratch, the untouched ones read from ``source``, all in one external data file)."""
+    import shutil
+
+    from qwen_onnx.export import normalise_external_data
+
+    onnx.save_model(proto, str(scratch / "rewritten.onnx"))
+    shutil.copyfile(scratch / "rewritten.onnx", out / MODEL_FILE)
+    normalise_external_data(out, search=[source])
+
+
 @pytest.mark.parametrize("variant", ["preprocessed", "optimized"])
 def test_smoothing_keeps_float_logits(pipeline, texts, tmp_path, variant):
     """Random scales from 0.05 to 20 on every group: the float model computes the same logits."""
@@ -64,13 +76,7 @@ def test_smoothing_keeps_float_logits(pipeline, texts, tmp_path, variant):
         scales = {g.activation: np.exp(rng.uniform(np.log(0.05), np.log(20), g.in_features)).astype(np.float32)
                   for g in groups}
         changed = apply_smoothing(proto, groups, scales, scratch / "smoothed.data")
-        path = scratch / "smoothed.onnx"
-        onnx.save_model(proto, str(path))
-        from qwen_onnx.export import normalise_external_data
-        import shutil
-
-        shutil.copyfile(path, out / MODEL_FILE)
-        normalise_external_data(out, search=[source])
+        _save_rewritten(proto, scratch, out, source)
     assert changed == len(groups) == 7
     after = _logits(out, windows)
     assert np.abs(after - before).max() < 1e-4 * max(1.0, float(np.abs(before).max()))
@@ -205,9 +211,6 @@ def test_static_graph_has_only_static_quantization(pipeline, transformers_optimi
 @pytest.mark.parametrize("variant", ["preprocessed", "optimized"])
 def test_outlier_split_keeps_float_logits(pipeline, texts, tmp_path, variant):
     """Three channels of each down_proj input computed apart: the float graph's logits are unchanged."""
-    import shutil
-
-    from qwen_onnx.export import normalise_external_data
     from qwen_onnx.outlier_split import apply_split, split_targets
 
     source = pipeline[variant]
@@ -219,9 +222,7 @@ def test_outlier_split_keeps_float_logits(pipeline, texts, tmp_path, variant):
         targets = split_targets(proto.graph)
         channels = {t.node: np.array([0, 5, t.in_features - 1]) for t in targets}
         added = apply_split(proto, targets, channels, scratch / "split.data")
-        onnx.save_model(proto, str(scratch / "split.onnx"))
-        shutil.copyfile(scratch / "split.onnx", out / MODEL_FILE)
-        normalise_external_data(out, search=[source])
+        _save_rewritten(proto, scratch, out, source)
     assert [t.role for t in targets] == ["down_proj", "down_proj"]
     assert added == [f"{t.node}/outlier_split/MatMul" for t in targets]
     after = _logits(out, windows)
