@@ -77,3 +77,21 @@ def test_accumulator_counts_nan_and_rejects_shape_mismatch():
     assert acc.summary()["nonfinite_logits"] == 1
     with pytest.raises(ValueError, match="shapes differ"):
         acc.add(reference, np.zeros((2, 4), dtype=np.float32), np.array([0, 1]))
+
+
+def test_accumulator_chunks_give_the_whole_window_figures_bit_for_bit():
+    # a window longer than CHUNK_TOKENS (and not a multiple of it): the chunked log-softmax must give
+    # exactly what token_nll / kl_divergence give on the whole window, so no printed figure moves
+    from qwen_onnx.metrics import CHUNK_TOKENS
+
+    rng = np.random.default_rng(0)
+    tokens, vocab = 2 * CHUNK_TOKENS + 7, 1000
+    reference = rng.normal(scale=4.0, size=(tokens, vocab)).astype(np.float32)
+    variant = reference + rng.normal(scale=0.3, size=(tokens, vocab)).astype(np.float32)
+    targets = rng.integers(0, vocab, size=tokens)
+    acc = AccuracyAccumulator()
+    acc.add(reference, variant, targets)
+    assert np.array_equal(np.concatenate(acc.reference_nll), token_nll(reference, targets))
+    assert np.array_equal(np.concatenate(acc.variant_nll), token_nll(variant, targets))
+    assert np.array_equal(np.concatenate(acc.kl), kl_divergence(reference, variant))
+    assert acc.summary()["tokens"] == tokens

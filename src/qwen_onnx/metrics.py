@@ -33,7 +33,12 @@ def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
         logits: float [tokens, vocab], the prediction for each target.
         targets: int [tokens], the token that followed.
     """
-    logp = log_softmax(logits)
+    return nll_of_log_probs(log_softmax(logits), targets)
+
+
+def nll_of_log_probs(logp: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Negative log-likelihood in nats of each target from log-probabilities float64 [tokens, vocab]:
+    float64 [tokens]."""
     return -logp[np.arange(len(targets)), np.asarray(targets)]
 
 
@@ -48,9 +53,18 @@ def perplexity(nll: np.ndarray) -> float:
 
 def kl_divergence(reference_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
     """Per-token KL(P_reference || Q_variant) in nats: float64 [tokens]."""
-    logp = log_softmax(reference_logits)
-    logq = log_softmax(logits)
+    return kl_of_log_probs(log_softmax(reference_logits), log_softmax(logits))
+
+
+def kl_of_log_probs(logp: np.ndarray, logq: np.ndarray) -> np.ndarray:
+    """Per-token KL(P || Q) in nats from log-probabilities float64 [tokens, vocab]: float64 [tokens]."""
     return (np.exp(logp) * (logp - logq)).sum(axis=-1)
+
+
+#: Rows (tokens) per chunk of :meth:`AccuracyAccumulator.add`: each row's figures are computed alone
+#: (every reduction runs over the vocabulary axis), so chunking changes no bit of them; it keeps the
+#: float64 [rows, vocab] temporaries in a few hundred MB instead of a window's 2 GB.
+CHUNK_TOKENS = 32
 
 
 @dataclass
@@ -82,9 +96,14 @@ class AccuracyAccumulator:
         self.max_abs = max(self.max_abs, float(diff.max()))
         self.abs_sum += float(diff.sum(dtype=np.float64))
         self.abs_count += diff.size
-        self.reference_nll.append(token_nll(reference_logits, targets))
-        self.variant_nll.append(token_nll(logits, targets))
-        self.kl.append(kl_divergence(reference_logits, logits))
+        targets = np.asarray(targets)
+        for start in range(0, len(targets), CHUNK_TOKENS):
+            rows = slice(start, start + CHUNK_TOKENS)
+            logp = log_softmax(reference_logits[rows])  # each log-softmax once per window, not once per figure
+            logq = log_softmax(logits[rows])
+            self.reference_nll.append(nll_of_log_probs(logp, targets[rows]))
+            self.variant_nll.append(nll_of_log_probs(logq, targets[rows]))
+            self.kl.append(kl_of_log_probs(logp, logq))
         self.top1_match.append(reference_logits.argmax(-1) == logits.argmax(-1))
 
     def summary(self) -> dict[str, float]:
