@@ -278,3 +278,80 @@ def test_outlier_split_settings_are_checked(kwargs, message):
     with pytest.raises(QwenOnnxError) as caught:
         StaticSettings(**kwargs)
     assert str(caught.value) == message
+
+
+def test_hadamard_matrix_is_orthogonal_and_blocks_divide_the_width():
+    from qwen_onnx.errors import QwenOnnxError
+    from qwen_onnx.hadamard import block_size, hadamard_matrix, rotate_weight
+
+    h = hadamard_matrix(8)
+    np.testing.assert_allclose(h @ h.T, np.eye(8), atol=1e-6)
+    assert set(np.round(np.abs(h) * np.sqrt(8), 6).ravel().tolist()) == {1.0}
+    # the 0.5B's and 1.5B's intermediate sizes, a Qwen3-0.6B's, the tiny model's, and a width of 48
+    assert [block_size(n) for n in (4864, 8960, 3072, 128, 48)] == [256, 256, 256, 128, 16]
+    with pytest.raises(QwenOnnxError, match="power-of-two size; got 12"):
+        hadamard_matrix(12)
+    with pytest.raises(QwenOnnxError, match="15 input channels have no power-of-two block"):
+        block_size(15)
+    # one channel's large value is spread over its block: |x R| max falls by sqrt(block)
+    x = np.zeros((1, 32), dtype=np.float32)
+    x[0, 3] = 400.0
+    rotated = (x.reshape(1, -1, 16) @ hadamard_matrix(16)).reshape(1, 32)
+    assert np.abs(rotated).max() == pytest.approx(100.0)
+    w = np.random.default_rng(0).normal(size=(32, 5)).astype(np.float32)
+    np.testing.assert_allclose(rotated @ rotate_weight(w, 16), x @ w, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("variant", ["preprocessed", "optimized"])
+def test_hadamard_rotation_keeps_float_logits(pipeline, texts, tmp_path, variant):
+    """Each down_proj input rotated online, its inverse folded into the weight: the float graph's
+    logits are unchanged."""
+    from qwen_onnx.hadamard import apply_rotation
+    from qwen_onnx.outlier_split import split_targets
+
+    source = pipeline[variant]
+    windows = _windows(source, texts)
+    before = _logits(source, windows)
+    out = tmp_path / "rotated"
+    out.mkdir()
+    with lazy_model(source) as (proto, scratch):
+        targets = split_targets(proto.graph)
+        added = apply_rotation(proto, targets, scratch / "rotated.data")
+        _save_rewritten(proto, scratch, out, source)
+    assert [t.role for t in targets] == ["down_proj", "down_proj"]
+    assert added == [f"{t.node}/hadamard/MatMul" for t in targets]
+    after = _logits(out, windows)
+    assert np.abs(after - before).max() < 1e-4 * max(1.0, float(np.abs(before).max()))
+
+
+def test_static_graph_with_hadamard_rotation(pipeline, texts, tmp_path):
+    """down_proj quantized on its rotated input: no run-time quantization, the rotation MatMuls stay
+    float and are listed in quantize.json, every down_proj reads a DequantizeLinear of the rotation."""
+    out = tmp_path / "static-rotated"
+    source = pipeline["optimized"]
+    info = quantize_static_variant(source, out, texts["calibration"],
+                                   StaticSettings(samples=2, sequence_length=32, hadamard_roles=["down_proj"]))
+    proto = onnx.load(str(out / MODEL_FILE), load_external_data=False)
+    ops = collections.Counter(n.op_type for n in proto.graph.node)
+    assert not DYNAMIC_OPS & set(ops), ops
+    producers = {o: n for n in proto.graph.node for o in n.output}
+    rows = info["hadamard_rotation"]
+    assert [r["block"] for r in rows] == [128, 128]  # the tiny model's intermediate size is 128
+    for row in rows:
+        rotation = next(n for n in proto.graph.node if n.name == f"{row['node']}/hadamard/MatMul")
+        assert rotation.name in info["nodes_excluded"]
+        assert producers[rotation.input[0]].op_type == "Reshape"  # float
+        down = next(n for n in proto.graph.node if n.name == row["node"])
+        dq = producers[down.input[0]]
+        assert dq.op_type == "DequantizeLinear"  # static INT8 input
+        assert producers[producers[dq.input[0]].input[0]].op_type == "Reshape"  # of the rotated tensor
+    assert np.isfinite(_logits(out, _windows(source, texts))).all()
+
+
+def test_hadamard_roles_are_checked():
+    from qwen_onnx.errors import QwenOnnxError
+
+    with pytest.raises(QwenOnnxError) as caught:
+        StaticSettings(hadamard_roles=["down"])
+    assert str(caught.value) == ("hadamard_roles ['down'] unknown; use MatMul roles from qkv_proj, q_proj, k_proj, "
+                                 "v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head")

@@ -58,7 +58,7 @@ def _static(a):
         sensitive_max_fraction=a.sensitive_max_fraction, sensitive_scheme=a.sensitive_scheme, block_size=a.block_size, quant_format=a.quant_format,
         embedding=a.embedding, embedding_bits=a.embedding_bits, smooth=a.smooth,
         smooth_alphas=a.smooth_alphas, search_tokens=a.search_tokens, sensitive_rank=a.sensitive_rank,
-        outlier_channels=a.outlier_channels, outlier_roles=a.outlier_roles,
+        outlier_channels=a.outlier_channels, outlier_roles=a.outlier_roles, hadamard_roles=a.hadamard_roles,
     )
     return quantize_static_variant(a.input, a.output, a.calibration_text, settings, sensitivity=a.sensitivity)
 
@@ -337,6 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 "magnitude) computed in float beside the static INT8 product; 0: none")
             p.add_argument("--outlier-roles", nargs="+", default=["down_proj"],
                            help="MatMul roles whose outlier channels are split off (down_proj: massive activations)")
+            p.add_argument("--hadamard-roles", nargs="*", default=[],
+                           help="MatMul roles whose input is rotated online by a block Hadamard matrix before "
+                                "calibration (down_proj: massive activations; QuaRot); none by default")
 
     p = sub.add_parser("quantize-int4", help="weight-only 4-bit MatMulNBits (accuracy_level 4), quantized embedding")
     p.add_argument("input", help="float variant folder (pre-processed or fused)")

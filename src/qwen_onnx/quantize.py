@@ -51,6 +51,7 @@ from .blockwise import blockwise_int8
 from .activation_ranges import CALIBRATION_METHODS, StreamingCalibrator, stream_ranges, tensors_data
 from .genai_config import write_genai_config
 from .matmuls import ROLES, activation_matmuls, weight_matmul_names, weight_matmuls
+from .hadamard import rotate_graph
 from .outlier_split import split_graph
 from .sensitivity import choose_float_nodes
 from .smoothquant import smooth_graph
@@ -90,9 +91,10 @@ class _SensitiveSettings:
         fraction = self.sensitive_max_fraction
         if fraction is not None and not (isinstance(fraction, (int, float)) and 0 <= fraction <= 1):
             raise QwenOnnxError(f"sensitive max_fraction {fraction!r} is out of range; give a number from 0 to 1")
-        unknown = [r for r in getattr(self, "outlier_roles", []) if r not in ROLES]
-        if unknown:
-            raise QwenOnnxError(f"outlier_roles {unknown} unknown; use MatMul roles from {', '.join(ROLES)}")
+        for key in ("outlier_roles", "hadamard_roles"):
+            unknown = [r for r in getattr(self, key, []) if r not in ROLES]
+            if unknown:
+                raise QwenOnnxError(f"{key} {unknown} unknown; use MatMul roles from {', '.join(ROLES)}")
         rank = getattr(self, "sensitive_rank", "static")
         if rank not in STATIC_RANKS:
             raise QwenOnnxError(f"sensitive rank {rank!r} unknown; use one of {', '.join(STATIC_RANKS)}")
@@ -192,6 +194,9 @@ class StaticSettings(_SensitiveSettings):
             calibration magnitudes) computed apart in float, so that the static activation range
             spans the others (:mod:`qwen_onnx.outlier_split`); 0: no split.
         outlier_roles: the MatMul roles split (``down_proj``: the SwiGLU product's massive activations).
+        hadamard_roles: the MatMul roles whose input is rotated by a block Hadamard matrix online
+            (the inverse folded into the weight) before calibration, so that one static scale spans
+            the massive activations with finer steps (:mod:`qwen_onnx.hadamard`; QuaRot); empty: none.
     """
 
     quant_format: str = "QDQ"
@@ -213,6 +218,7 @@ class StaticSettings(_SensitiveSettings):
     sensitive_rank: str = "static"
     outlier_channels: int = 0
     outlier_roles: list[str] = field(default_factory=lambda: ["down_proj"])
+    hadamard_roles: list[str] = field(default_factory=list)
 
 
 SENSITIVE_SCHEMES = ("float", "blockwise")
@@ -546,6 +552,11 @@ def quantize_static_variant(
                 graph_only, windows, scratch, channels=settings.outlier_channels, roles=settings.outlier_roles,
                 skip=set(excluded))
             excluded += split_float
+        rotation: list[dict] = []
+        if settings.hadamard_roles:
+            graph_only, rotation_matmuls, rotation = rotate_graph(
+                graph_only, scratch, roles=settings.hadamard_roles, skip=set(excluded))
+            excluded += rotation_matmuls
         # Calibration first, one window at a time (onnxruntime's calibrators hold every window's
         # outputs); its ranges go to a calibration cache that quantize_static reads instead of
         # calibrating again.
@@ -585,6 +596,7 @@ def quantize_static_variant(
             "calibrated_tensors": len(ranges),
             "smoothing": smoothing,
             "outlier_split": split,
+            "hadamard_rotation": rotation,
             "nodes_excluded": excluded,
             "sensitive_nodes": sensitive,
             "sensitive_scheme": settings.sensitive_scheme,
