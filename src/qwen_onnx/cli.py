@@ -14,6 +14,7 @@ import sys
 from .errors import QwenOnnxError
 from .defaults import EVALUATION, EXPORT, FLOAT16, LATENCY, TFLITE, TFLITE_QUANTIZATIONS
 from .gates import DEFAULT_GATES
+from .matmuls import ROLES
 from .text import CALIBRATION_TEXT, EVALUATION_TEXT, shipped_text
 
 
@@ -337,9 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 "magnitude) computed in float beside the static INT8 product; 0: none")
             p.add_argument("--outlier-roles", nargs="+", default=["down_proj"],
                            help="MatMul roles whose outlier channels are split off (down_proj: massive activations)")
-            p.add_argument("--hadamard-roles", nargs="*", default=[],
+            p.add_argument("--hadamard-roles", nargs="*", default=list(ROLES), choices=ROLES, metavar="ROLE",
                            help="MatMul roles whose input is rotated online by a block Hadamard matrix before "
-                                "calibration (down_proj: massive activations; QuaRot); none by default")
+                                "calibration (QuaRot; default: every role); give the flag alone for none")
 
     p = sub.add_parser("quantize-int4", help="weight-only 4-bit MatMulNBits (accuracy_level 4), quantized embedding")
     p.add_argument("input", help="float variant folder (pre-processed or fused)")

@@ -51,7 +51,7 @@ from .blockwise import blockwise_int8
 from .activation_ranges import CALIBRATION_METHODS, StreamingCalibrator, stream_ranges, tensors_data
 from .genai_config import write_genai_config
 from .matmuls import ROLES, activation_matmuls, weight_matmul_names, weight_matmuls
-from .hadamard import rotate_graph
+from .hadamard import DEFAULT_ROLES as HADAMARD_ROLES, rotate_graph
 from .outlier_split import split_graph
 from .sensitivity import choose_float_nodes
 from .smoothquant import smooth_graph
@@ -196,7 +196,8 @@ class StaticSettings(_SensitiveSettings):
         outlier_roles: the MatMul roles split (``down_proj``: the SwiGLU product's massive activations).
         hadamard_roles: the MatMul roles whose input is rotated by a block Hadamard matrix online
             (the inverse folded into the weight) before calibration, so that one static scale spans
-            the massive activations with finer steps (:mod:`qwen_onnx.hadamard`; QuaRot); empty: none.
+            the massive activations with finer steps (:mod:`qwen_onnx.hadamard`; QuaRot); default every
+            role; empty: none.
     """
 
     quant_format: str = "QDQ"
@@ -218,7 +219,7 @@ class StaticSettings(_SensitiveSettings):
     sensitive_rank: str = "static"
     outlier_channels: int = 0
     outlier_roles: list[str] = field(default_factory=lambda: ["down_proj"])
-    hadamard_roles: list[str] = field(default_factory=list)
+    hadamard_roles: list[str] = field(default_factory=lambda: list(HADAMARD_ROLES))
 
 
 SENSITIVE_SCHEMES = ("float", "blockwise")
