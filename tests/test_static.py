@@ -247,7 +247,8 @@ def test_static_graph_with_outlier_split(pipeline, texts, tmp_path):
     out = tmp_path / "static-split"
     source = pipeline["optimized"]
     info = quantize_static_variant(source, out, texts["calibration"],
-                                   StaticSettings(samples=2, sequence_length=32, outlier_channels=2))
+                                   StaticSettings(samples=2, sequence_length=32, outlier_channels=2,
+                                                  hadamard_roles=[]))
     proto = onnx.load(str(out / MODEL_FILE), load_external_data=False)
     ops = collections.Counter(n.op_type for n in proto.graph.node)
     assert not DYNAMIC_OPS & set(ops), ops
