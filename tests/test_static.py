@@ -331,12 +331,18 @@ def test_static_graph_with_hadamard_rotation(pipeline, texts, tmp_path):
     out = tmp_path / "static-rotated"
     source = pipeline["optimized"]
     info = quantize_static_variant(source, out, texts["calibration"],
-                                   StaticSettings(samples=2, sequence_length=32, hadamard_roles=["down_proj"]))
+                                   StaticSettings(samples=2, sequence_length=32))
     proto = onnx.load(str(out / MODEL_FILE), load_external_data=False)
     ops = collections.Counter(n.op_type for n in proto.graph.node)
     assert not DYNAMIC_OPS & set(ops), ops
     producers = {o: n for n in proto.graph.node for o in n.output}
     rows = info["hadamard_rotation"]
+    # every weight MatMul's input rotated, none of them kept float; the rotations are listed apart
+    assert {r["node"] for r in rows} == {n.name for n, _ in weight_matmuls(
+        onnx.load(str(source / MODEL_FILE), load_external_data=False).graph)}
+    assert info["float_weight_matmuls"] == []
+    assert set(info["rotation_matmuls"]) <= set(info["nodes_excluded"])
+    rows = [r for r in rows if r["node"].endswith("down_proj/MatMul")]
     assert [r["block"] for r in rows] == [128, 128]  # the tiny model's intermediate size is 128
     for row in rows:
         rotation = next(n for n in proto.graph.node if n.name == f"{row['node']}/hadamard/MatMul")

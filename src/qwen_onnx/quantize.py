@@ -538,6 +538,7 @@ def quantize_static_variant(
         raise QwenOnnxError(f"smooth_alphas {settings.smooth_alphas} must be numbers between 0 and 1 (exclusive)")
     if settings.matmul_const_b_only:
         excluded += [name for name in activation_matmuls(source) if name not in excluded]
+    model_weight_matmuls = set(weight_matmul_names(source))
     plan = _embedding_plan(settings, input_dir)
     started = time.time()
     with staged_dir(output_dir) as stage, lazy_quantization(input_dir) as (graph_only, scratch):
@@ -548,12 +549,14 @@ def quantize_static_variant(
                 symmetric=settings.activation_symmetric,
             )
         split: list[dict] = []
+        split_float: list[str] = []
         if settings.outlier_channels:
             graph_only, split_float, split = split_graph(
                 graph_only, windows, scratch, channels=settings.outlier_channels, roles=settings.outlier_roles,
                 skip=set(excluded))
             excluded += split_float
         rotation: list[dict] = []
+        rotation_matmuls: list[str] = []
         if settings.hadamard_roles:
             graph_only, rotation_matmuls, rotation = rotate_graph(
                 graph_only, scratch, roles=settings.hadamard_roles, skip=set(excluded))
@@ -598,6 +601,10 @@ def quantize_static_variant(
             "smoothing": smoothing,
             "outlier_split": split,
             "hadamard_rotation": rotation,
+            # the model's own weight MatMuls left float (not the attention products, the rotations or
+            # the split's k-channel products)
+            "float_weight_matmuls": [n for n in excluded if n in model_weight_matmuls],
+            "rotation_matmuls": rotation_matmuls,
             "nodes_excluded": excluded,
             "sensitive_nodes": sensitive,
             "sensitive_scheme": settings.sensitive_scheme,
