@@ -44,6 +44,7 @@ from .artifacts import folder_bytes, library_versions
 from .errors import QwenOnnxError
 from .metrics import AccuracyAccumulator
 from .int4 import Int4Settings, quantize_int4_variant
+from .hadamard import DEFAULT_ROLES as HADAMARD_ROLES
 from .quantize import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
 from .reference import write_window_logits
 from .text import token_windows
@@ -106,7 +107,8 @@ def _sensitive(count: int, scheme: str, below_sqnr_db: float | None = None) -> d
 
 _PER_TENSOR = {"scheme": "per_tensor"}
 _STATIC = {"quant_format": "QDQ", "method": "MinMax", "samples": 8, "sequence_length": 128,
-           "activation_type": "QUInt8", "weight_type": "QInt8", "activation_symmetric": False, "smooth": False}
+           "activation_type": "QUInt8", "weight_type": "QInt8", "activation_symmetric": False, "smooth": False,
+           "hadamard_roles": []}  # the recipes before session 15 were measured without the rotation
 
 
 def _int4_before_9(**settings: Any) -> dict[str, Any]:
@@ -179,6 +181,12 @@ DEFAULT_RECIPES: tuple[Recipe, ...] = (
     Recipe("static-smooth-search-float12", "static",
            {**_STATIC, "smooth": True, "method": "Search", **_sensitive(12, "float")},
            "static + SmoothQuant, Search, 12 most sensitive MatMuls float"),
+    Recipe("static-percentile72-hadamard-down", "static",
+           {**_STATIC, "method": "Percentile", "samples": 72, "hadamard_roles": ["down_proj"]},
+           "static Percentile over 72 windows, down_proj inputs Hadamard-rotated, nothing float"),
+    Recipe("static-percentile72-hadamard", "static",
+           {**_STATIC, "method": "Percentile", "samples": 72, "hadamard_roles": list(HADAMARD_ROLES)},
+           "static Percentile over 72 windows, every weight MatMul's input Hadamard-rotated (int8-static's default)"),
     # int4: weight-only 4-bit MatMulNBits, accuracy_level 4 (the recipes measured before session 9
     # keep their 8-bit and embedding blocks at block_size, as measured); lm_head 8-bit and the embedding sharing
     # its weight (tied models) unless stated
