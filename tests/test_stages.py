@@ -165,8 +165,13 @@ def test_static_qoperator_variant_runs_qlinear_matmuls(pipeline, texts, tmp_path
     # one, gate/up share one) and a DequantizeLinear after each output
     assert ops.count("QLinearMatMul") == 7 * LAYERS + 1 and "MatMulInteger" not in ops
     assert ops.count("QuantizeLinear") == 4 * LAYERS + 1 and ops.count("DequantizeLinear") == 7 * LAYERS + 1
-    assert sorted(n.name for n in proto.graph.node if n.op_type == "MatMul") == sorted(
+    # float MatMuls: the attention products and the Hadamard rotations (qwen_onnx.hadamard), one per
+    # distinct input (q/k/v, o, gate/up, down per layer, lm_head)
+    floats = [n.name for n in proto.graph.node if n.op_type == "MatMul"]
+    assert sorted(n for n in floats if not n.startswith("/hadamard/")) == sorted(
         activation_matmuls(pipeline["preprocessed"] / MODEL_FILE))
+    assert sorted(n for n in floats if n.startswith("/hadamard/")) == sorted(info["rotation_matmuls"])
+    assert len(info["rotation_matmuls"]) == 4 * LAYERS + 1
     initializers = {t.name: t for t in proto.graph.initializer}
     for node in (n for n in proto.graph.node if n.op_type == "QLinearMatMul"):
         weight, scale = initializers[node.input[3]], initializers[node.input[4]]

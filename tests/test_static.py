@@ -320,7 +320,7 @@ def test_hadamard_rotation_keeps_float_logits(pipeline, texts, tmp_path, variant
         added = apply_rotation(proto, targets, scratch / "rotated.data")
         _save_rewritten(proto, scratch, out, source)
     assert [t.role for t in targets] == ["down_proj", "down_proj"]
-    assert added == [f"{t.node}/hadamard/MatMul" for t in targets]
+    assert added == [f"/hadamard{t.activation}/MatMul" for t in targets]
     after = _logits(out, windows)
     assert np.abs(after - before).max() < 1e-4 * max(1.0, float(np.abs(before).max()))
 
@@ -345,13 +345,15 @@ def test_static_graph_with_hadamard_rotation(pipeline, texts, tmp_path):
     rows = [r for r in rows if r["node"].endswith("down_proj/MatMul")]
     assert [r["block"] for r in rows] == [128, 128]  # the tiny model's intermediate size is 128
     for row in rows:
-        rotation = next(n for n in proto.graph.node if n.name == f"{row['node']}/hadamard/MatMul")
-        assert rotation.name in info["nodes_excluded"]
-        assert producers[rotation.input[0]].op_type == "Reshape"  # float
         down = next(n for n in proto.graph.node if n.name == row["node"])
         dq = producers[down.input[0]]
-        assert dq.op_type == "DequantizeLinear"  # static INT8 input
-        assert producers[producers[dq.input[0]].input[0]].op_type == "Reshape"  # of the rotated tensor
+        assert dq.op_type == "DequantizeLinear"  # static INT8 input ...
+        back = producers[producers[dq.input[0]].input[0]]
+        assert back.op_type == "Reshape"  # ... of the rotated tensor
+        rotation = producers[back.input[0]]
+        assert rotation.op_type == "MatMul" and rotation.name.startswith("/hadamard/")
+        assert rotation.name in info["nodes_excluded"]
+        assert producers[rotation.input[0]].op_type == "Reshape"  # float
     assert np.isfinite(_logits(out, _windows(source, texts))).all()
 
 

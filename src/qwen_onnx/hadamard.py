@@ -45,7 +45,8 @@ MAX_BLOCK = 256
 #: alone, where the massive activations are, +1.18% perplexity / 93.1% top-1; every role +0.51% /
 #: 96.5%; README, "Fully static INT8").
 DEFAULT_ROLES = ROLES
-_SUFFIX = "/hadamard"
+#: Root of the names of the nodes and tensors a rotation adds: ``/hadamard<rotated tensor>/MatMul``.
+_PREFIX = "/hadamard"
 
 
 def hadamard_matrix(size: int) -> np.ndarray:
@@ -88,7 +89,7 @@ def rotate_weight(w: np.ndarray, block: int) -> np.ndarray:
 def apply_rotation(proto: onnx.ModelProto, targets: Sequence[SplitTarget], data_path: Path) -> list[str]:
     """Rotate each target MatMul of ``proto`` in place: its weight becomes ``R^T W`` (written to
     ``data_path`` beside the graph to be saved) and ``Reshape → MatMul(H) → Reshape`` is inserted on
-    its input. Targets sharing an input share one rotation.
+    its input, named ``/hadamard<input tensor>/...``. Targets sharing an input share one rotation.
 
     Returns:
         The names of the rotation MatMuls added (float; to keep out of quantization).
@@ -107,7 +108,9 @@ def apply_rotation(proto: onnx.ModelProto, targets: Sequence[SplitTarget], data_
             writer.set(initializers[target.weight],
                        rotate_weight(numpy_helper.to_array(initializers[target.weight]).astype(np.float32), block))
             if target.activation not in rotated:
-                prefix = target.node + _SUFFIX
+                # named after the rotated tensor under its own root, so that no layer's or MatMul's
+                # name prefix (qwen_onnx.inspect_graph.KEY_WEIGHTS) takes in the rotation's [b, b] matrix
+                prefix = _PREFIX + (target.activation if target.activation.startswith("/") else "/" + target.activation)
                 h = numpy_helper.from_array(hadamard_matrix(block), f"{prefix}/H")
                 split = numpy_helper.from_array(np.array([0, 0, -1, block], dtype=np.int64), f"{prefix}/blocks")
                 joined = numpy_helper.from_array(np.array([0, 0, target.in_features], dtype=np.int64),
