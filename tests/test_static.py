@@ -208,25 +208,34 @@ def test_static_graph_has_only_static_quantization(pipeline, transformers_optimi
     assert len(info["smoothing"]) == (7 if smooth else 0) and info["calibrated_tensors"] >= 8
 
 
-@pytest.mark.parametrize("variant", ["preprocessed", "optimized"])
-def test_outlier_split_keeps_float_logits(pipeline, texts, tmp_path, variant):
-    """Three channels of each down_proj input computed apart: the float graph's logits are unchanged."""
-    from qwen_onnx.outlier_split import apply_split, split_targets
+def _rewrite_down_proj(source, texts, out, rewrite):
+    """Rewrite every down_proj of ``source`` with ``rewrite(proto, targets, scratch)`` (which returns
+    the MatMuls it added), save it as the folder ``out``, and check that the float graph's logits are
+    unchanged (to 1e-4 of their range). Returns ``(targets, added)``."""
+    from qwen_onnx.outlier_split import split_targets
 
-    source = pipeline[variant]
     windows = _windows(source, texts)
     before = _logits(source, windows)
-    out = tmp_path / "split"
     out.mkdir()
     with lazy_model(source) as (proto, scratch):
         targets = split_targets(proto.graph)
-        channels = {t.node: np.array([0, 5, t.in_features - 1]) for t in targets}
-        added = apply_split(proto, targets, channels, scratch / "split.data")
+        added = rewrite(proto, targets, scratch)
         _save_rewritten(proto, scratch, out, source)
     assert [t.role for t in targets] == ["down_proj", "down_proj"]
-    assert added == [f"{t.node}/outlier_split/MatMul" for t in targets]
     after = _logits(out, windows)
     assert np.abs(after - before).max() < 1e-4 * max(1.0, float(np.abs(before).max()))
+    return targets, added
+
+
+@pytest.mark.parametrize("variant", ["preprocessed", "optimized"])
+def test_outlier_split_keeps_float_logits(pipeline, texts, tmp_path, variant):
+    """Three channels of each down_proj input computed apart: the float graph's logits are unchanged."""
+    from qwen_onnx.outlier_split import apply_split
+
+    out = tmp_path / "split"
+    targets, added = _rewrite_down_proj(pipeline[variant], texts, out, lambda proto, targets, scratch: apply_split(
+        proto, targets, {t.node: np.array([0, 5, t.in_features - 1]) for t in targets}, scratch / "split.data"))
+    assert added == [f"{t.node}/outlier_split/MatMul" for t in targets]
     graph = onnx.load(str(out / MODEL_FILE)).graph
     weights = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
     target = targets[0]
@@ -308,21 +317,10 @@ def test_hadamard_rotation_keeps_float_logits(pipeline, texts, tmp_path, variant
     """Each down_proj input rotated online, its inverse folded into the weight: the float graph's
     logits are unchanged."""
     from qwen_onnx.hadamard import apply_rotation
-    from qwen_onnx.outlier_split import split_targets
 
-    source = pipeline[variant]
-    windows = _windows(source, texts)
-    before = _logits(source, windows)
-    out = tmp_path / "rotated"
-    out.mkdir()
-    with lazy_model(source) as (proto, scratch):
-        targets = split_targets(proto.graph)
-        added = apply_rotation(proto, targets, scratch / "rotated.data")
-        _save_rewritten(proto, scratch, out, source)
-    assert [t.role for t in targets] == ["down_proj", "down_proj"]
+    targets, added = _rewrite_down_proj(pipeline[variant], texts, tmp_path / "rotated", lambda proto, targets, scratch:
+                                        apply_rotation(proto, targets, scratch / "rotated.data"))
     assert added == [f"/hadamard{t.activation}/MatMul" for t in targets]
-    after = _logits(out, windows)
-    assert np.abs(after - before).max() < 1e-4 * max(1.0, float(np.abs(before).max()))
 
 
 def test_static_graph_with_hadamard_rotation(pipeline, texts, tmp_path):

@@ -14,6 +14,7 @@ import sys
 from .errors import QwenOnnxError
 from .defaults import EVALUATION, EXPORT, FLOAT16, LATENCY, TFLITE, TFLITE_QUANTIZATIONS
 from .gates import DEFAULT_GATES
+from .hadamard import DEFAULT_ROLES as HADAMARD_ROLES
 from .matmuls import ROLES
 from .text import CALIBRATION_TEXT, EVALUATION_TEXT, shipped_text
 
@@ -338,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "magnitude) computed in float beside the static INT8 product; 0: none")
             p.add_argument("--outlier-roles", nargs="+", default=["down_proj"],
                            help="MatMul roles whose outlier channels are split off (down_proj: massive activations)")
-            p.add_argument("--hadamard-roles", nargs="*", default=list(ROLES), choices=ROLES, metavar="ROLE",
+            p.add_argument("--hadamard-roles", nargs="*", default=list(HADAMARD_ROLES), choices=ROLES, metavar="ROLE",
                            help="MatMul roles whose input is rotated online by a block Hadamard matrix before "
                                 "calibration (QuaRot; default: every role); give the flag alone for none")
 
