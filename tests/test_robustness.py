@@ -166,6 +166,24 @@ def test_nested_command_line_values_are_typed_by_the_schema(tiny_qwen2, texts, t
         "qwen-onnx config: export.opset 25 is out of range; give an integer from 14 to 23")
 
 
+def test_a_model_override_replaces_one_nested_key_and_keeps_its_siblings():
+    from qwen_onnx.options import model_section
+
+    config = yaml.safe_load((REPO / "config.yaml").read_text(encoding="utf-8"))
+    written = yaml.safe_dump(config)
+    overrides = {"m": {"gates": {"int8_static": {"top1_pct": 90}},
+                       "quantize_mixed": {"sensitive": {"max_nodes": 2}}}}
+    gates = model_section(config, overrides, "m", "gates")
+    # one limit of one gate kind replaced; the kind's other limits and the other kinds kept
+    assert gates["int8_static"] == {"ppl_delta_pct": 2.0, "top1_pct": 90, "kl_mean": 0.03}
+    assert gates["int8_dynamic"] == {"ppl_delta_pct": 1.0, "top1_pct": 95, "kl_mean": 0.05}
+    mixed = model_section(config, overrides, "m", "quantize_mixed")
+    assert mixed["sensitive"] == {"max_nodes": 2, "below_sqnr_db": 31, "scheme": "blockwise"}
+    assert mixed["samples"] == config["quantize_mixed"]["samples"]
+    assert model_section(config, overrides, "other", "gates") == config["gates"]  # no override: global
+    assert yaml.safe_dump(config) == written and overrides["m"]["gates"] == {"int8_static": {"top1_pct": 90}}
+
+
 def test_workflow_names_a_model_override_by_its_path(tiny_qwen2, texts, tmp_path):
     from test_workflow import snakemake, write_config
 

@@ -1,4 +1,5 @@
-"""Allowed ranges of the numeric options, checked where the library is entered.
+"""Allowed ranges of the numeric options, checked where the library is entered, and the workflow
+configuration's per-model sections (:func:`model_section`).
 
 The workflow's schema (``workflow/schemas/config.schema.yaml``) states the same ranges for the keys
 it has (``tests/test_robustness.py`` checks they agree), so the CLI, the library and the workflow
@@ -161,6 +162,27 @@ def typed_config(config: dict[str, Any], schema: dict[str, Any]) -> dict[str, An
         return value
 
     return walk(config, schema)
+
+
+def model_section(config: dict[str, Any], overrides: dict[str, Any], model: str, section: str) -> dict[str, Any]:
+    """A workflow stage section for one model: the global ``config[section]`` with the model's own
+    ``overrides[model][section]`` merged over it key by key at every depth, so that
+    ``models.M.gates.int8_static.top1_agreement_pct`` replaces that one limit and keeps the others
+    (``snakemake.utils.update_config``). Neither argument is changed.
+
+    Args:
+        config: the workflow configuration (schema defaults filled in).
+        overrides: the ``models`` mapping as the user wrote it (before validation filled defaults in).
+        model: a key of ``overrides``; a model with no override gets the global section.
+        section: a stage section name, e.g. ``quantize_mixed``.
+    """
+    import copy
+
+    from snakemake.utils import update_config
+
+    merged = copy.deepcopy(config.get(section) or {})
+    update_config(merged, copy.deepcopy((overrides.get(model) or {}).get(section) or {}))
+    return merged
 
 
 def check_config(config: dict[str, Any]) -> None:

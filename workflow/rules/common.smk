@@ -21,7 +21,7 @@ with open(
 ) as schema_file:
     qwen_onnx.options.typed_config(config, yaml.safe_load(schema_file))
 
-# A model's own stage sections override the global ones key by key; keep them as written, since
+# A model's own stage sections override the global ones key by key, at every depth; keep them as written, since
 # validation fills schema defaults into them too (which would override the global values).
 MODEL_OVERRIDES = copy.deepcopy(config.get("models", {}))
 
@@ -143,9 +143,7 @@ def get_models():
 
 def get_settings(model, section):
     """The global `section` of the config with the model's own override merged over it."""
-    merged = copy.deepcopy(config.get(section, {}))
-    merged.update(MODEL_OVERRIDES.get(model, {}).get(section, {}))
-    return merged
+    return qwen_onnx.options.model_section(config, MODEL_OVERRIDES, model, section)
 
 
 def get_reference_settings(model):
