@@ -178,10 +178,17 @@ def test_full_run_writes_every_artifact(finished_run):
     sensitivity = json.loads((results / "tiny" / "reports" / "sensitivity.json").read_text())
     # the fused graph packs q/k/v into one qkv_proj MatMul: 2 layers x 5 weight MatMuls + lm_head
     assert len(sensitivity["nodes"]) == 2 * 5 + 1 and (results / "tiny" / "reports" / "sensitivity.md").is_file()
-    # the static variant of tiny-qwen3 keeps its 2 most sensitive MatMuls blockwise (config override)
+    # tiny-qwen3's override asks for 2 sensitive MatMuls blockwise; merged at every depth, the section
+    # keeps config.yaml's max_fraction 0.1 and rank: 10% of its 15 weight MatMuls (2 layers x q, k, v, o,
+    # gate, up, down + lm_head), rounded down, is 1
     info = json.loads((results / "tiny-qwen3" / "int8-static" / "quantize.json").read_text())
-    assert [n["name"] for n in info["sensitive_nodes"]] == json.loads(
-        (results / "tiny-qwen3" / "reports" / "sensitivity.json").read_text())["rank_static"][:2]
+    assert {k: info["settings"][k] for k in ("sensitive_max_nodes", "sensitive_max_fraction", "sensitive_rank",
+                                             "sensitive_scheme", "block_size")} == {
+        "sensitive_max_nodes": 2, "sensitive_max_fraction": 0.1, "sensitive_rank": "static_percentile",
+        "sensitive_scheme": "blockwise", "block_size": 16}
+    sensitivity_qwen3 = json.loads((results / "tiny-qwen3" / "reports" / "sensitivity.json").read_text())
+    assert len(sensitivity_qwen3["nodes"]) == 2 * 7 + 1
+    assert [n["name"] for n in info["sensitive_nodes"]] == sensitivity_qwen3["rank_static_percentile"][:1]
     assert "MatMulNBits" in json.loads((results / "tiny-qwen3" / "reports" / "int8-static.inspect.json").read_text())["op_types"]
     # the default dynamic recipe: every weight MatMul blockwise
     dynamic_ops = json.loads((results / "tiny" / "reports" / "int8-dynamic.inspect.json").read_text())["op_types"]
