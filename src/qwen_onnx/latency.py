@@ -49,7 +49,7 @@ from .inspect_graph import decode_weight_bytes, load_graph
 from .machine import peak_rss_mib  # noqa: F401 (re-exported: peers and the tests read it here)
 from .options import check_options
 from .profiling import summarise_trace
-from .runtime import LOOPS, OnnxCausalLM, resolve_settings
+from .runtime import LOOPS, SHARED_CORES_SETTINGS, OnnxCausalLM, resolve_settings
 from .text import read_text
 
 log = logging.getLogger(__name__)
@@ -379,10 +379,75 @@ def _main_script_hidden() -> Iterator[None]:
         main.__file__ = path
 
 
+def exit_cause(returncode: int | None) -> str:
+    """A child's exit status in words: ``killed by SIGILL (illegal instruction: built for an
+    instruction set this CPU lacks)`` for -4, ``exit status 1`` for 1 (``subprocess``'s and
+    ``multiprocessing``'s convention: minus the signal number for a child killed by a signal)."""
+    import signal
+
+    if returncode is None or returncode >= 0:
+        return f"exit status {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    causes = {"SIGILL": "illegal instruction: built for an instruction set this CPU lacks",
+              "SIGSEGV": "segmentation fault", "SIGBUS": "bus error",
+              "SIGKILL": "killed from outside, often the kernel's out-of-memory killer",
+              "SIGABRT": "aborted by the library"}
+    return f"killed by {name}" + (f" ({causes[name]})" if name in causes else "")
+
+
+class ChildCrashed(RuntimeError):
+    """A measuring child process died without returning (a signal or ``os._exit``)."""
+
+
+def _child_main(connection, function, args, kwargs) -> None:
+    from .quiet import quiet_third_party
+
+    quiet_third_party()
+    try:
+        result = ("ok", function(*args, **kwargs))
+    except BaseException as exc:  # noqa: BLE001 - sent to the parent, which raises it
+        result = ("error", f"{type(exc).__name__}: {exc}")
+    connection.send(result)
+    connection.close()
+
+
+def run_in_child(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)`` in a new ``spawn`` process; its return value.
+
+    Raises:
+        ChildCrashed: the child died by a signal or exited without a result (the message says
+            which signal and its usual cause, :func:`exit_cause`).
+        RuntimeError: the child's call raised (its type and message).
+    """
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    with _main_script_hidden():
+        child = context.Process(target=_child_main, args=(send, function, args, kwargs))
+        child.start()
+    send.close()
+    try:
+        status, value = receive.recv()
+    except EOFError:
+        child.join()
+        raise ChildCrashed(exit_cause(child.exitcode)) from None
+    finally:
+        receive.close()
+    child.join()
+    if status == "error":
+        raise RuntimeError(value)
+    return value
+
+
 def interleaved_rounds(
     jobs: Sequence[tuple[str, Callable[..., Any], tuple]],
     rounds: int,
     failures: dict[int, str] | None = None,
+    loads: list[list[dict[str, Any]]] | None = None,
 ) -> list[list[Any]]:
     """Run each job once per round, every call in a fresh process, the order rotating each round.
 
@@ -390,38 +455,57 @@ def interleaved_rounds(
     of a shared machine falls on every job alike; each call runs alone in a new ``spawn`` process,
     so no measurement shares a process (allocator, thread pools, caches) with another.
 
+    The other load on the machine is measured for every call (:func:`qwen_onnx.machine.measure_load`
+    for 1 s before it, :func:`qwen_onnx.machine.load_between` while it runs). A function with a
+    ``cores_busy`` parameter is told whether the cores were busy just before its call (the ONNX
+    rows then turn intra-op spinning off, :data:`qwen_onnx.runtime.SHARED_CORES_SETTINGS`).
+
     Args:
         jobs: ``(label, function, args)``; ``function(*args)`` runs in the child and returns a
             picklable figure. Functions must be importable (module level).
         rounds: how many times each job runs.
-        failures: if given, a job whose call raises (a crashed child included, as
-            ``BrokenProcessPool``) is dropped from later rounds and its error recorded here under
-            its index, instead of the error propagating.
+        failures: if given, a job whose call raises (a child killed by a signal included, with the
+            signal's name, :func:`exit_cause`) is dropped from later rounds and its error recorded
+            here under its index, instead of the error propagating.
+        loads: if given, filled per job (in the given order) with one record per completed call:
+            ``round`` (1-based), ``before`` and ``during`` (:func:`qwen_onnx.machine.load_between`),
+            ``busy`` (either was) and ``cores_busy_setting`` (what the function was told).
 
     Returns:
         Per job (in the given order) its figures, one per round it completed.
     """
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    import inspect
 
-    context = multiprocessing.get_context("spawn")
+    from .machine import load_between, load_snapshot, measure_load
+
     per_round: list[list[Any]] = [[] for _ in jobs]
+    if loads is not None:
+        loads[:] = [[] for _ in jobs]
     for r in range(rounds):
         for k in range(len(jobs)):
             i = (r + k) % len(jobs)
             if failures is not None and i in failures:
                 continue
             label, function, args = jobs[i]
-            with _main_script_hidden(), ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-                try:
-                    per_round[i].append(pool.submit(function, *args).result())
-                except Exception as exc:  # noqa: BLE001 - any failure of a child, reported by the caller
-                    if failures is None:
-                        raise
-                    failures[i] = f"{type(exc).__name__}: {exc}"
-                    log.warning("round %d: %s failed: %s", r + 1, label, failures[i])
-                    continue
-            log.info("round %d: %s done", r + 1, label)
+            before = measure_load()
+            kwargs = {"cores_busy": before["busy"]} if "cores_busy" in inspect.signature(function).parameters else {}
+            start = load_snapshot()
+            try:
+                figures = run_in_child(function, *args, **kwargs)
+            except (ChildCrashed, RuntimeError) as exc:
+                if failures is None:
+                    raise
+                failures[i] = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ChildCrashed) else f"the process was {exc}"
+                log.warning("round %d: %s failed: %s", r + 1, label, failures[i])
+                continue
+            during = load_between(start, load_snapshot())
+            per_round[i].append(figures)
+            if loads is not None:
+                loads[i].append({"round": r + 1, "before": before, "during": during,
+                                 "busy": before["busy"] or during["busy"], "cores_busy_setting": kwargs.get("cores_busy")})
+            log.info("round %d: %s done%s", r + 1, label,
+                     f" beside other load ({during['others_cores']} cores, steal {during['steal_pct']}%)"
+                     if before["busy"] or during["busy"] else "")
     return per_round
 
 
@@ -699,7 +783,11 @@ def latency_from_sitting(
         "weight_bytes_per_token": extra.get("weight_bytes_per_token", row.get("weight_bytes_per_token")),
     })
     if not pytorch and not litert:
-        result.update({"decode_loop": "bound", "session_settings": resolve_settings(None)})
+        spinning = row.get("intra_op_spinning") or [True]
+        result.update({"decode_loop": "bound", "session_settings": resolve_settings(
+            None if all(spinning) else SHARED_CORES_SETTINGS if not any(spinning) else None)})
+        if any(spinning) and not all(spinning):
+            result["session_settings_note"] = f"intra-op spinning per round: {spinning} (off where the cores were busy)"
     if "profile" in extra:
         result["profile"] = extra["profile"]
     elif litert:
@@ -714,6 +802,11 @@ def latency_from_sitting(
         "rounds": row["rounds"],
         "process_per_measurement": True,
         "measured_in": "peers.json",
+        "isa": data.get("isa"),
+        "int8_kernel": data.get("int8_kernel"),
+        "rounds_busy": row.get("rounds_busy", []),
+        "busy": row.get("busy", False),
+        "load_note": row.get("load_note"),
         "library_versions": data.get("library_versions", library_versions()),
     })
     log.info("%s: decode %.2f tokens/s, TTFT %.1f ms (median of %d rounds in the sitting)", name,

@@ -59,6 +59,8 @@ from . import defaults
 from .artifacts import folder_bytes, library_versions, package_version, read_json, staged_dir, write_json, write_text
 from .errors import ArtifactError, PartError, QwenOnnxError, SourceError
 from .resolve import source_gguf
+from .machine import ggml_missing_features, int8_kernel, isa_name, measure_load
+from .runtime import SHARED_CORES_SETTINGS
 from .latency import _protocol, interleaved_rounds, measure_latency_of_tokens, measure_torch_latency, peak_rss_mib, prompt_tokens
 
 log = logging.getLogger(__name__)
@@ -69,13 +71,9 @@ GENAI_ORT = "genai-builder-int4-ort"
 #: The peers the ratios divide by: the faster decoder of these two is the reference.
 REFERENCE_PEERS = (LLAMA_CPP, GENAI)
 
-#: llama-cpp-python 0.3.36 built with default flags (GGML_NATIVE=ON) crashes with a segmentation
-#: fault on this Xeon (AVX-512 + AMX) in ggml's AMX weight-repacking path; built for AVX-512 without
-#: AMX it runs. ``envs/setup.sh --peers`` builds it with exactly these flags.
-LLAMA_CPP_CMAKE_ARGS = (
-    "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON "
-    "-DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON"
-)
+#: Where ``envs/setup.sh --peers`` records the CMAKE_ARGS it built llama-cpp-python with
+#: (:func:`qwen_onnx.machine.ggml_cmake_args` of the CPU at setup, or ``LLAMA_CMAKE_ARGS``).
+LLAMA_CPP_STAMP = "llama-cpp-cmake-args"
 INSTALL_HINT = "envs/setup.sh --peers"
 #: The builder's command line as a user types it (INPUT and OUTPUT filled in); ``hf_token=false``
 #: only stops it from looking for a Hugging Face login, it changes nothing in the graph.
@@ -114,9 +112,15 @@ def _measure_pytorch(hf_dir: str, text: str, s: dict) -> dict[str, Any]:
     return _figures(result, s["prompt_lengths"])
 
 
-def _measure_onnx(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
-    result = measure_latency_of_tokens(folder, tokens, profile=False, **s)
-    return _figures(result, s["prompt_lengths"])
+def _measure_onnx(folder: str, tokens: np.ndarray, s: dict, cores_busy: bool = False) -> dict[str, Any]:
+    """One ONNX row's figures; intra-op spinning off when the cores were busy just before
+    (:data:`qwen_onnx.runtime.SHARED_CORES_SETTINGS`: spinning threads lose up to 3x beside one
+    busy process), onnxruntime's default (on) when they were free."""
+    settings = SHARED_CORES_SETTINGS if cores_busy else None
+    result = measure_latency_of_tokens(folder, tokens, profile=False, settings=settings, **s)
+    figures = _figures(result, s["prompt_lengths"])
+    figures["intra_op_spinning"] = result["session_settings"]["intra_op_spinning"]
+    return figures
 
 
 def _measure_tflite(folder: str, text: str, s: dict) -> dict[str, Any]:
@@ -295,16 +299,22 @@ def build_genai_int4(hf_dir: str | os.PathLike, output_dir: str | os.PathLike, *
 
 
 def llama_cpp_config() -> dict[str, Any]:
-    """What the llama.cpp row ran: the package version, ggml's CPU feature report, the build flags
-    ``envs/setup.sh --peers`` uses and the context settings (checked in a child process, so that a
-    broken build cannot take this one down)."""
+    """What the llama.cpp row runs: the package version and ggml's own CPU feature report
+    (``llama_print_system_info``), read in a child process so that a broken build cannot take this
+    one down; the CMAKE_ARGS ``envs/setup.sh --peers`` recorded; the features the build uses that
+    this CPU lacks (``missing_cpu_features``: such a build dies with SIGILL); the context settings."""
     code = ("import llama_cpp, json; print(json.dumps({'version': llama_cpp.__version__, "
             "'system_info': llama_cpp.llama_print_system_info().decode()}))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    info = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else {
-        "error": (done.stderr or "").strip()[-300:]}
-    return {**info, "setup_cmake_args": LLAMA_CPP_CMAKE_ARGS, "n_batch": 512, "mmap": True,
-            "kv_cache": "llama.cpp default (f16)", "sampling": "argmax of Llama.scores (greedy)"}
+    if done.returncode == 0 and done.stdout.strip():
+        info = json.loads(done.stdout.strip().splitlines()[-1])
+        info["missing_cpu_features"] = ggml_missing_features(info["system_info"])
+    else:
+        info = {"error": f"{exit_cause(done.returncode)}: {(done.stderr or '').strip()[-300:]}"}
+    stamp = Path(sys.prefix) / LLAMA_CPP_STAMP
+    return {**info, "setup_cmake_args": stamp.read_text(encoding="utf-8").strip() if stamp.is_file() else None,
+            "n_batch": 512, "mmap": True, "kv_cache": "llama.cpp default (f16)",
+            "sampling": "argmax of Llama.scores (greedy)"}
 
 
 # --- the stage ---------------------------------------------------------------------------------
@@ -314,10 +324,29 @@ def _one_line(note: str | None) -> str | None:
     return " ".join(note.split()) if note is not None else None
 
 
-def _median_row(figures: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = figures[0].keys()
-    row = {k: statistics.median(f[k] for f in figures) for k in keys}
+def _median_row(figures: list[dict[str, Any]], loads: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Medians over the rounds measured with the machine otherwise idle (every round when each one
+    was busy), with the load of each round and what the medians are over (``load_note``)."""
+    loads = loads or [{"busy": False} for _ in figures]
+    clean = [f for f, load in zip(figures, loads) if not load["busy"]]
+    used = clean or figures
+    keys = [k for k, v in used[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    row = {k: statistics.median(f[k] for f in used) for k in keys}
     row["rounds_decode_tok_s"] = [f["decode_tok_s"] for f in figures]
+    row["rounds_busy"] = [load["round"] for load in loads if load["busy"]]
+    row["rounds_load"] = [{"round": load.get("round"), "busy": load["busy"],
+                           "others_cores": load.get("during", {}).get("others_cores"),
+                           "steal_pct": load.get("during", {}).get("steal_pct"),
+                           "load_1m": load.get("during", {}).get("load_1m"),
+                           "others_cores_before": load.get("before", {}).get("others_cores")} for load in loads]
+    if "intra_op_spinning" in used[0]:
+        row["intra_op_spinning"] = [f["intra_op_spinning"] for f in figures]
+    busiest = max((load.get("during", {}).get("others_cores") or 0.0 for load in loads), default=0.0)
+    row["load_note"] = ("idle" if not row["rounds_busy"] else
+                        f"BUSY: every round ran beside other load (up to {busiest:.2f} cores)" if not clean else
+                        f"median of {len(clean)} idle rounds; round(s) {', '.join(map(str, row['rounds_busy']))} "
+                        f"ran beside other load and are left out")
+    row["busy"] = not clean
     row["per_round"] = list(figures)
     return row
 
@@ -456,12 +485,19 @@ def run_peers(
                     gguf, note = source_gguf(chosen, scratch)
                 except ArtifactError as exc:
                     gguf, note = None, f"no GGUF: {exc}"
+                config = llama_cpp_config()
                 if gguf is None:
                     add(LLAMA_CPP, "llama-cpp-python", None, None, skipped=note)
+                elif config.get("error") or config.get("missing_cpu_features"):
+                    why = (f"llama-cpp-python does not load: {config['error']}" if config.get("error") else
+                           f"llama-cpp-python was built for {', '.join(config['missing_cpu_features'])}, "
+                           f"which this CPU ({isa_name()}) lacks (it would die with SIGILL)")
+                    add(LLAMA_CPP, "llama-cpp-python", None, None, skipped=f"{why}: rebuild it with {INSTALL_HINT}",
+                        **config)
                 else:
                     add(LLAMA_CPP, "llama-cpp-python", os.fspath(gguf), gguf.stat().st_size,
                         (_measure_llama_cpp, (os.fspath(gguf), tokens, settings)),
-                        **llama_cpp_config(), n_ctx=max([*prompt_lengths, decode_prompt_tokens]) + new_tokens + 16,
+                        **config, n_ctx=max([*prompt_lengths, decode_prompt_tokens]) + new_tokens + 16,
                         n_threads=threads, n_threads_batch=threads)
         genai_dir = None
         if genai_builder or genai_builder_ort:
@@ -489,15 +525,17 @@ def run_peers(
         if not jobs:
             log.warning("no peer could be measured")
         failures: dict[int, str] = {}
-        per_job = interleaved_rounds(jobs, rounds, failures=failures)
+        loads: list[list[dict[str, Any]]] = []
+        idle_before = measure_load(2.0)
+        per_job = interleaved_rounds(jobs, rounds, failures=failures, loads=loads)
     measured = [r for r in rows if r["skipped"] is None]
     for i, (row, figures) in enumerate(zip(measured, per_job)):
         if i in failures:
             row["skipped"] = _one_line(f"failed while measuring: {failures[i]}")
             if row["peer"] == LLAMA_CPP:
-                row["skipped"] += f" (a crash of a default llama-cpp-python build on AVX-512/AMX CPUs: {INSTALL_HINT})"
+                row["skipped"] += f" (rebuild llama-cpp-python for this CPU: {INSTALL_HINT})"
             continue
-        row.update(_median_row(figures))
+        row.update(_median_row(figures, loads[i]))
         row["rounds"] = len(figures)
     reference = add_peer_ratios(rows, prompt_lengths)
     result = {
@@ -506,7 +544,13 @@ def run_peers(
         "rounds": rounds,
         **settings,
         "process_per_measurement": True,
-        "machine_note": "figures from a shared 2-core VM unless stated; compare ratios from the same run",
+        "isa": isa_name(),
+        "int8_kernel": int8_kernel(),
+        "load_before": idle_before,
+        "busy_rows": [r["peer"] for r in rows if r.get("rounds_busy")],
+        "machine_note": ("every measurement ran with the machine otherwise idle" if not any(r.get("rounds_busy") for r in rows)
+                         else "some measurements ran beside other load (rows' load_note): compare ratios, "
+                              "not absolute figures, and publish only idle rounds"),
         "library_versions": {**library_versions(), "onnxruntime-genai": package_version("onnxruntime-genai"),
                              "llama-cpp-python": package_version("llama_cpp_python")},
     }
@@ -520,7 +564,8 @@ def run_peers(
 def peer_columns(prompt_lengths: Sequence[int]) -> list[str]:
     """Columns of the peers table: figures, then their ratios to the fastest peer."""
     figures = ["decode_tok_s", *[f"prefill_ms_{n}" for n in prompt_lengths], "ttft_ms", "peak_rss_mib", "bytes_on_disk"]
-    return ["peer", "runtime", *figures, *[f"{f}_vs_peer" for f in ratio_figures(prompt_lengths)], "skipped"]
+    return ["peer", "runtime", *figures, *[f"{f}_vs_peer" for f in ratio_figures(prompt_lengths)], "load_note",
+            "skipped"]
 
 
 def _cell(value: Any, column: str) -> str:
@@ -553,10 +598,14 @@ def peers_notes(result: Mapping[str, Any]) -> list[str]:
         + (f"Ratios (`*_vs_peer`) divide by {ref}, the fastest peer." if ref else
            "No peer (llama.cpp, genai-builder-int4) was measured: no ratios."),
     ]
+    if result.get("isa"):
+        notes.append(f"Measured on {result['isa']} (onnxruntime's INT8 kernel: {result.get('int8_kernel')}); "
+                     f"machine load: {result.get('machine_note')} (idle before the sitting: "
+                     f"{(result.get('load_before') or {}).get('others_cores')} cores used by other processes).")
     for row in result["rows"]:
         if row["peer"] == LLAMA_CPP and not row.get("skipped"):
             c = row["config"]
-            notes.append(f"llama.cpp: llama-cpp-python {c.get('version')}, built with CMAKE_ARGS=\"{c.get('setup_cmake_args')}\" "
-                         f"(the default native build crashes in the AMX repacking path on this CPU); "
+            notes.append(f"llama.cpp: llama-cpp-python {c.get('version')}, built by envs/setup.sh with "
+                         f"CMAKE_ARGS=\"{c.get('setup_cmake_args')}\" (never AMX: its weight repacking crashes); "
                          f"n_ctx {c.get('n_ctx')}, n_batch {c.get('n_batch')}; ggml: {c.get('system_info', '').strip()}")
     return notes

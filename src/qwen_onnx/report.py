@@ -32,6 +32,11 @@ COLUMNS: dict[str, str] = {
     "variant": "variant folder name; `pytorch` is PyTorch eager fp32, the reference",
     "gate": "PASS or FAIL against the gate of the variant's kind (config `gates`)",
     "gate_failures": "the failing figures with their limits, `;`-separated",
+    "gate_marginal": "passing figures within the gate's margin of their limit (1 point of top-1, 10% of the "
+                     "other limits), `;`-separated: a verdict that may flip on another CPU or text",
+    "accuracy_isa": "instruction set of the CPU the accuracy figures were computed on (qwen_onnx.machine.isa_name)",
+    "int8_kernel": "onnxruntime MLAS U8S8 integer GEMM path on that CPU: VPDPBUSD/AMX sum exactly, VPMADDUBSW "
+                   "(AVX2, AVX-512BW without VNNI) saturates int16 pair sums",
     "bytes_on_disk": "bytes of model.onnx + model.onnx_data (model.tflite for tflite, safetensors for pytorch)",
     "nodes": "ONNX graph node count (tflite: operators of the prefill signature)",
     "quant_ops": "quantization ops in the graph (QuantizeLinear/DequantizeLinear, MatMulInteger, ...; tflite: "
@@ -66,6 +71,9 @@ COLUMNS: dict[str, str] = {
     "threads": "intra-op threads of the measured session",
     "provider": "ONNX Runtime execution provider (torch-eager-cpu for pytorch)",
     "top_op": "op type with the largest share of ONNX Runtime kernel time, with its percent",
+    "speed_isa": "instruction set of the CPU the speed figures were measured on",
+    "timing_load": "`idle`, or which rounds of the timing sitting ran beside other load (their figures are left "
+                   "out of the medians unless every round was busy: `BUSY`)",
     "measured_by": "what timed the speed figures: `peers` (the model's timing sitting: every variant, PyTorch "
                    "and the peers in the same interleaved rounds, one process per measurement) or `latency` (a "
                    "variant timed on its own by `qwen-onnx latency`)",
@@ -78,6 +86,12 @@ COLUMNS: dict[str, str] = {
 #: ``"<model> <column>"`` headers are derived by :func:`label`.
 LABELS: dict[str, str] = {
     "gate_failures": "gate failures",
+    "gate_marginal": "marginal pass",
+    "accuracy_isa": "accuracy ISA",
+    "int8_kernel": "INT8 kernel",
+    "speed_isa": "speed ISA",
+    "timing_load": "machine load while timed",
+    "load_note": "machine load while timed",
     "bytes_on_disk": "size (MB)",
     "nodes": "graph nodes",
     "quant_ops": "quantization ops",
@@ -252,6 +266,11 @@ def variant_row(model: str, variant: str, inspect: Mapping | None, accuracy: Map
     row.update(model=model, variant=variant)
     row["gate"] = accuracy.get("gate")
     row["gate_failures"] = "; ".join(accuracy.get("gate_failures", []))
+    row["gate_marginal"] = "; ".join(accuracy.get("gate_marginal", []))
+    row["accuracy_isa"] = accuracy.get("isa")
+    row["int8_kernel"] = accuracy.get("int8_kernel")
+    row["speed_isa"] = latency.get("isa")
+    row["timing_load"] = (latency.get("load_note") or "idle") if "busy" in latency else None
     row["measured_by"] = "peers" if latency.get("measured_in") == "peers.json" else "latency"
     row["eval_tokens"] = accuracy.get("tokens")
     for key in _ACCURACY_KEYS:
@@ -353,7 +372,8 @@ def peer_metric_rows(models: Sequence[str], paths: Sequence[str | os.PathLike],
                 continue
             row: dict[str, Any] = {c: None for c in COLUMNS}
             row.update(model=model, variant=peer["peer"], measured_by="peers", threads=result["threads"],
-                       provider=_PEER_PROVIDER[peer["peer"]])
+                       provider=_PEER_PROVIDER[peer["peer"]], speed_isa=result.get("isa"),
+                       timing_load=(peer.get("load_note") or "idle") if "busy" in peer else None)
             for key in ("load_s", "ttft_ms", "decode_tok_s", "peak_rss_mib", "bytes_on_disk"):
                 row[key] = peer.get(key)
             for n in prompt_lengths:
@@ -523,6 +543,8 @@ def recommend(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def _machine_lines(machine: Mapping) -> list[str]:
     versions = ", ".join(f"{k} {v}" for k, v in machine.get("library_versions", {}).items() if v)
     return [
+        f"Instruction set: {machine.get('isa', 'not recorded')}; onnxruntime's INT8 kernel: "
+        f"{machine.get('int8_kernel', 'not recorded')} (every accuracy and speed row names the ISA it ran on)",
         f"CPU: {machine.get('cpu_model')} ({machine.get('logical_cores')} logical cores, "
         f"flags {', '.join(machine.get('cpu_flags', [])) or 'none'}), {machine.get('memory_gib')} GiB RAM",
         f"Memory bandwidth (STREAM Copy convention, {machine.get('bandwidth_threads')} threads): "

@@ -13,6 +13,7 @@ from typing import Iterator
 
 from .artifacts import permission_message
 from .errors import QwenOnnxError
+from .quiet import quiet_third_party
 
 #: Rules that measure speed: each claims every core Snakemake was given (README, "Latency jobs
 #: claim every core"), so nothing runs beside it and the libraries keep their default threading.
@@ -67,6 +68,7 @@ def logged(snakemake) -> Iterator[None]:
         )
         logging.captureWarnings(True)
         warnings.simplefilter("default")
+        quiet_third_party()
         if share_cores_politely(snakemake.rule):
             logging.getLogger("qwen_onnx").info("OMP_WAIT_POLICY=PASSIVE: this job shares the cores")
         try:

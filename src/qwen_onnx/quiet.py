@@ -1,0 +1,56 @@
+"""Third-party import notices that read like failures, filtered from the logs and explained once.
+
+Importing litert-torch (the tflite variant) pulls in torchao and TensorFlow, which announce at import
+time what they will not use here:
+
+- torchao: ``Failed to load .../torchao/_C_mxfp8...so`` and ``_C_cutlass_90a``: its CUDA kernels
+  (MX-FP8, CUTLASS for sm_90a), which a CPU run never calls (logger ``torchao``, WARNING);
+- torch: ``<enum 'KernelPreference'> is an Enum subclass ... register_constant() ... deprecated``,
+  torchao registering an enum with torch.compile (logger ``torch.utils._pytree``);
+- TensorFlow's C++ start-up lines ("This TensorFlow binary is optimized to use available CPU
+  instructions ... rebuild TensorFlow with the appropriate compiler flags", oneDNN notices): INFO and
+  WARNING of TensorFlow's own logging, silenced with ``TF_CPP_MIN_LOG_LEVEL=2`` (errors still print).
+
+Each filtered kind is named once in the log, with why it is harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+
+#: (logger name, message pattern, why it is harmless): the notices :func:`quiet_third_party` drops.
+NOISE: tuple[tuple[str, str, str], ...] = (
+    ("torchao", r"^Failed to load .*torchao/_C_", "torchao's CUDA kernels (MX-FP8, CUTLASS), unused on the CPU"),
+    ("torch.utils._pytree", r"is an Enum subclass and is now natively supported by torch\.compile",
+     "torchao registering an enum with torch.compile, a deprecation notice"),
+)
+
+
+class _NoiseFilter(logging.Filter):
+    def __init__(self, pattern: str, why: str) -> None:
+        super().__init__()
+        self.pattern = re.compile(pattern)
+        self.why = why
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.pattern.search(record.getMessage()):
+            return True
+        self.dropped += 1
+        if self.dropped == 1:
+            logging.getLogger("qwen_onnx").info("filtered %s notices (%s): %s", record.name, self.why,
+                                                 record.getMessage()[:120])
+        return False
+
+
+def quiet_third_party() -> None:
+    """Install the filters of :data:`NOISE` (once per process) and set ``TF_CPP_MIN_LOG_LEVEL=2``
+    unless the user set it. Call before the libraries are imported; child processes inherit the
+    environment variable and call this themselves for the logging filters."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    for name, pattern, why in NOISE:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoiseFilter) for f in logger.filters):
+            logger.addFilter(_NoiseFilter(pattern, why))
