@@ -130,6 +130,7 @@ def accuracy_from_reference(
     gate_kind: str | None = None,
     fail_on_gate: bool = False,
     output: str | os.PathLike | None = None,
+    emulate_integer: bool = False,
 ) -> dict[str, Any]:
     """Compare a variant with PyTorch fp32's stored outputs and apply its gate (no PyTorch loaded).
 
@@ -146,6 +147,11 @@ def accuracy_from_reference(
             ``int8_static``, ``int4``), recorded in the report.
         fail_on_gate: raise :class:`GateError` on FAIL (after writing ``output``).
         output: JSON file to write, if given.
+        emulate_integer: run with onnxruntime's graph optimizations off, so that QDQ pairs are not
+            fused into integer kernels: each DequantizeLinear feeds a float MatMul, which computes
+            the quantized graph's exact values whatever the CPU (no int16 saturation of
+            ``VPMADDUBSW``); slower. Recorded as ``integer_kernels``. Explicit quantized ops
+            (``MatMulNBits``, ``GatherBlockQuantized``) still run their own kernels.
 
     Returns:
         :meth:`qwen_onnx.metrics.AccuracyAccumulator.summary`, ``window``, ``windows``, the parity
@@ -185,7 +191,10 @@ def accuracy_from_reference(
                  "gate_limits_not_applicable": {k: limits.pop(k) for k in TFLITE_NOT_APPLICABLE if k in limits}}
     else:
         # accuracy jobs share the cores with other jobs: spinning threads would slow them (runtime.session_options)
-        variant = OnnxCausalLM(variant_dir, threads=threads, settings=SHARED_CORES_SETTINGS)
+        settings = {**SHARED_CORES_SETTINGS, **({"graph_optimization_level": "disable"} if emulate_integer else {})}
+        variant = OnnxCausalLM(variant_dir, threads=threads, settings=settings)
+        extra = {"integer_kernels": "emulated: graph optimizations off, QDQ computed in float" if emulate_integer
+                 else "onnxruntime's fused integer kernels"}
     acc = AccuracyAccumulator()
     for i, ids in enumerate(tqdm(windows, desc=f"accuracy {name}", unit="window")):
         got, _ = variant.forward(ids.reshape(1, -1))  # [1, window, vocab]: one prefill

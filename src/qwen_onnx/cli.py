@@ -56,7 +56,7 @@ def _static(a):
     settings = StaticSettings(
         op_types=a.op_types, per_channel=a.per_channel, method=a.method, samples=a.samples,
         sequence_length=a.sequence_length, activation_type=a.activation_type, weight_type=a.weight_type,
-        activation_symmetric=a.activation_symmetric, nodes_to_exclude=a.exclude,
+        reduce_range=a.reduce_range, activation_symmetric=a.activation_symmetric, nodes_to_exclude=a.exclude,
         sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
         sensitive_max_fraction=a.sensitive_max_fraction, sensitive_scheme=a.sensitive_scheme, block_size=a.block_size, quant_format=a.quant_format,
         embedding=a.embedding, embedding_bits=a.embedding_bits, smooth=a.smooth,
@@ -204,7 +204,10 @@ def _accuracy(a):
             raise QwenOnnxError(f"{a.reference} is a reference folder written with other settings: {', '.join(differ)}; "
                                 "drop the options or write a new reference with `qwen-onnx reference`")
         return accuracy_from_reference(a.variant, a.reference, threads=a.threads, kv_decode_steps=a.kv_decode_steps,
-                                       gate_limits=limits, gate_kind=kind, output=a.output)
+                                       gate_limits=limits, gate_kind=kind, output=a.output,
+                                       emulate_integer=a.emulate_integer)
+    if a.emulate_integer:
+        raise QwenOnnxError("--emulate-integer needs a reference folder (`qwen-onnx reference`) as --reference")
     settings = {k: EVALUATION[k] if v is None else v for k, v in settings.items()}
     text = shipped_text(EVALUATION_TEXT) if a.text is None else a.text
     return evaluate_accuracy(
@@ -329,6 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--sequence-length", type=int, default=128)
             p.add_argument("--activation-type", choices=["QUInt8", "QInt8"], default="QUInt8")
             p.add_argument("--weight-type", choices=["QInt8", "QUInt8"], default="QInt8")
+            p.add_argument("--reduce-range", action="store_true",
+                           help="7-bit weights: no int16 saturation in AVX2/AVX-512BW integer kernels")
             p.add_argument("--activation-symmetric", action=argparse.BooleanOptionalAction, default=False)
             p.add_argument("--quant-format", choices=["QDQ", "QOperator"], default="QDQ",
                            help="QDQ: Q/DQ pairs fused by ORT at load; QOperator: QLinearMatMul in the graph")
@@ -496,6 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gate", action="append", default=None, metavar="FIGURE=LIMIT",
                    help="override one limit of the default gate (repeatable), e.g. --gate ppl_delta_pct=2")
     p.add_argument("--no-gate", action="store_true", help="no limits: only the NaN and perplexity checks")
+    p.add_argument("--emulate-integer", action="store_true",
+                   help="graph optimizations off: QDQ computed in float, the graph's exact values on any CPU "
+                        "(no integer-kernel saturation); slower")
     p.add_argument("-o", "--output", default=None)
     p.set_defaults(func=_accuracy)
 

@@ -178,6 +178,11 @@ class StaticSettings(_SensitiveSettings):
         sequence_length: tokens per calibration window.
         activation_type: ``QUInt8`` or ``QInt8`` (ORT recommends U8S8 on x86 CPUs).
         weight_type: ``QInt8`` or ``QUInt8``.
+        reduce_range: 7-bit weights (QInt8 in [-64, 64]; onnxruntime's ``reduce_range``): with u8
+            activations no pair of products in MLAS's ``VPMADDUBSW`` kernels (AVX2, AVX-512BW
+            without VNNI) reaches the int16 limit (2 x 255 x 64 = 32,640 < 32,767), so the graph
+            computes the same on every x86 CPU (onnxruntime's quantization docs and OpenVINO's
+            "Saturation (overflow) issue workaround" recommend it for CPUs without VNNI).
         activation_symmetric: symmetric activation ranges.
         smooth: SmoothQuant scale migration before calibration (:mod:`qwen_onnx.smoothquant`).
         smooth_alphas: migration strengths α searched per MatMul group.
@@ -208,6 +213,7 @@ class StaticSettings(_SensitiveSettings):
     sequence_length: int = 128
     activation_type: str = "QUInt8"
     weight_type: str = "QInt8"
+    reduce_range: bool = False
     activation_symmetric: bool = False
     smooth: bool = False
     smooth_alphas: list[float] = field(default_factory=lambda: [0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
@@ -579,6 +585,7 @@ def quantize_static_variant(
             per_channel=settings.per_channel,
             activation_type=getattr(QuantType, settings.activation_type),
             weight_type=getattr(QuantType, settings.weight_type),
+            reduce_range=settings.reduce_range,
             # the cache holds final ranges whatever the method (qwen_onnx.activation_ranges.tensors_data)
             calibrate_method=CalibrationMethod.MinMax,
             nodes_to_exclude=excluded,
