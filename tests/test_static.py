@@ -362,3 +362,36 @@ def test_hadamard_roles_are_checked():
         StaticSettings(hadamard_roles=["down"])
     assert str(caught.value) == ("hadamard_roles ['down'] unknown; use MatMul roles from qkv_proj, q_proj, k_proj, "
                                  "v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head")
+
+
+def test_reduce_range_keeps_every_weight_within_7_bits(pipeline, texts, tmp_path):
+    """reduce_range: every QDQ weight of a MatMul in [-64, 64], so that no pair of u8 x s8 products
+    reaches the int16 limit of VPMADDUBSW (2 x 255 x 64 = 32,640 <= 32,767); without it the weights
+    use the full [-127, 127]."""
+    from onnx import numpy_helper
+
+    def weight_extremes(folder):
+        model = onnx.load(str(folder / MODEL_FILE))
+        inits = {i.name: i for i in model.graph.initializer}
+        produced = {o: n for n in model.graph.node for o in n.output}
+        low, high = 0, 0
+        for node in model.graph.node:
+            if node.op_type != "MatMul":
+                continue
+            dq = produced.get(node.input[1])
+            if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in inits:
+                continue
+            q = numpy_helper.to_array(inits[dq.input[0]])
+            assert q.dtype == np.int8
+            low, high = min(low, int(q.min())), max(high, int(q.max()))
+        return low, high
+
+    settings = dict(samples=4, sequence_length=32, block_size=16)
+    quantize_static_variant(pipeline["optimized"], tmp_path / "rr", texts["calibration"],
+                            StaticSettings(**settings, reduce_range=True))
+    quantize_static_variant(pipeline["optimized"], tmp_path / "full", texts["calibration"], StaticSettings(**settings))
+    low, high = weight_extremes(tmp_path / "rr")
+    assert -64 <= low < -50 and 50 < high <= 64
+    assert 2 * 255 * max(-low, high) <= 32767
+    assert weight_extremes(tmp_path / "full") == (-127, 127)
+    assert json.loads((tmp_path / "rr" / "quantize.json").read_text())["settings"]["reduce_range"] is True

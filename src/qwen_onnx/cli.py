@@ -332,8 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--sequence-length", type=int, default=128)
             p.add_argument("--activation-type", choices=["QUInt8", "QInt8"], default="QUInt8")
             p.add_argument("--weight-type", choices=["QInt8", "QUInt8"], default="QInt8")
-            p.add_argument("--reduce-range", action="store_true",
-                           help="7-bit weights: no int16 saturation in AVX2/AVX-512BW integer kernels")
+            p.add_argument("--reduce-range", action=argparse.BooleanOptionalAction, default=True,
+                           help="7-bit weights: no int16 saturation in AVX2/AVX-512BW integer kernels, the same "
+                                "results on every x86 CPU (docs/isa.md)")
             p.add_argument("--activation-symmetric", action=argparse.BooleanOptionalAction, default=False)
             p.add_argument("--quant-format", choices=["QDQ", "QOperator"], default="QDQ",
                            help="QDQ: Q/DQ pairs fused by ORT at load; QOperator: QLinearMatMul in the graph")

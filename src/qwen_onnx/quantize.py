@@ -213,7 +213,7 @@ class StaticSettings(_SensitiveSettings):
     sequence_length: int = 128
     activation_type: str = "QUInt8"
     weight_type: str = "QInt8"
-    reduce_range: bool = False
+    reduce_range: bool = True
     activation_symmetric: bool = False
     smooth: bool = False
     smooth_alphas: list[float] = field(default_factory=lambda: [0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])

@@ -124,7 +124,7 @@ LABELS: dict[str, str] = {
     "top_op": "top op (% of kernel time)",
     "measured_by": "measured by",
     "goal": "goal",
-    "note": "better, but fails its gate",
+    "note": "note (better but failing variants; a thin-margin pass; a figure timed beside other load)",
     # the graph, sensitivity, peers and profile tables
     "initializers": "initializers",
     "fused_ops": "fused ops",
@@ -536,6 +536,11 @@ def recommend(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                       and pick(r[column], best[column]) == r[column] != best[column]]
             unit = label(column).rpartition("(")[2].rstrip(")")
             note = ", ".join(f"{r['variant']} ({_fmt(r[column], column)} {unit})" for r in better)
+            if best.get("gate_marginal"):
+                note = "; ".join(x for x in (note, f"{best['variant']} passes by a thin margin on "
+                                                   f"{best.get('accuracy_isa') or 'this CPU'}: {best['gate_marginal']}") if x)
+            if best.get("timing_load") not in (None, "idle") and column in ("decode_tok_s", "ttft_ms"):
+                note = "; ".join(x for x in (note, f"timed beside other load: {best['timing_load']}") if x)
             out.append({**{c: best.get(c) for c in ANSWER}, "goal": goal, "bold": column, "note": note})
     return out
 
