@@ -141,6 +141,9 @@ def test_a_pass_within_the_margin_is_marginal():
     assert gate_margins({"ppl_delta_pct": 1.35, "top1_pct": 93.5, "kl_mean": 0.02}, limits) == []
     assert gate_margins({"ppl_delta_pct": 1.0, "top1_pct": 95, "kl_mean": 0.095}, limits) == [
         "kl_mean 0.095 within 10% of <= 0.1"]
+    # a float gate's 99.5% leaves half a point of room: 100% is not marginal, 99.52% is
+    assert gate_margins({"top1_pct": 100.0}, {"top1_pct": 99.5}) == []
+    assert gate_margins({"top1_pct": 99.52}, {"top1_pct": 99.5}) == ["top1_pct 99.52 within 0.05 point of >= 99.5"]
 
 
 def test_litert_torch_imports_quietly_and_says_what_it_filtered():

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from .artifacts import read_json, write_json, write_text
+from .gates import gate_margins
 from .inspect_graph import FUSED_OPS
 
 #: Column name -> description (units in the text). Order is the CSV's; the prefill columns
@@ -266,7 +267,8 @@ def variant_row(model: str, variant: str, inspect: Mapping | None, accuracy: Map
     row.update(model=model, variant=variant)
     row["gate"] = accuracy.get("gate")
     row["gate_failures"] = "; ".join(accuracy.get("gate_failures", []))
-    row["gate_marginal"] = "; ".join(accuracy.get("gate_marginal", []))
+    row["gate_marginal"] = "; ".join(gate_margins(accuracy, accuracy.get("gate_limits") or {})
+                                     if accuracy.get("gate") == "PASS" else [])
     row["accuracy_isa"] = accuracy.get("isa")
     row["int8_kernel"] = accuracy.get("int8_kernel")
     row["speed_isa"] = latency.get("isa")
