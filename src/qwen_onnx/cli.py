@@ -11,12 +11,12 @@ import json
 import logging
 import sys
 
-from .quiet import quiet_third_party
 from .errors import QwenOnnxError
 from .defaults import EVALUATION, EXPORT, FLOAT16, LATENCY, TFLITE, TFLITE_QUANTIZATIONS
 from .gates import DEFAULT_GATES
 from .hadamard import DEFAULT_ROLES as HADAMARD_ROLES
 from .matmuls import ROLES
+from .quiet import quiet_third_party
 from .text import CALIBRATION_TEXT, EVALUATION_TEXT, shipped_text
 
 
