@@ -389,7 +389,8 @@ def test_reduce_range_keeps_every_weight_within_7_bits(pipeline, texts, tmp_path
     settings = dict(samples=4, sequence_length=32, block_size=16)
     quantize_static_variant(pipeline["optimized"], tmp_path / "rr", texts["calibration"],
                             StaticSettings(**settings, reduce_range=True))
-    quantize_static_variant(pipeline["optimized"], tmp_path / "full", texts["calibration"], StaticSettings(**settings))
+    quantize_static_variant(pipeline["optimized"], tmp_path / "full", texts["calibration"],
+                            StaticSettings(**settings, reduce_range=False))
     low, high = weight_extremes(tmp_path / "rr")
     assert -64 <= low < -50 and 50 < high <= 64
     assert 2 * 255 * max(-low, high) <= 32767

@@ -61,7 +61,7 @@ from .errors import ArtifactError, PartError, QwenOnnxError, SourceError
 from .resolve import source_gguf
 from .machine import ggml_missing_features, int8_kernel, isa_name, measure_load
 from .runtime import SHARED_CORES_SETTINGS
-from .latency import _protocol, interleaved_rounds, measure_latency_of_tokens, measure_torch_latency, peak_rss_mib, prompt_tokens
+from .latency import _protocol, exit_cause, interleaved_rounds, measure_latency_of_tokens, measure_torch_latency, peak_rss_mib, prompt_tokens
 
 log = logging.getLogger(__name__)
 

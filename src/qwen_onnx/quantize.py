@@ -130,7 +130,8 @@ class DynamicSettings(_SensitiveSettings):
             activation is quantized per token and block at each call).
         op_types: op types to quantize with ``per_tensor`` (default ``["MatMul"]``).
         per_channel: ``per_tensor`` scheme: one weight scale per output channel instead of one per tensor.
-        reduce_range: ``per_tensor`` scheme: 7-bit weights, for CPUs without VNNI (ORT docs).
+        reduce_range: ``per_tensor`` scheme: 7-bit weights, so that its U8S8 MatMulInteger never
+            saturates the int16 pair sums of AVX2/AVX-512BW kernels (as ``StaticSettings.reduce_range``).
         nodes_to_exclude: node names kept float.
         sensitive_max_nodes: treat up to this many MatMuls apart, the most sensitive first (from
             the report of :func:`qwen_onnx.sensitivity.analyse_sensitivity`); 0: none.
@@ -155,7 +156,7 @@ class DynamicSettings(_SensitiveSettings):
     scheme: str = "blockwise"
     op_types: list[str] = field(default_factory=lambda: ["MatMul"])
     per_channel: bool = True
-    reduce_range: bool = False
+    reduce_range: bool = True
     nodes_to_exclude: list[str] = field(default_factory=list)
     embedding: str = "shared"
     embedding_bits: int = 8
