@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--opset", type=int, default=EXPORT["opset"], help="ONNX opset (the torch exporter needs 18 or newer)")
     p.add_argument("--exporter", default=EXPORT["exporter"], metavar="{optimum,torch}",
                    help="optimum (optimum-onnx, default) or torch (torch.onnx.export with dynamo=True, for "
-                        "architectures optimum does not support yet); README, 'Export routes'")
+                        "architectures optimum does not support yet); docs/design.md, 'Export routes'")
     p.set_defaults(func=_export)
 
     p = sub.add_parser("preprocess", help="quant_pre_process: symbolic shapes + ORT basic optimization")

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 __all__ = ["EVALUATION", "EXPORT", "EXPORTERS", "FLOAT16", "LATENCY", "TFLITE", "TFLITE_CONVERSION", "TFLITE_QUANTIZATIONS", "section"]
 
 #: ``export:`` (the fp32 export). ``exporter``: ``optimum`` (optimum-onnx) or ``torch``
-#: (``torch.onnx.export(dynamo=True)``, which needs ``opset`` 18 or newer); README, "Export routes".
+#: (``torch.onnx.export(dynamo=True)``, which needs ``opset`` 18 or newer); docs/design.md, "Export routes".
 EXPORT: Mapping[str, Any] = MappingProxyType({
     "exporter": "optimum",
     "opset": 17,

@@ -31,6 +31,7 @@ reads one row per token).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import statistics
@@ -49,6 +50,7 @@ from .inspect_graph import decode_weight_bytes, load_graph
 from .machine import peak_rss_mib  # noqa: F401 (re-exported: peers and the tests read it here)
 from .options import check_options
 from .profiling import summarise_trace
+from .machine import load_between, load_snapshot, measure_load
 from .runtime import LOOPS, SHARED_CORES_SETTINGS, OnnxCausalLM, resolve_settings
 from .text import read_text
 
@@ -474,10 +476,6 @@ def interleaved_rounds(
     Returns:
         Per job (in the given order) its figures, one per round it completed.
     """
-    import inspect
-
-    from .machine import load_between, load_snapshot, measure_load
-
     per_round: list[list[Any]] = [[] for _ in jobs]
     if loads is not None:
         loads[:] = [[] for _ in jobs]

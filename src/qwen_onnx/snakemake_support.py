@@ -15,8 +15,8 @@ from .artifacts import permission_message
 from .errors import QwenOnnxError
 from .quiet import quiet_third_party
 
-#: Rules that measure speed: each claims every core Snakemake was given (README, "Latency jobs
-#: claim every core"), so nothing runs beside it and the libraries keep their default threading.
+#: Rules that measure speed: each claims every core Snakemake was given (README, "Running the
+#: workflow"), so nothing runs beside it and the libraries keep their default threading.
 MEASURING_RULES = frozenset({"profile", "peers", "machine"})
 
 
