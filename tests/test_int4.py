@@ -144,6 +144,9 @@ def test_int4_sensitive_matmuls_at_8_bits(pipeline, tmp_path):
     ({"block_size_8bit": 24}, "block_size_8bit 24 is out of range; give one of 16, 32, 64, 128, 256"),
     ({"lm_head_bits": 2}, "lm_head_bits must be 4 or 8"),
     ({"embedding": "tied"}, "embedding mode 'tied' unknown; use one of float, quantized, shared"),
+    ({"algorithm": "k_quant", "symmetric": True}, "int4 algorithm k_quant stores a zero point per block and has no "
+                                                  "symmetric form; drop symmetric (or --symmetric)"),
+    ({"algorithm": "hqq", "symmetric": True}, "int4 algorithm hqq stores a zero point per block"),
 ])
 def test_int4_bad_settings_name_the_fix(pipeline, tmp_path, changes, message):
     with pytest.raises(QwenOnnxError) as error:
@@ -291,3 +294,98 @@ def test_k_quant_int_variant_runs_in_onnxruntime(pipeline, texts, tmp_path, impo
 def test_a_negative_importance_sample_count_is_refused():
     with pytest.raises(QwenOnnxError, match="importance_samples -1 is out of range; give an integer of at least 0"):
         Int4Settings(importance_samples=-1).check()
+
+
+def _matmul_graph(path, k: int, n: int, seed: int = 0) -> np.ndarray:
+    """One MatMul ``y = x @ w``, x float32 [batch, K], w float32 [K, N] an initializer, saved at ``path``."""
+    from onnx import TensorProto, numpy_helper
+
+    w = np.random.default_rng(seed).normal(size=(k, n)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", n])],
+                              [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return w
+
+
+def _dequantize_matmul_nbits(graph: onnx.GraphProto) -> np.ndarray:
+    """The float weight [K, N] a 4-bit MatMulNBits node stores, read as its spec (onnxruntime
+    docs/ContribOperators.md) says: B uint8 [N, blocks, block/2] low nibble first, scales [N * blocks],
+    zero points uint8 [N, ceil(blocks / 2)] packed per column (8 when absent)."""
+    from onnx import numpy_helper
+
+    node = next(n for n in graph.node if n.op_type == "MatMulNBits")
+    a = _attrs(node)
+    k, n, block = a["K"], a["N"], a["block_size"]
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    packed = inits[node.input[1]]
+    blocks = packed.shape[1]
+    q = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(n, blocks, block).astype(np.float32)
+    scale = inits[node.input[2]].reshape(n, blocks, 1)
+    if len(node.input) > 3 and node.input[3]:
+        zp_packed = inits[node.input[3]]
+        assert zp_packed.shape == (n, (blocks + 1) // 2)
+        zp = np.stack([zp_packed & 0x0F, zp_packed >> 4], axis=-1).reshape(n, -1)[:, :blocks]
+    else:
+        zp = np.full((n, blocks), 8)
+    weight = (q - zp[:, :, None]) * scale  # [N, blocks, block]
+    return weight.reshape(n, -1)[:, :k].T
+
+
+@pytest.mark.parametrize("k", [64, 896])  # the tiny model's width and the 0.5B's
+@pytest.mark.parametrize("block_size", [64, 128])  # odd blocks per column: 896 / 128 = 7, 64 / 64 = 1
+@pytest.mark.parametrize("algorithm, symmetric", [("k_quant_int", None), ("k_quant_int", True), ("k_quant", None),
+                                                  ("rtn", False), ("rtn", True), ("default", False)])
+def test_every_block_size_works_for_every_algorithm(tmp_path, k, block_size, algorithm, symmetric):
+    """onnxruntime 1.32's make_matmul_weight_only_node packed 4-bit zero points across columns and
+    failed at odd blocks per column ("cannot reshape array of size 3136 into shape (896,newaxis)" at
+    K = N = 896, block 128); the graph now computes x @ dequantized(w) with the spec's layout, within
+    4-bit error of the float product."""
+    import onnxruntime as ort
+
+    from qwen_onnx.external import ScratchFiles
+    from qwen_onnx.int4 import int4_pass
+
+    n = 40
+    w = _matmul_graph(tmp_path / "m.onnx", k, n)
+    settings = Int4Settings(algorithm=algorithm, block_size=block_size, symmetric=symmetric, accuracy_level=0)
+    settings.check()
+    out = int4_pass(tmp_path / "m.onnx", settings, [], ScratchFiles(tmp_path, "s"))
+    graph = onnx.load(str(out)).graph
+    node = next(n for n in graph.node if n.op_type == "MatMulNBits")
+    assert (len(node.input) > 3) != settings.symmetric_weights  # zero points exactly when asymmetric
+    x = np.random.default_rng(1).normal(size=(3, k)).astype(np.float32)
+    y = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    stored = _dequantize_matmul_nbits(graph)
+    np.testing.assert_allclose(y, x @ stored, rtol=1e-4, atol=1e-3)
+    rel = np.abs(y - x @ w).mean() / np.abs(x @ w).mean()
+    assert rel < 0.13, rel  # 4-bit on N(0, 1) weights: 0.09-0.11 here
+
+
+def test_k_quant_int_symmetric_has_no_zero_points_and_fits_as_well_as_rtn():
+    """Symmetric k_quant_int: zero point fixed at 8, the weighted search over the scale alone; its
+    error is no larger than round-to-nearest's absmax scale (onnxruntime's symmetric RTN)."""
+    from qwen_onnx.kquant import quantize_blocks
+
+    rng = np.random.default_rng(3)
+    weight = (rng.laplace(size=(64, 256)) * 0.02).astype(np.float32)
+    q, scale, zp = quantize_blocks(weight, 4, 32, symmetric=True)
+    assert (zp == 8).all() and q.min() >= 0 and q.max() <= 15 and (scale > 0).all()
+    ours = np.square(scale * (q - zp) - weight.reshape(-1, 32)).sum()
+    blocks = weight.reshape(-1, 32)
+    absmax = np.abs(blocks).max(axis=1, keepdims=True) / 8
+    rtn = np.square(absmax * np.clip(np.round(blocks / absmax), -8, 7) - blocks).sum()
+    assert ours < 0.9 * rtn, (ours, rtn)
+
+
+def test_cli_int4_block_128_on_the_tiny_model(pipeline, tmp_path):
+    """``qwen-onnx quantize-int4 --block-size 128`` at width 64 (one padded block per column) exits 0."""
+    from qwen_onnx.cli import main
+
+    out = tmp_path / "int4"
+    assert main(["quantize-int4", str(pipeline["preprocessed"]), "-o", str(out), "--block-size", "128",
+                 "--algorithm", "k_quant_int", "--importance-samples", "0"]) == 0
+    four = [n for n in _graph(out).node if n.op_type == "MatMulNBits" and _attrs(n)["bits"] == 4]
+    assert four and all(_attrs(n)["block_size"] == 128 for n in four)
+    _close_to_fp32(out, pipeline["preprocessed"], max_rel_mean=0.5, min_corr=0.8)

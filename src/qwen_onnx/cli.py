@@ -361,8 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inputs per scale of the 8-bit MatMuls (lm_head, sensitive, source-precise)")
     p.add_argument("--embedding-block-size", type=int, default=32, help="inputs per scale of an own embedding table")
     p.add_argument("--accuracy-level", type=int, default=4, help="MatMulNBits accuracy_level (4: INT8 activations)")
-    p.add_argument("--symmetric", action=argparse.BooleanOptionalAction, default=True,
-                   help="symmetric weights (default and rtn; k_quant, hqq, gptq choose their own)")
+    p.add_argument("--symmetric", action=argparse.BooleanOptionalAction, default=None,
+                   help="4-bit weights without zero points (--no-symmetric: one per block); unset: the "
+                        "algorithm's own (symmetric for default, rtn, gptq; zero points for k_quant_int, k_quant, hqq)")
     p.add_argument("--lm-head-bits", type=int, choices=[4, 8], default=8)
     p.add_argument("--embedding", choices=["shared", "quantized", "float"], default="shared")
     p.add_argument("--embedding-bits", type=int, choices=[4, 8], default=4, help="bits of an own embedding table")

@@ -50,7 +50,7 @@ from .errors import QwenOnnxError
 from .options import check_option
 from .export import normalise_external_data
 from .external import ScratchFiles
-from .kquant import activation_importance, kquant_int_pass
+from .kquant import activation_importance, kquant_int_pass, matmul_nbits_node
 from .blockwise import blockwise_int8
 from .matmuls import weight_matmul_names
 from .quantize import _SensitiveSettings, lazy_quantization, sensitive_nodes
@@ -59,6 +59,12 @@ log = logging.getLogger(__name__)
 
 ALGORITHMS = ("default", "rtn", "k_quant", "k_quant_int", "hqq", "gptq")
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
+#: Each algorithm's weights when ``symmetric`` is unset: True for onnxruntime's ``default`` and
+#: ``rtn``/``gptq`` (as ``MatMulNBitsQuantizer`` was called before the option could be unset); the
+#: k-quants and HQQ search a zero point per block (onnxruntime's ``k_quant`` and ``hqq`` can do
+#: nothing else).
+SYMMETRIC_DEFAULT = {"default": True, "rtn": True, "gptq": True, "k_quant_int": False, "k_quant": False,
+                     "hqq": False}
 
 
 @dataclass
@@ -79,8 +85,9 @@ class Int4Settings(_SensitiveSettings):
             lm_head's blocks).
         accuracy_level: MatMulNBits ``accuracy_level`` (4: INT8 activations per block, integer
             accumulation; 0: unset, float compute).
-        symmetric: symmetric 4-bit weights (no zero points) for ``default`` and ``rtn``;
-            ``k_quant``, ``hqq`` and ``gptq`` choose their own.
+        symmetric: 4-bit weights without zero points (True) or with one per block (False); None
+            (default) takes the algorithm's own choice, :data:`SYMMETRIC_DEFAULT`. ``k_quant`` and
+            ``hqq`` store zero points always, so True is refused for them.
         lm_head_bits: 4 or 8 bits for the lm_head (the MatMul producing ``logits``).
         embedding: ``shared`` (tied models: the embedding reads the lm_head's quantized weight),
             ``quantized`` (own GatherBlockQuantized table at ``embedding_bits``) or ``float``.
@@ -107,7 +114,7 @@ class Int4Settings(_SensitiveSettings):
     block_size_8bit: int = 128
     embedding_block_size: int = 32
     accuracy_level: int = 4
-    symmetric: bool = True
+    symmetric: bool | None = None
     lm_head_bits: int = 8
     embedding: str = "shared"
     embedding_bits: int = 4
@@ -128,6 +135,9 @@ class Int4Settings(_SensitiveSettings):
         check_option("block_size_8bit", self.block_size_8bit)
         check_option("embedding_block_size", self.embedding_block_size)
         check_option("importance_samples", self.importance_samples)
+        if self.symmetric and self.algorithm in ("k_quant", "hqq"):
+            raise QwenOnnxError(f"int4 algorithm {self.algorithm} stores a zero point per block and has no symmetric "
+                                "form; drop symmetric (or --symmetric), or use k_quant_int, rtn, default or gptq")
         if self.accuracy_level not in ACCURACY_LEVELS:
             raise QwenOnnxError(f"accuracy_level must be 0 to 4 (MatMulNBits), got {self.accuracy_level}")
         if self.lm_head_bits not in (4, 8):
@@ -135,6 +145,11 @@ class Int4Settings(_SensitiveSettings):
         if not 0 <= self.source_bits <= 32:
             raise QwenOnnxError(f"source_bits must be 0 (off) to 32 bits per weight, got {self.source_bits}")
         self.embedding_plan(False).check()
+
+    @property
+    def symmetric_weights(self) -> bool:
+        """``symmetric``, or the algorithm's own choice (:data:`SYMMETRIC_DEFAULT`) when unset."""
+        return SYMMETRIC_DEFAULT[self.algorithm] if self.symmetric is None else bool(self.symmetric)
 
     def embedding_plan(self, tied: bool) -> EmbeddingPlan:
         """The embedding treatment of these settings; ``tied`` from :func:`~qwen_onnx.embeddings.embedding_tied`."""
@@ -192,19 +207,22 @@ def int4_pass(graph_only: Path, settings: Int4Settings, keep: Sequence[str], scr
     Raises:
         QwenOnnxError: the quantizer converted fewer MatMuls than asked for.
     """
+    from unittest import mock
+
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    from onnxruntime.quantization.neural_compressor import weight_only
 
     proto = onnx.load(str(graph_only), load_external_data=False)
     weights = weight_matmul_names(graph_only)
     targets = [n for n in weights if n not in set(keep)]
     if settings.algorithm == "k_quant_int":
         return kquant_int_pass(graph_only, targets, settings.block_size, settings.accuracy_level, scratch, importance,
-                               threads=threads)
+                               threads=threads, symmetric=settings.symmetric_weights)
     kept_float = [n for n in weights if n in set(keep)]  # the 8-bit ones are MatMulNBits already
     before = sum(n.op_type == "MatMulNBits" for n in proto.graph.node)
     others = [n.name for n in proto.graph.node if n.op_type == "MatMul" and n.name not in set(targets)]
     quantizer = MatMulNBitsQuantizer(
-        proto, bits=4, block_size=settings.block_size, is_symmetric=settings.symmetric,
+        proto, bits=4, block_size=settings.block_size, is_symmetric=settings.symmetric_weights,
         accuracy_level=settings.accuracy_level, nodes_to_exclude=others, op_types_to_quantize=("MatMul",),
         algo_config=_algo_config(settings, graph_only, kept_float, calibration_text),
     )
@@ -216,7 +234,9 @@ def int4_pass(graph_only: Path, settings: Int4Settings, keep: Sequence[str], scr
         q.setLevel(logging.WARNING)
     try:
         # Neural Compressor's rtn/k_quant/gptq print a progress bar on stdout
-        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+        # Neural Compressor's MatMulNBits builder packs 4-bit zero points across rows (onnxruntime#22253)
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull), \
+                mock.patch.object(weight_only, "make_matmul_weight_only_node", matmul_nbits_node):
             quantizer.process()
     finally:
         for q, level in zip(quiet, levels):
@@ -374,7 +394,7 @@ def quantize_int4_variant(
         write_genai_config(stage)  # onnxruntime-genai runs the folder
         info = {
             "kind": "int4",
-            "settings": asdict(settings),
+            "settings": {**asdict(settings), "symmetric": settings.symmetric_weights},
             "lm_head": head.name,
             "nodes_8bit": eight,
             "nodes_float": float_names,

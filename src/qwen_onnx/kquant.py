@@ -18,9 +18,15 @@ that channel the error weight ``importance[k] * sqrt(sigma2 + w^2)``, ``sigma2 =
 of its block; without it the weight is ``make_qkx2_quants``' ``sqrt(mean(w^2)) + |w|``. The error
 that matters is the product's, ``sum_k X_k^2 (w_k - ŵ_k)^2`` in expectation, hence ``X^2``.
 
+Symmetric (``symmetric=True``): the zero point is MatMulNBits' default ``2^(bits-1)`` (none is
+stored) and the same weighted search runs over the scale alone.
+
 Representation (MatMulNBits, onnxruntime contrib op): ``w ≈ scale * (q - zero_point)`` with
 ``q`` and ``zero_point`` integers in ``[0, 2^bits - 1]``, one scale and zero point per block; the
-nodes are built and packed by onnxruntime's ``make_matmul_weight_only_node``.
+nodes are built by :func:`matmul_nbits_node`: onnxruntime's ``make_matmul_weight_only_node`` with
+the zero points packed row by row as the operator's spec asks (``[N, ceil(blocks * bits / 8)]``);
+onnxruntime 1.32's helper packs them across rows and fails whenever the blocks per row are odd
+(block 128 at the 0.5B's width 896, or any block at least as wide as K; onnxruntime#22253).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
+from onnxruntime.quantization.neural_compressor.weight_only import make_matmul_weight_only_node as _ort_matmul_nbits_node
 
 from .external import ScratchFiles
 
@@ -49,7 +56,7 @@ CHUNK_BLOCKS = 2048
 
 def quantize_blocks(
     data: np.ndarray, num_bits: int = 4, group_size: int = 32, importance: np.ndarray | None = None,
-    threads: int = 1,
+    threads: int = 1, symmetric: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Quantize ``data`` in blocks of ``group_size`` consecutive values with integer zero points.
 
@@ -68,6 +75,8 @@ def quantize_blocks(
         threads: chunks of :data:`CHUNK_BLOCKS` blocks searched at once on this many threads
             (numpy's element-wise kernels release the GIL); every block's search is independent,
             so the result is the same for any count.
+        symmetric: fix every zero point at ``2^(bits-1)`` and search the scale alone (candidates
+            ``max|x| / (2^(bits-1) - 1 + t)``, ``t`` in [0, 1.5]).
 
     Returns:
         ``(q, scale, zero_point)``: q float32 [N * K / group_size, group_size] holding integers in
@@ -82,13 +91,18 @@ def quantize_blocks(
         sigma2 = 2 * np.mean(x * x, axis=1, keepdims=True)
         e = channel * np.sqrt(sigma2 + x * x)  # quantize_row_q4_K_impl with quant_weights
     starts = range(0, x.shape[0], CHUNK_BLOCKS)
+    search = _search_symmetric if symmetric else _search_blocks
+
+    def chunk(i: int):
+        return search(x[i:i + CHUNK_BLOCKS], e[i:i + CHUNK_BLOCKS], maxq)
+
     if threads <= 1:
-        parts = [_search_blocks(x[i:i + CHUNK_BLOCKS], e[i:i + CHUNK_BLOCKS], maxq) for i in starts]
+        parts = [chunk(i) for i in starts]
     else:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(threads) as pool:
-            parts = list(pool.map(lambda i: _search_blocks(x[i:i + CHUNK_BLOCKS], e[i:i + CHUNK_BLOCKS], maxq), starts))
+            parts = list(pool.map(chunk, starts))
     return tuple(np.concatenate(p) for p in zip(*parts))
 
 
@@ -118,6 +132,76 @@ def _search_blocks(x: np.ndarray, e: np.ndarray, maxq: int) -> tuple[np.ndarray,
             best_z = np.where(better, zp, best_z)
     q = np.clip(np.round(x / best_s + best_z), 0, maxq)
     return q, best_s.astype(np.float32), best_z.astype(np.uint8)
+
+
+def _search_symmetric(x: np.ndarray, e: np.ndarray, maxq: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_search_blocks` with the zero point fixed at ``(maxq + 1) / 2``: levels ``q - z`` in
+    ``[-z, z - 1]``; each candidate scale's rounding is refitted by weighted least squares."""
+    z = np.float32((maxq + 1) // 2)
+    ex = e * x
+    amax = np.max(np.abs(x), axis=1, keepdims=True)
+    amax = np.where(amax > 0, amax, np.float32(1.0))
+    best_err = np.full(amax.shape, np.inf, dtype=np.float32)
+    best_s = amax / z
+    for step in range(STEPS + 1):
+        s0 = amax / np.float32(z - 1 + 1.5 * step / STEPS)
+        level = np.clip(np.round(x / s0), -z, z - 1)
+        num = np.sum(ex * level, axis=1, keepdims=True)
+        den = np.sum(e * level * level, axis=1, keepdims=True)
+        s = np.where((den > 0) & (num > 0), num / np.where(den > 0, den, 1), s0)
+        diff = s * level - x
+        err = np.sum(e * diff * diff, axis=1, keepdims=True)
+        better = err < best_err
+        best_err = np.where(better, err, best_err)
+        best_s = np.where(better, s, best_s)
+    q = np.clip(np.round(x / best_s), -z, z - 1) + z
+    return q, best_s.astype(np.float32), np.full(best_s.shape, z, dtype=np.uint8)
+
+
+def pack_zero_points(zero_point: np.ndarray, n: int, k_blocks: int, num_bits: int) -> np.ndarray:
+    """MatMulNBits' uint8 ``zero_points`` input from one zero point per block.
+
+    Args:
+        zero_point: integers in ``[0, 2^bits - 1]``, ``N * k_blocks`` of them in row-major
+            [N, k_blocks] order (any shape).
+        n: output columns N; k_blocks: blocks per column, ``ceil(K / block_size)``.
+        num_bits: 4 or 8.
+
+    Returns:
+        uint8 [N, ceil(k_blocks * bits / 8)]: each column's zero points packed on their own
+        (4 bits: the first block in the low nibble, an odd last byte padded with 8), as the
+        MatMulNBits spec (onnxruntime docs/ContribOperators.md) asks.
+    """
+    zp = np.asarray(zero_point).reshape(n, k_blocks).astype(np.uint8)
+    if num_bits == 8:
+        return zp
+    if num_bits != 4:
+        raise ValueError(f"MatMulNBits zero points of {num_bits} bits are not packed here; use 4 or 8")
+    if k_blocks % 2:
+        zp = np.concatenate([zp, np.full((n, 1), 8, dtype=np.uint8)], axis=1)
+    return (zp[:, 0::2] | (zp[:, 1::2] << 4)).astype(np.uint8)
+
+
+def matmul_nbits_node(node, weight_shape, num_bits, group_size, k_blocks, q_weight, scale, zero_point,
+                      accuracy_level=0):
+    """onnxruntime's ``make_matmul_weight_only_node`` (same arguments and returns: the MatMulNBits
+    node and its new initializers) with the zero points packed by :func:`pack_zero_points`.
+
+    Args:
+        weight_shape: the float weight's ``(K, N)``.
+        q_weight: uint8 [N * k_blocks, group_size] integers in ``[0, 2^bits - 1]``.
+        scale: float32 or float16 [N * k_blocks, 1]; zero_point: [N * k_blocks, 1] or None (the
+            operator's default ``2^(bits-1)``).
+    """
+    new, tensors = _ort_matmul_nbits_node(
+        node=node, weight_shape=weight_shape, num_bits=num_bits, group_size=group_size, k_blocks=k_blocks,
+        q_weight=q_weight, scale=scale, zero_point=None, accuracy_level=accuracy_level,
+    )
+    if zero_point is not None:
+        packed = pack_zero_points(zero_point, weight_shape[1], k_blocks, num_bits)
+        tensors.append(onnx.numpy_helper.from_array(packed, node.input[1] + "_zp"))
+        new.input.append(tensors[-1].name)
+    return new, tensors
 
 
 def activation_importance(
@@ -155,6 +239,7 @@ def kquant_int_pass(
     scratch: ScratchFiles,
     importance: Mapping[str, np.ndarray] | None = None,
     threads: int = 1,
+    symmetric: bool = False,
 ) -> Path:
     """Turn the MatMuls ``names`` of ``graph_only`` into 4-bit MatMulNBits with :func:`quantize_blocks`.
 
@@ -167,11 +252,12 @@ def kquant_int_pass(
         accuracy_level: MatMulNBits ``accuracy_level`` (4: INT8 activations).
         importance: ``{node name: float32 [K]}`` from :func:`activation_importance`, or None.
         threads: threads of each weight's block search (:func:`quantize_blocks`).
+        symmetric: no zero points (:func:`quantize_blocks`).
 
     Returns:
         The new graph (``scratch / "kquant_int.onnx"``).
     """
-    from onnxruntime.quantization.neural_compressor.weight_only import make_matmul_weight_only_node, pad_tensor
+    from onnxruntime.quantization.neural_compressor.weight_only import pad_tensor
 
     proto = onnx.load(str(graph_only), load_external_data=False)
     graph = proto.graph
@@ -192,10 +278,11 @@ def kquant_int_pass(
         if importance is not None:
             channel = np.zeros(padded.shape[0], dtype=np.float32)
             channel[:k] = importance[node.name]
-        q, scale, zp = quantize_blocks(padded.T, 4, block_size, channel, threads=threads)
-        new, tensors = make_matmul_weight_only_node(
+        q, scale, zp = quantize_blocks(padded.T, 4, block_size, channel, threads=threads, symmetric=symmetric)
+        new, tensors = matmul_nbits_node(
             node=node, weight_shape=(k, n), num_bits=4, group_size=block_size, k_blocks=k_blocks,
-            q_weight=q.astype(np.uint8), scale=scale, zero_point=zp, accuracy_level=accuracy_level,
+            q_weight=q.astype(np.uint8), scale=scale, zero_point=None if symmetric else zp,
+            accuracy_level=accuracy_level,
         )
         graph.initializer.extend(tensors)
         nodes.append(new)
@@ -215,6 +302,6 @@ def kquant_int_pass(
         proto, all_tensors_to_one_file=True, location=(scratch / "kquant_int.data").name, size_threshold=1024,
     )
     onnx.save_model(proto, str(output))
-    log.info("k_quant_int: %d MatMuls 4-bit (block %d%s)", len(wanted), block_size,
-             ", activation importance" if importance is not None else "")
+    log.info("k_quant_int: %d MatMuls 4-bit (block %d%s%s)", len(wanted), block_size,
+             ", symmetric" if symmetric else "", ", activation importance" if importance is not None else "")
     return output
