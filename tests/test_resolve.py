@@ -183,3 +183,25 @@ def test_a_gguf_source_is_parsed_once_and_resolves_to_its_weights(tiny_qwen2, tm
     unshared = load_tokenizer(tmp_path, gguf_file=path.name)  # transformers' own GGUF tokenizer, outside resolve
     assert len(parsed) > 1  # the shared reader lives only inside resolve
     assert load_tokenizer(tmp_path / "hf")(text)["input_ids"] == unshared(text)["input_ids"]
+
+
+@pytest.mark.parametrize("tied, deleted", [(False, "lm_head.weight"), (True, "model.layers.0.mlp.up_proj.weight")])
+def test_a_checkpoint_missing_a_weight_is_refused_in_one_line(tmp_path, tied, deleted):
+    """An untied checkpoint without ``lm_head.weight`` used to resolve to a random head (a new one on
+    every run, up to 1.12 apart) that the reference then shared; now resolve refuses it, names the
+    weight and leaves no output folder. A tied model's absent lm_head is not missing."""
+    from safetensors.torch import load_file, save_file
+
+    from tiny_models import build_tiny_qwen
+
+    source = build_tiny_qwen(tmp_path / "src", "qwen2", tie_word_embeddings=tied)
+    weights = load_file(source / "model.safetensors")
+    assert ("lm_head.weight" in weights) != tied
+    del weights[deleted]
+    save_file(weights, source / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(SourceError) as error:
+        resolve(str(source), tmp_path / "hf")
+    message = str(error.value)
+    assert f"the checkpoint has no {deleted}, which Qwen2ForCausalLM needs (transformers would fill it at random)" in message
+    assert "\n" not in message
+    assert not (tmp_path / "hf").exists()

@@ -429,6 +429,38 @@ def check_architecture(config: Any) -> None:
         )
 
 
+def check_complete(loading: Mapping[str, Any], source: str, architecture: str) -> None:
+    """Refuse a checkpoint that lacks a weight the architecture needs, or holds one of another shape.
+
+    transformers fills such a weight with random values and says so in one warning among its log
+    (``from_pretrained``'s "newly initialized"); every later stage, PyTorch reference included,
+    would then agree with a random model. Tied weights (``tie_word_embeddings``) are not missing.
+
+    Args:
+        loading: ``from_pretrained(..., output_loading_info=True)``'s second value
+            (``missing_keys``, ``mismatched_keys``).
+        source: the folder or GGUF file, for the message.
+        architecture: the model class, for the message.
+
+    Raises:
+        SourceError: one line naming the weights, e.g. ``model: the checkpoint has no lm_head.weight,
+            which Qwen2ForCausalLM needs (transformers would fill it at random); ...``.
+    """
+    missing = sorted(loading.get("missing_keys") or ())
+    mismatched = sorted(str(m[0]) if isinstance(m, (tuple, list)) else str(m)
+                        for m in loading.get("mismatched_keys") or ())
+    if not missing and not mismatched:
+        return
+    problems = []
+    if missing:
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        problems.append(f"has no {shown}")
+    if mismatched:
+        problems.append(f"holds {', '.join(mismatched[:4])} in another shape than the config gives")
+    raise SourceError(f"{source}: the checkpoint {' and '.join(problems)}, which {architecture} needs (transformers "
+                      "would fill it at random); use a complete checkpoint (every *.safetensors shard of the model)")
+
+
 def resolve(source: str | Mapping[str, Any], output_dir: str | os.PathLike, *, revision: str | None = None) -> dict:
     """Materialise ``source`` as an fp32 Hugging Face folder at ``output_dir``.
 
@@ -449,6 +481,7 @@ def resolve(source: str | Mapping[str, Any], output_dir: str | os.PathLike, *, r
         SourceError: the source cannot be found or loaded (offline and uncached hub ID included).
         PartError: a GGUF part package is missing or corrupt.
         ArchitectureError: the checkpoint is not Qwen.
+        SourceError: the checkpoint lacks a weight (:func:`check_complete`).
     """
     parsed = parse_source(source)
     started = time.time()
@@ -540,7 +573,9 @@ def _load_and_save(folder: str, destination: Path, gguf_file: str | None = None)
             raise ArchitectureError(f"{gguf_file}: {exc}; qwen-onnx exports Qwen causal LMs only") from exc
         raise SourceError(f"cannot read the model config from {folder}: {exc}") from exc
     check_architecture(config)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs)
+    model, loading = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, output_loading_info=True,
+                                                          **kwargs)
+    check_complete(loading, gguf_file or folder, type(model).__name__)
     model.save_pretrained(destination, safe_serialization=True)
     del model
     tokenizer = load_tokenizer(folder, **kwargs)
