@@ -142,6 +142,48 @@ def _og_greedy(folder, prompt, new_tokens):
     return out
 
 
+def _og_greedy_batch(folder, prompts, new_tokens):
+    """onnxruntime-genai's greedy tokens for a batch of prompts, right-padded with the pad id as
+    onnxruntime-genai pads a batch (its attention mask marks the padding)."""
+    import onnxruntime_genai as og
+
+    pad = json.loads((folder / "genai_config.json").read_text())["model"]["pad_token_id"]
+    width = max(len(p) for p in prompts)
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=width + new_tokens, batch_size=len(prompts))
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array([list(p) + [pad] * (width - len(p)) for p in prompts], dtype=np.int32))
+    out = [[] for _ in prompts]
+    while not generator.is_done():
+        generator.generate_next_token()
+        for row, token in zip(out, generator.get_next_tokens()):
+            row.append(int(token))
+    return out
+
+
+@pytest.mark.parametrize("name", ["optimized", "int8-dynamic", "int4", "fp32"])
+def test_onnxruntime_genai_right_padded_batch_matches_each_prompt_alone(name, pipeline, tmp_path):
+    """onnxruntime-genai right-pads a batch; the left-padding rewrite used to give every row
+    ``total_sequence_length`` tokens, so the short row's decode saw its padding as distance: on the
+    tiny model its tokens left the unpadded ones from the second on ([294, 362, 44, ...] batched
+    against [294, 214, 276, ...] alone). Built here from ``optimized``, as the workflow does."""
+    from qwen_onnx.int4 import Int4Settings, quantize_int4_variant
+    from qwen_onnx.quantize import DynamicSettings, quantize_dynamic_variant
+
+    folder = pipeline["optimized"] if name in ("optimized", "fp32") else tmp_path / name
+    if name == "fp32":
+        folder = pipeline["fp32"]
+    elif name == "int8-dynamic":
+        quantize_dynamic_variant(pipeline["optimized"], folder, DynamicSettings())
+    elif name == "int4":
+        quantize_int4_variant(pipeline["optimized"], folder, Int4Settings(algorithm="rtn", block_size=16,
+                                                                            block_size_8bit=16, embedding_block_size=16))
+    prompts = [list(range(5, 25)), list(range(40, 48))]  # 20 and 8 tokens: the second row padded by 12
+    alone = [_og_greedy_batch(folder, [p], 10)[0] for p in prompts]
+    assert _og_greedy_batch(folder, prompts, 10) == alone
+
+
 @pytest.mark.parametrize("name", ["fp32", "preprocessed", "int8-dynamic", "int8-static", "optimized", "int4", "qwen3-fp32",
                                   "qwen2-gqa"])
 def test_onnxruntime_genai_generates_our_tokens(name, pipeline, qwen3_fp32, qwen2_gqa):

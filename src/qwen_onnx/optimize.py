@@ -14,13 +14,16 @@ Two methods, chosen by ``optimize.method``:
     The builder's graph derives ``seqlens_k`` from ``ReduceSum(attention_mask) - 1``, which the
     ``GroupQueryAttention`` kernel reads as the valid *prefix* of each row (right padding, per the
     contrib op spec: ``seqlens_k`` is "total_sequence_lengths - 1" and the kernel attends to key
-    positions ``[0, seqlens_k]``). A left-padded batch then attends to its padding and drops its last
-    tokens. :func:`left_padding_support` rewrites that subgraph so that every row counts
-    ``total_sequence_length`` tokens and the padding is masked by ``attention_bias`` (a
+    positions ``[0, seqlens_k]``). That is what onnxruntime-genai feeds (it right-pads a batch and
+    writes each row's next token over its first pad), but a left-padded batch (this project's
+    runtime, optimum's) attends to its padding and drops its last tokens.
+    :func:`left_padding_support` makes one graph serve both, row by row: a row whose first column is
+    padding counts ``total_sequence_length`` tokens, its padding masked by ``attention_bias`` (a
     ``GroupQueryAttention`` input, additive, [batch, 1, sequence, total_sequence]) built from
-    ``attention_mask``. Rotary positions then count from the first (pad) column; rotary attention
-    scores depend only on position differences (RoFormer, Su et al. 2021, arXiv:2104.09864), so the real
-    tokens' logits equal the unpadded ones up to float rounding.
+    ``attention_mask``, and its rotary positions count from the first (pad) column; rotary
+    attention scores depend only on position differences (RoFormer, Su et al. 2021,
+    arXiv:2104.09864), so the real tokens' logits equal the unpadded ones up to float rounding.
+    Every other row keeps the builder's ``seqlens_k`` and no bias.
 
 ``transformers`` (the earlier route)
     ``onnxruntime.transformers.optimizer.optimize_model`` on the fp32 export, then ORT_ENABLE_ALL
@@ -125,13 +128,16 @@ def _remove_dead_nodes(graph: onnx.GraphProto) -> int:
 
 
 def left_padding_support(model: onnx.ModelProto) -> int:
-    """Make the builder's ``GroupQueryAttention`` graph exact for left-padded batches, in place.
+    """Make the builder's ``GroupQueryAttention`` graph exact for left-padded batches as well as
+    right-padded ones (onnxruntime-genai's), in place.
 
-    Replaces every attention node's ``seqlens_k`` (the builder's ``ReduceSum(attention_mask) - 1``)
-    by ``total_sequence_length - 1`` for every row, int32 [batch], and feeds ``attention_bias``
-    float [batch, 1, sequence, total_sequence] = ``(attention_mask - 1) * 1e9`` (0 for real tokens,
-    :data:`PAD_BIAS` for padding). For a batch without padding both inputs are what the builder's
-    graph computes (bias all zeros).
+    For each row whose first ``attention_mask`` column is 0 (left padding), every attention node's
+    ``seqlens_k`` (the builder's ``ReduceSum(attention_mask) - 1``) becomes ``total_sequence_length
+    - 1``, int32 [batch], and its ``attention_bias`` float [batch, 1, sequence, total_sequence] row
+    ``(attention_mask - 1) * 1e9`` (0 for real tokens, :data:`PAD_BIAS` for padding). Every other
+    row (no padding, or right padding: onnxruntime-genai writes each new token at ``seqlens_k``, over
+    the padding) keeps the builder's ``seqlens_k`` and a zero bias. For a batch without padding both
+    inputs are what the builder's graph computes.
 
     Returns:
         The number of attention nodes rewritten.
@@ -150,11 +156,14 @@ def left_padding_support(model: onnx.ModelProto) -> int:
     if not attention:
         return 0
     total = attention[0].input[_GQA_TOTAL_SEQUENCE]
+    native = attention[0].input[_GQA_SEQLENS_K]
     for n in attention:
         if len(n.input) > _GQA_ATTENTION_BIAS and n.input[_GQA_ATTENTION_BIAS]:
             raise ArtifactError(f"{n.name} already has an attention_bias input")
         if n.input[_GQA_TOTAL_SEQUENCE] != total or not total:
             raise ArtifactError(f"{n.name}: expected one shared total_sequence_length input, got {n.input}")
+        if n.input[_GQA_SEQLENS_K] != native or not native:
+            raise ArtifactError(f"{n.name}: expected one shared seqlens_k input, got {n.input}")
     past = next((i for i in graph.input if i.name.startswith("past_key_values.")), None)
     bias_type = past.type.tensor_type.elem_type if past is not None else TensorProto.FLOAT
     bias_dtype = helper.tensor_dtype_to_np_dtype(bias_type)
@@ -167,6 +176,8 @@ def left_padding_support(model: onnx.ModelProto) -> int:
             numpy_helper.from_array(np.array(1, dtype=np.int32), f"{prefix}/one_i32"),
             numpy_helper.from_array(np.array(1, dtype=bias_dtype), f"{prefix}/one"),
             numpy_helper.from_array(np.array(-PAD_BIAS, dtype=bias_dtype), f"{prefix}/pad_bias"),
+            numpy_helper.from_array(np.array(0, dtype=np.int64), f"{prefix}/zero_i64"),
+            numpy_helper.from_array(np.array(0, dtype=np.int64), f"{prefix}/zero"),
         ]
     )
     seqlens, bias = f"{prefix}/seqlens_k", f"{prefix}/attention_bias"
@@ -180,17 +191,32 @@ def left_padding_support(model: onnx.ModelProto) -> int:
             name=f"{prefix}/Gather",
             axis=0,
         ),
-        # seqlens_k = total_sequence_length - 1 for every row: int32 [batch]
+        # left: bool [batch], the row's first column is padding
+        helper.make_node("Gather", ["attention_mask", f"{prefix}/zero_i64"], [f"{prefix}/first_column"],
+                         name=f"{prefix}/Gather_first", axis=1),
+        helper.make_node("Equal", [f"{prefix}/first_column", f"{prefix}/zero"], [f"{prefix}/left"],
+                         name=f"{prefix}/Equal_left"),
+        # seqlens_k = total_sequence_length - 1 on left-padded rows, the builder's elsewhere: int32 [batch]
         helper.make_node("Sub", [total, f"{prefix}/one_i32"], [f"{prefix}/total_minus_1"], name=f"{prefix}/Sub_total"),
-        helper.make_node("Expand", [f"{prefix}/total_minus_1", f"{prefix}/batch"], [seqlens], name=f"{prefix}/Expand"),
-        # attention_bias = (mask - 1) * 1e9: [batch, total] -> [batch, 1, 1, total] -> [batch, 1, sequence, total]
-        # (the kernel wants the sequence axis in full, not broadcast)
+        helper.make_node("Expand", [f"{prefix}/total_minus_1", f"{prefix}/batch"], [f"{prefix}/seqlens_left"],
+                         name=f"{prefix}/Expand"),
+        helper.make_node("Where", [f"{prefix}/left", f"{prefix}/seqlens_left", native], [seqlens],
+                         name=f"{prefix}/Where_seqlens"),
+        # attention_bias = (mask - 1) * 1e9 on left-padded rows, 0 elsewhere: [batch, total] ->
+        # [batch, 1, 1, total] -> [batch, 1, sequence, total] (the kernel wants the sequence axis in full)
         helper.make_node("Cast", ["attention_mask"], [f"{prefix}/mask_float"], name=f"{prefix}/Cast", to=bias_type),
         helper.make_node(
             "Sub", [f"{prefix}/mask_float", f"{prefix}/one"], [f"{prefix}/mask_minus_1"], name=f"{prefix}/Sub_mask"
         ),
         helper.make_node(
-            "Mul", [f"{prefix}/mask_minus_1", f"{prefix}/pad_bias"], [f"{prefix}/bias_2d"], name=f"{prefix}/Mul"
+            "Mul", [f"{prefix}/mask_minus_1", f"{prefix}/pad_bias"], [f"{prefix}/bias_all"], name=f"{prefix}/Mul"
+        ),
+        helper.make_node("Unsqueeze", [f"{prefix}/left", f"{prefix}/one_1d"], [f"{prefix}/left_2d"],
+                         name=f"{prefix}/Unsqueeze_left"),
+        helper.make_node("Cast", [f"{prefix}/left_2d"], [f"{prefix}/left_float"], name=f"{prefix}/Cast_left",
+                         to=bias_type),
+        helper.make_node(
+            "Mul", [f"{prefix}/bias_all", f"{prefix}/left_float"], [f"{prefix}/bias_2d"], name=f"{prefix}/Mul_left"
         ),
         helper.make_node(
             "Unsqueeze", [f"{prefix}/bias_2d", f"{prefix}/axes_1_2"], [f"{prefix}/bias_4d"], name=f"{prefix}/Unsqueeze"
@@ -223,7 +249,8 @@ def left_padding_support(model: onnx.ModelProto) -> int:
         n.input.extend(inputs)
     dropped = _remove_dead_nodes(graph)
     log.info(
-        "left padding: %d attention nodes take seqlens_k = total - 1 and attention_bias; %d nodes dropped",
+        "left padding: %d attention nodes take seqlens_k = total - 1 and attention_bias on left-padded rows; "
+        "%d nodes dropped",
         len(attention),
         dropped,
     )
