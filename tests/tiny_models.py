@@ -53,13 +53,16 @@ def build_tokenizer(folder: Path, vocab_size: int = 384):
     return fast
 
 
-def build_tiny_qwen(folder: Path, family: str = "qwen2", seed: int = 0, tie_word_embeddings: bool = False) -> Path:
+def build_tiny_qwen(folder: Path, family: str = "qwen2", seed: int = 0, tie_word_embeddings: bool = False,
+                    **config) -> Path:
     """Write a tiny random Qwen checkpoint to ``folder``.
 
     Args:
         family: ``qwen2`` (grouped-query attention, 4 heads / 2 KV heads), ``qwen1.5`` (Qwen2
             architecture with as many KV heads as heads) or ``qwen3`` (q/k RMSNorm, explicit head_dim).
         tie_word_embeddings: lm_head shares the embedding matrix (as Qwen2.5 0.5B and 1.5B do).
+        config: further config fields (e.g. ``use_sliding_window=True``, ``rope_scaling={...}``),
+            over the tiny defaults.
 
     Returns:
         ``folder``.
@@ -86,6 +89,7 @@ def build_tiny_qwen(folder: Path, family: str = "qwen2", seed: int = 0, tie_word
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         initializer_range=0.2,
     )
+    common.update(config)
     torch.manual_seed(seed)
     if family == "qwen3":
         from transformers import Qwen3Config, Qwen3ForCausalLM

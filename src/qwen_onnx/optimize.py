@@ -257,6 +257,55 @@ def left_padding_support(model: onnx.ModelProto) -> int:
     return len(attention)
 
 
+def layer_windows(config: dict) -> list[int]:
+    """Each decoder layer's attention window as ``GroupQueryAttention``'s ``local_window_size``.
+
+    transformers (Qwen2/Qwen3 configs) windows the layers whose ``layer_types`` entry is
+    ``sliding_attention`` (by default those from ``max_window_layers`` on, when
+    ``use_sliding_window`` is true) to ``sliding_window``; the kernel's ``local_window_size`` of the
+    same value gives PyTorch's logits to 2e-5 past the window (a tiny Qwen2, 96 tokens, window 16).
+    -1: full attention.
+
+    Args:
+        config: the checkpoint's ``config.json``.
+
+    Returns:
+        int [num_hidden_layers].
+    """
+    from transformers import AutoConfig
+
+    parsed = AutoConfig.for_model(**config)
+    types = getattr(parsed, "layer_types", None) or ["full_attention"] * parsed.num_hidden_layers
+    window = getattr(parsed, "sliding_window", None)
+    return [window if kind == "sliding_attention" and window else -1 for kind in types]
+
+
+def set_layer_windows(model: onnx.ModelProto, windows: list[int]) -> list[int]:
+    """Give each layer's ``GroupQueryAttention`` node its own ``local_window_size``, in place.
+
+    onnxruntime-genai's builder (0.13) puts ``config.sliding_window`` on every layer, ignoring
+    ``use_sliding_window``, ``max_window_layers`` and ``layer_types`` (onnxruntime-genai#2490): a Qwen2
+    with only its later layers windowed then windows all of them.
+
+    Args:
+        windows: :func:`layer_windows`, one per layer.
+
+    Returns:
+        The windows set, in layer order.
+
+    Raises:
+        ArtifactError: the graph's attention nodes are not one per layer.
+    """
+    attention = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    if len(attention) != len(windows):
+        raise ArtifactError(f"{len(attention)} GroupQueryAttention nodes for {len(windows)} layers")
+    for node, window in zip(attention, windows):
+        attrs = [a for a in node.attribute if a.name != "local_window_size"]
+        del node.attribute[:]
+        node.attribute.extend([*attrs, helper.make_attribute("local_window_size", window)])
+    return windows
+
+
 def _relocate_external_data(model: onnx.ModelProto, location: str) -> int:
     """Point every external tensor of ``model`` at ``location``; returns how many were changed."""
     changed = 0
@@ -295,6 +344,7 @@ def _builder_optimize(hf_dir: Path, output_dir: Path, *, left_padding: bool) -> 
         }
         if len(locations) != 1:
             raise ArtifactError(f"builder wrote external data to {sorted(locations)}, expected one file")
+        windows = set_layer_windows(proto, layer_windows(json.loads((hf_dir / "config.json").read_text())))
         rewritten = left_padding_support(proto) if left_padding else 0
         _relocate_external_data(proto, DATA_FILE)
         os.replace(built / locations.pop(), stage / DATA_FILE)
@@ -309,6 +359,7 @@ def _builder_optimize(hf_dir: Path, output_dir: Path, *, left_padding: bool) -> 
             "op_types": dict(sorted(collections.Counter(n.op_type for n in proto.graph.node).items())),
             "nodes_after": len(proto.graph.node),
             "left_padding_rewrite": rewritten,
+            "local_window_size": windows,
             "builder": {"precision": "fp32", "execution_provider": "cpu", "extra_options": {"hf_remote": False}},
             "seconds": round(time.time() - started, 1),
             "library_versions": {**library_versions(), "onnxruntime-genai": package_version("onnxruntime-genai")},
