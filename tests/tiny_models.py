@@ -94,7 +94,7 @@ def build_tiny_qwen(folder: Path, family: str = "qwen2", seed: int = 0, tie_word
     if family == "qwen3":
         from transformers import Qwen3Config, Qwen3ForCausalLM
 
-        model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **common))
+        model = Qwen3ForCausalLM(Qwen3Config(**{"head_dim": 16, **common}))
     else:
         from transformers import Qwen2Config, Qwen2ForCausalLM
 

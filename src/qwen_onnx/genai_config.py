@@ -13,7 +13,7 @@ needs a whole builder instance, so :func:`genai_config` writes the same fields f
   ``GroupQueryAttention`` (past and present one [batch, kv_heads, max_length, head_dim] buffer);
   optimum's standard-attention graphs return a present of past + sequence tokens, so false;
 - ``search``: greedy by default (``do_sample`` false unless ``generation_config.json`` says so),
-  ``max_length`` = ``context_length`` = ``max_position_embeddings``.
+  ``max_length`` = ``context_length`` = ``max_position_embeddings`` (times a static ``rope_scaling`` factor: :func:`qwen_onnx.qwen_config.context_length`).
 
 Which variants onnxruntime-genai 0.13.2 runs (checked on the tiny Qwen2/Qwen3, ``tests/test_iobind.py``):
 fp32, preprocessed and the quantized graphs of optimum's export (standard attention, position_ids)
@@ -30,6 +30,7 @@ from typing import Any
 
 from .artifacts import MODEL_FILE, model_path, read_json, write_json
 from .errors import ArtifactError
+from .qwen_config import context_length
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def genai_config(folder: str | os.PathLike) -> dict[str, Any]:
     heads = int(config["num_attention_heads"])
     hidden = int(config["hidden_size"])
     head_size = int(config.get("head_dim") or hidden // heads)
-    context = int(config.get("max_position_embeddings", 4096))
+    context = context_length(config)
     eos = generation.get("eos_token_id", config.get("eos_token_id"))
     pad = generation.get("pad_token_id", config.get("pad_token_id"))
     if pad is None:  # the builder's rule: the first end-of-sequence id

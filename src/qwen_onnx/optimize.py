@@ -65,6 +65,7 @@ from .artifacts import (
 )
 from .errors import ArtifactError
 from .external import lazy_model
+from .qwen_config import check_config, layer_windows
 from .tied import store_tied_once
 
 log = logging.getLogger(__name__)
@@ -257,29 +258,6 @@ def left_padding_support(model: onnx.ModelProto) -> int:
     return len(attention)
 
 
-def layer_windows(config: dict) -> list[int]:
-    """Each decoder layer's attention window as ``GroupQueryAttention``'s ``local_window_size``.
-
-    transformers (Qwen2/Qwen3 configs) windows the layers whose ``layer_types`` entry is
-    ``sliding_attention`` (by default those from ``max_window_layers`` on, when
-    ``use_sliding_window`` is true) to ``sliding_window``; the kernel's ``local_window_size`` of the
-    same value gives PyTorch's logits to 2e-5 past the window (a tiny Qwen2, 96 tokens, window 16).
-    -1: full attention.
-
-    Args:
-        config: the checkpoint's ``config.json``.
-
-    Returns:
-        int [num_hidden_layers].
-    """
-    from transformers import AutoConfig
-
-    parsed = AutoConfig.for_model(**config)
-    types = getattr(parsed, "layer_types", None) or ["full_attention"] * parsed.num_hidden_layers
-    window = getattr(parsed, "sliding_window", None)
-    return [window if kind == "sliding_attention" and window else -1 for kind in types]
-
-
 def set_layer_windows(model: onnx.ModelProto, windows: list[int]) -> list[int]:
     """Give each layer's ``GroupQueryAttention`` node its own ``local_window_size``, in place.
 
@@ -288,7 +266,7 @@ def set_layer_windows(model: onnx.ModelProto, windows: list[int]) -> list[int]:
     with only its later layers windowed then windows all of them.
 
     Args:
-        windows: :func:`layer_windows`, one per layer.
+        windows: :func:`qwen_onnx.qwen_config.layer_windows`, one per layer.
 
     Returns:
         The windows set, in layer order.
@@ -304,6 +282,46 @@ def set_layer_windows(model: onnx.ModelProto, windows: list[int]) -> list[int]:
         del node.attribute[:]
         node.attribute.extend([*attrs, helper.make_attribute("local_window_size", window)])
     return windows
+
+
+def set_rotary_caches(model: onnx.ModelProto, config: dict, data_file: Path) -> int | None:
+    """Replace the builder's ``cos_cache`` and ``sin_cache`` by transformers' own for a config with a
+    static ``rope_scaling``, over :func:`~qwen_onnx.qwen_config.context_length` positions, in place.
+
+    The builder (0.13) sizes the caches to ``max_position_embeddings``, so a scaled model failed past
+    its original context (``cos_cache dimension 0 shall not be less than total_sequence_length``).
+    The new tensors are appended to ``data_file``, the graph's external data.
+
+    Returns:
+        The positions the caches now cover, or None (no ``rope_scaling``: the builder's caches kept).
+
+    Raises:
+        ArtifactError: the graph has no ``cos_cache``/``sin_cache`` of the expected width.
+    """
+    from .qwen_config import context_length, rope_type, rotary_caches
+
+    if rope_type(config) == "default":
+        return None
+    length = context_length(config)
+    cos, sin = rotary_caches(config, length)
+    tensors = {t.name: t for t in model.graph.initializer if t.name in ("cos_cache", "sin_cache")}
+    if set(tensors) != {"cos_cache", "sin_cache"} or list(tensors["cos_cache"].dims)[1:] != [cos.shape[1]]:
+        raise ArtifactError(f"the builder graph has no cos_cache/sin_cache [positions, {cos.shape[1]}] to replace")
+    with open(data_file, "ab") as out:
+        for name, values in (("cos_cache", cos), ("sin_cache", sin)):
+            offset = out.tell()
+            out.write(values.tobytes())
+            tensor = tensors[name]
+            tensor.ClearField("raw_data")
+            del tensor.dims[:]
+            tensor.dims.extend(values.shape)
+            tensor.data_type = TensorProto.FLOAT
+            del tensor.external_data[:]
+            tensor.data_location = TensorProto.EXTERNAL
+            for key, value in (("location", data_file.name), ("offset", str(offset)), ("length", str(values.nbytes))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+    return length
 
 
 def _relocate_external_data(model: onnx.ModelProto, location: str) -> int:
@@ -326,6 +344,7 @@ def _builder_optimize(hf_dir: Path, output_dir: Path, *, left_padding: bool) -> 
         # create_model takes any other string for a hub ID: never let it reach the hub
         raise ArtifactError(f"{hf_dir} has no config.json: the builder method needs the resolved Hugging Face folder")
     verify_manifest(hf_dir)  # the resolved folder is whole (see artifacts.write_manifest)
+    check_config(json.loads((hf_dir / "config.json").read_text()), str(hf_dir))
     started = time.time()
     with (
         staged_dir(output_dir) as stage,
@@ -344,12 +363,18 @@ def _builder_optimize(hf_dir: Path, output_dir: Path, *, left_padding: bool) -> 
         }
         if len(locations) != 1:
             raise ArtifactError(f"builder wrote external data to {sorted(locations)}, expected one file")
-        windows = set_layer_windows(proto, layer_windows(json.loads((hf_dir / "config.json").read_text())))
+        config = json.loads((hf_dir / "config.json").read_text())
+        windows = set_layer_windows(proto, layer_windows(config))
+        data_name = locations.pop()
+        rotary_positions = set_rotary_caches(proto, config, built / data_name)
         rewritten = left_padding_support(proto) if left_padding else 0
         _relocate_external_data(proto, DATA_FILE)
-        os.replace(built / locations.pop(), stage / DATA_FILE)
+        os.replace(built / data_name, stage / DATA_FILE)
         onnx.save_model(proto, str(stage / MODEL_FILE))
-        shutil.copy2(built / "genai_config.json", stage / "genai_config.json")
+        genai = json.loads((built / "genai_config.json").read_text())
+        if rotary_positions:  # the builder's context is max_position_embeddings
+            genai["model"]["context_length"] = genai["search"]["max_length"] = rotary_positions
+        write_json(stage / "genai_config.json", genai)
         copy_side_files(hf_dir, stage)
         model_path(stage)
         counts = fused_op_counts(proto.graph)
@@ -360,6 +385,7 @@ def _builder_optimize(hf_dir: Path, output_dir: Path, *, left_padding: bool) -> 
             "nodes_after": len(proto.graph.node),
             "left_padding_rewrite": rewritten,
             "local_window_size": windows,
+            "rotary_cache_positions": rotary_positions,
             "builder": {"precision": "fp32", "execution_provider": "cpu", "extra_options": {"hf_remote": False}},
             "seconds": round(time.time() - started, 1),
             "library_versions": {**library_versions(), "onnxruntime-genai": package_version("onnxruntime-genai")},

@@ -30,6 +30,7 @@ from typing import Any, Iterator, Mapping
 
 from .artifacts import library_versions, staged_dir, write_json
 from .errors import ArchitectureError, PartError, SourceError
+from .qwen_config import check_config
 
 log = logging.getLogger(__name__)
 
@@ -573,6 +574,7 @@ def _load_and_save(folder: str, destination: Path, gguf_file: str | None = None)
             raise ArchitectureError(f"{gguf_file}: {exc}; qwen-onnx exports Qwen causal LMs only") from exc
         raise SourceError(f"cannot read the model config from {folder}: {exc}") from exc
     check_architecture(config)
+    check_config(config, gguf_file or folder)
     model, loading = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, output_loading_info=True,
                                                           **kwargs)
     check_complete(loading, gguf_file or folder, type(model).__name__)
