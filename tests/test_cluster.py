@@ -167,10 +167,13 @@ def test_submit_status_and_cancel_scripts(tmp_path):
         [ok, "ok"], [failing, "failing"], [sleeping, "sleeping"]]
 
 
-def test_slurm_profile_resources_apply_to_every_job(tmp_path, tiny_qwen2, texts):
+@pytest.mark.parametrize("override", [[], ["--set-resources", "export:mem_mb=40000", "export:runtime=180"]])
+def test_slurm_profile_resources_apply_to_every_job(tmp_path, tiny_qwen2, texts, override):
     """profiles/slurm as the workflow profile, its executor left out (the SLURM plugin is not a
     requirement): Snakemake accepts every key, the measuring jobs get --exclusive, and every job
-    has its declared memory and run time (sized here for a 1.5B model)."""
+    has its declared memory and run time (sized here for a 1.5B model). A command-line
+    --set-resources (the README's own example) replaces the profile's set-resources; the measuring
+    jobs used to lose --exclusive with it, and keep it now that the rules declare it."""
     profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
     assert profile.pop("executor") == "slurm"
     (tmp_path / "profile").mkdir()
@@ -181,7 +184,7 @@ def test_slurm_profile_resources_apply_to_every_job(tmp_path, tiny_qwen2, texts)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     result = subprocess.run(
         [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "--workflow-profile",
-         str(tmp_path / "profile"), "-n"], capture_output=True, text=True, timeout=600)
+         str(tmp_path / "profile"), "-n", *override], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", result.stdout, re.M)
     resources = {rule: dict(item.split("=", 1) for item in line.split(", ")) for rule, line in jobs}
@@ -194,7 +197,8 @@ def test_slurm_profile_resources_apply_to_every_job(tmp_path, tiny_qwen2, texts)
             assert int(res["mem_mb"]) >= 1000 and int(res["runtime"]) >= 10, rule
         assert (res.get("slurm_extra") == "--exclusive") == (rule in ("profile", "peers", "machine"))
     # declared from params_billion (workflow/rules/common.smk), not replaced by the profile
-    assert (resources["export"]["mem_mb"], resources["export"]["runtime"]) == ("21815", "43")
+    export = ("40000", "180") if override else ("21815", "43")
+    assert (resources["export"]["mem_mb"], resources["export"]["runtime"]) == export
     assert resources["profile"]["mem_mb"] == "21815" and resources["accuracy"]["mem_mb"] == "16769"
     assert resources["peers"]["mem_mb"] == "21815" and resources["convert_float16"]["mem_mb"] == "21815"
     assert resources["latency"]["mem_mb"] == "1000" and resources["latency_pytorch"]["mem_mb"] == "1000"

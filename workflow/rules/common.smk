@@ -251,6 +251,13 @@ def get_int4_calibration_input(wildcards):
     return settings["calibration_text"] if calibrates else []
 
 
+# The measuring jobs (peers, profile, machine) run alone on their node under SLURM (sbatch
+# --exclusive): declared in the rules, not in profiles/slurm, because a command-line
+# --set-resources replaces the profile's whole set-resources (snakemake#3429) and with it this.
+# Other executors ignore the key; locally get_exclusive_threads gives the same.
+MEASURING_NODE = "--exclusive"
+
+
 def get_exclusive_threads(measured):
     """Every core given to Snakemake, so that no other job runs beside a measurement.
 

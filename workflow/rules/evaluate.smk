@@ -114,6 +114,7 @@ rule profile:
     resources:
         mem_mb=get_mem_mb("profile"),
         runtime=get_runtime("profile"),
+        slurm_extra=MEASURING_NODE,
     params:
         settings=lambda wc: get_settings(wc.model, "latency"),
         version=VERSION,
@@ -181,6 +182,7 @@ rule machine:
     resources:
         mem_mb=2500,
         runtime=10,
+        slurm_extra=MEASURING_NODE,
     params:
         threads=config["latency"]["threads"],
         version=VERSION,

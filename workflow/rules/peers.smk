@@ -23,6 +23,7 @@ rule peers:
     resources:
         mem_mb=get_mem_mb("peers"),
         runtime=get_runtime("peers"),
+        slurm_extra=MEASURING_NODE,
     params:
         latency=lambda wc: get_settings(wc.model, "latency"),
         peers=lambda wc: get_settings(wc.model, "peers"),
