@@ -349,6 +349,20 @@ def test_inspect_names_the_signatures_ops_and_quantized_weights(converted):
     assert "## Signature `decode`" in text and "| input | `tokens` | int32 | [1, 1] | batch_size, sequence_length |" in text
 
 
+def test_cli_inspect_reads_a_tflite_folder_as_the_workflow_does(converted, tmp_path):
+    """`qwen-onnx inspect` on a tflite folder used to fail (it read model.onnx only) while the
+    workflow's inspect read it; both now go through inspect_graph.inspect_variant."""
+    from qwen_onnx.cli import main
+    from qwen_onnx.tflite import inspect_tflite
+
+    folder = converted["dynamic_int8"][0]
+    assert main(["inspect", str(folder), "--json", str(tmp_path / "i.json"), "--markdown", str(tmp_path / "i.md")]) == 0
+    info = json.loads((tmp_path / "i.json").read_text())
+    assert info == json.loads(json.dumps(inspect_tflite(folder)))
+    assert info["format"] == "tflite" and info["quant_ops"] == {"int8 weights": 2 * 5 + 2}
+    assert "## Signature `decode`" in (tmp_path / "i.md").read_text()
+
+
 def test_peers_measure_the_tflite_variant(converted, tiny_qwen2, texts, tmp_path):
     from qwen_onnx.peers import run_peers
 

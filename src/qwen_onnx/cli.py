@@ -129,15 +129,15 @@ def _optimize(a):
 
 def _inspect(a):
     from .artifacts import write_json, write_text
-    from .inspect_graph import inspect_model, to_markdown
+    from .inspect_graph import inspect_variant
 
-    info = inspect_model(a.model)
+    info, markdown = inspect_variant(a.model)
     if a.json:
         write_json(a.json, info)
     if a.markdown:
-        write_text(a.markdown, to_markdown(info))
+        write_text(a.markdown, markdown)
     if not a.json and not a.markdown:
-        print(to_markdown(info))
+        print(markdown)
     return None
 
 
@@ -453,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_optimize)
 
     p = sub.add_parser("inspect", help="graph summary without loading weights")
-    p.add_argument("model", help="model.onnx or its folder")
+    p.add_argument("model", help="model.onnx or its folder, or a tflite variant folder")
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", default=None)
     p.set_defaults(func=_inspect)

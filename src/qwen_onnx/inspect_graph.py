@@ -308,6 +308,26 @@ def architecture(graph: onnx.GraphProto) -> dict[str, Any]:
     return arch
 
 
+def inspect_variant(path: str | os.PathLike) -> tuple[dict[str, Any], str]:
+    """The inspection report of any variant, the one entry of the CLI and the workflow: a LiteRT
+    folder through :func:`qwen_onnx.tflite.inspect_tflite`, anything else through
+    :func:`inspect_model`.
+
+    Args:
+        path: a variant folder or its ``model.onnx``.
+
+    Returns:
+        ``(info, markdown)``: the JSON report and its Markdown rendering.
+    """
+    from .tflite import inspect_tflite, inspect_tflite_markdown, is_tflite_folder
+
+    if os.path.isdir(path) and is_tflite_folder(path):
+        info = inspect_tflite(path)
+        return info, inspect_tflite_markdown(info)
+    info = inspect_model(path)
+    return info, to_markdown(info)
+
+
 def to_markdown(info: dict[str, Any], top: int = 15) -> str:
     """A short Markdown rendering of :func:`inspect_model`'s result."""
     lines = [
