@@ -41,10 +41,48 @@ def test_io_and_cache_stay_float32_and_weights_are_float16(pipeline):
     assert len(blocked) == 5 + 5 + 2  # 5 RMSNorms (2 layers x 2 + final), 2 attention softmaxes
     assert {types[n.output[0]] for n in blocked} == {onnx.TensorProto.FLOAT}
     counts = float16_nodes(pipeline["fp16"])
-    assert counts["float16"] > 10 * counts["float32"] and counts["Cast"] > 0
+    # float32: Pow, ReduceMean and the variance path (Add, Sqrt, Div) of 5 RMSNorms, 2 Softmaxes, a few shape ops
+    assert counts["float16"] > 5 * counts["float32"] and counts["Cast"] > 0
     info = json.loads((pipeline["fp16"] / "float16.json").read_text())
     assert info["op_block_list"] == [*DEFAULT_OP_BLOCK_LIST, "Pow", "ReduceMean", "Softmax"]
     assert info["keep_io_types"] is True and info["initializer_bytes"]["float32"] == 0
+    assert info["clamped_weights"] == {"values": 0, "tensors": {}}
+
+
+def test_rmsnorm_variance_stays_float32_up_to_the_product(pipeline):
+    """The converter used to cast each RMSNorm's float32 mean of squares to float16 right after
+    ReduceMean (Add, Sqrt and Div then ran in float16); the whole variance path is float32 now and
+    the Cast to float16 comes after 1/sqrt, before the product with the hidden state."""
+    fp16 = onnx.load(str(pipeline["fp16"] / MODEL_FILE), load_external_data=False)
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in fp16.graph.value_info}
+    consumers = {}
+    for node in fp16.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    chains = []
+    for node in fp16.graph.node:
+        if node.op_type == "ReduceMean":
+            chain, current = [], node
+            while len(consumers.get(current.output[0], [])) == 1 and current.op_type != "Cast":
+                current = consumers[current.output[0]][0]
+                chain.append((current.op_type, types.get(current.output[0])))
+            chains.append(chain[:4])
+    F32, F16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
+    assert chains == [[("Add", F32), ("Sqrt", F32), ("Div", F32), ("Cast", F16)]] * 5
+    assert json.loads((pipeline["fp16"] / "float16.json").read_text())["variance_nodes_float32"] == 15
+
+
+def test_weights_beyond_float16_are_counted():
+    """float16 holds magnitudes up to 65504; the converter clamps larger weights silently, the stage
+    counts them per tensor (and logs a warning)."""
+    from onnx import helper, numpy_helper
+
+    from qwen_onnx.float16 import out_of_range_weights
+
+    big = numpy_helper.from_array(np.array([1e5, -7e4, 65504.0, 1.0, np.inf], dtype=np.float32), "big")
+    small = numpy_helper.from_array(np.ones(3, dtype=np.float32), "small")
+    graph = helper.make_graph([], "g", [], [], [big, small])
+    assert out_of_range_weights(graph, ".") == {"big": 3}
 
 
 def test_logits_close_to_fp32_and_finite(pipeline):

@@ -13,9 +13,16 @@ in, ``logits`` float32 [batch_size, sequence_length, vocab] and ``present.*`` ou
 drops into :class:`qwen_onnx.runtime.OnnxCausalLM`, the accuracy and latency stages and
 ``ORTModelForCausalLM`` unchanged; casts at the edges cost two Casts per cache tensor per step.
 
-Op block list (:data:`OP_BLOCK_LIST`): onnxruntime's ``DEFAULT_OP_BLOCK_LIST`` plus the ops chosen
-by measuring on Qwen2.5-Coder-0.5B (README, "fp16"): the RMSNorm's ``Pow`` and ``ReduceMean``
-(float16 squares of Qwen's large hidden activations overflow 65504) and ``Softmax``.
+Op block list (:func:`op_block_list`): onnxruntime's ``DEFAULT_OP_BLOCK_LIST`` plus the ops chosen
+by measuring on Qwen2.5-Coder-0.5B (docs/design.md, "fp16"): the RMSNorm's ``Pow`` and ``ReduceMean``
+(float16 squares of Qwen's large hidden activations overflow 65504) and ``Softmax``. The rest of
+each RMSNorm's variance path, ``Add`` (epsilon), ``Sqrt`` and ``Div``/``Reciprocal`` up to the
+product with the hidden state, stays float32 too (:func:`variance_nodes`, blocked by name): the
+converter would otherwise cast the float32 mean of squares back to float16 right after
+``ReduceMean``, where a mean square above 65504 becomes inf and the normalized row 0.
+
+Weights beyond float16's range are clamped to it by the converter; the stage counts them first
+(:func:`out_of_range_weights`) and records the count in ``float16.json``.
 
 Speed: float16 is meant for execution providers with float16 kernels (CUDA, DirectML, CoreML,
 ARM64 CPUs with FP16). On this project's x86 build machine (no AVX512-FP16) the op profile of its
@@ -61,6 +68,55 @@ def op_block_list(extra: Sequence[str] = EXTRA_BLOCKED_OPS) -> list[str]:
     return list(dict.fromkeys([*DEFAULT_OP_BLOCK_LIST, *extra]))
 
 
+#: Ops of an RMSNorm's variance path after ``ReduceMean``: ``Add`` (epsilon), ``Sqrt``, and ``Div``
+#: (``1 / sqrt``) or ``Reciprocal``: torch's ``rsqrt`` as exported.
+VARIANCE_OPS = ("Add", "Sqrt", "Div", "Reciprocal")
+
+
+def variance_nodes(graph: onnx.GraphProto) -> list[str]:
+    """Names of the nodes between each ``Pow`` -> ``ReduceMean`` (an RMSNorm's mean of squares) and
+    the product with the hidden state: each a :data:`VARIANCE_OPS` node, the only consumer of the
+    one before it."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    producers = {o: n for n in graph.node for o in n.output}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    names = []
+    for node in graph.node:
+        if node.op_type != "ReduceMean" or getattr(producers.get(node.input[0]), "op_type", None) != "Pow":
+            continue
+        current = node
+        while True:
+            following = consumers.get(current.output[0], [])
+            if len(following) != 1 or following[0].op_type not in VARIANCE_OPS:
+                break
+            current = following[0]
+            names.append(current.name)
+    return names
+
+
+def out_of_range_weights(graph: onnx.GraphProto, base_dir: str | os.PathLike) -> dict[str, int]:
+    """Float32 initializer values that float16 cannot hold, per tensor: magnitudes above 65504
+    (clamped to it by the converter's ``max_finite_val``). Infinities and NaN count too.
+
+    Returns:
+        ``{initializer name: values out of range}``, only tensors with any.
+    """
+    import numpy as np
+    from onnx import numpy_helper
+
+    counts = {}
+    for tensor in graph.initializer:
+        if tensor.data_type != onnx.TensorProto.FLOAT:
+            continue
+        values = numpy_helper.to_array(tensor, base_dir=str(base_dir))
+        n = int(np.count_nonzero(~(np.abs(values) <= 65504.0)))
+        if n:
+            counts[tensor.name] = n
+    return counts
+
+
 def _infer_types(proto: onnx.ModelProto) -> None:
     """Add the element type of every intermediate tensor to ``proto.graph.value_info`` (symbolic
     shape inference of onnxruntime, run on the graph without its weights; shapes dropped, as
@@ -95,7 +151,9 @@ def convert_float16_variant(
 
     Returns:
         Provenance written to ``output_dir/float16.json``: the full op block list, the blocked
-        nodes, nodes per dtype, bytes of float16 and float32 initializers, seconds, versions.
+        nodes, the RMSNorm variance nodes kept float32 (:func:`variance_nodes`), the weight values
+        clamped to 65504 per tensor (:func:`out_of_range_weights`), bytes of float16 and float32
+        initializers, seconds, versions.
 
     Raises:
         ArtifactError: the input model or its external data is missing.
@@ -113,8 +171,14 @@ def convert_float16_variant(
     with lazy_model(source.parent) as (proto, _):
         _infer_types(proto)
     load_external_data_for_model(proto, str(source.parent.resolve()))  # fp32 weights in memory: 4 bytes/parameter
+    clamped = out_of_range_weights(proto.graph, source.parent)
+    if clamped:
+        log.warning("fp16: %d weight values in %d tensors exceed float16's 65504 and are clamped to it (first: %s)",
+                    sum(clamped.values()), len(clamped), next(iter(clamped)))
+    variance = variance_nodes(proto.graph)
+    node_blocks = list(dict.fromkeys([*blocked_nodes, *variance]))
     proto = convert_float_to_float16(proto, keep_io_types=True, disable_shape_infer=True,
-                                     op_block_list=blocked, node_block_list=list(blocked_nodes))
+                                     op_block_list=blocked, node_block_list=node_blocks)
     model = OnnxModel(proto)
     model.remove_cascaded_cast_nodes()  # Cast(fp16) -> Cast(fp32) pairs left at block boundaries
     model.remove_useless_cast_nodes()
@@ -136,6 +200,8 @@ def convert_float16_variant(
             "op_block_list": blocked,
             "extra_blocked_ops": list(blocked_ops),
             "node_block_list": list(blocked_nodes),
+            "variance_nodes_float32": len(variance),
+            "clamped_weights": {"values": sum(clamped.values()), "tensors": clamped},
             "initializer_bytes": initializer_bytes,
             "seconds": round(time.time() - started, 1),
             "library_versions": library_versions(),
