@@ -692,6 +692,27 @@ def test_a_model_name_with_a_slash_is_refused_in_one_line(tiny_qwen2, texts, tmp
         "(it names results/NAME/), e.g. 'Qwen-tiny'")
 
 
+@pytest.mark.parametrize("model_type, architecture, message", [
+    ("qwen2_moe", "Qwen2MoeForCausalLM", "found architecture 'qwen2_moe' (Qwen2MoeForCausalLM), a mixture-of-experts Qwen; "
+                                         "qwen-onnx exports the dense Qwen causal LMs only"),
+    ("qwen3_moe", "Qwen3MoeForCausalLM", "found architecture 'qwen3_moe' (Qwen3MoeForCausalLM), a mixture-of-experts Qwen; "
+                                         "qwen-onnx exports the dense Qwen causal LMs only"),
+])
+def test_a_qwen_moe_is_refused_as_moe_not_as_non_qwen(tiny_qwen2, tmp_path, capsys, model_type, architecture, message):
+    """The MoE refusal said "exports Qwen causal LMs only" of a Qwen; it names the MoE now."""
+    import shutil
+
+    folder = tmp_path / "moe"
+    shutil.copytree(tiny_qwen2, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type=model_type, architectures=[architecture])
+    (folder / "config.json").write_text(json.dumps(config))
+    assert main(["resolve", str(folder), "-o", str(tmp_path / "hf")]) == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith(f"qwen-onnx resolve: {message}") and last.endswith("use a dense checkpoint of the family")
+    assert not (tmp_path / "hf").exists()
+
+
 def test_a_non_qwen_checkpoint_is_refused_in_one_line(tiny_qwen2, tmp_path, capsys):
     import shutil
 

@@ -424,10 +424,13 @@ def check_architecture(config: Any) -> None:
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         archs = ", ".join(getattr(config, "architectures", None) or []) or "no architectures field"
-        raise ArchitectureError(
-            f"found architecture {model_type!r} ({archs}); qwen-onnx exports Qwen causal LMs only "
-            f"(model_type {' or '.join(SUPPORTED_MODEL_TYPES)}: Qwen1.5, Qwen2, Qwen2.5, Qwen3)"
-        )
+        supported = f"model_type {' or '.join(SUPPORTED_MODEL_TYPES)}: Qwen1.5, Qwen2, Qwen2.5, Qwen3"
+        if str(model_type).startswith("qwen") and "moe" in str(model_type):
+            raise ArchitectureError(
+                f"found architecture {model_type!r} ({archs}), a mixture-of-experts Qwen; qwen-onnx exports the dense "
+                f"Qwen causal LMs only ({supported}); use a dense checkpoint of the family")
+        raise ArchitectureError(f"found architecture {model_type!r} ({archs}); qwen-onnx exports Qwen causal LMs only "
+                                f"({supported})")
 
 
 def check_complete(loading: Mapping[str, Any], source: str, architecture: str) -> None:
@@ -571,7 +574,8 @@ def _load_and_save(folder: str, destination: Path, gguf_file: str | None = None)
         config = AutoConfig.from_pretrained(folder, **kwargs)
     except ValueError as exc:
         if gguf_file and "not supported" in str(exc).lower():
-            raise ArchitectureError(f"{gguf_file}: {exc}; qwen-onnx exports Qwen causal LMs only") from exc
+            raise ArchitectureError(f"{gguf_file}: {exc}; qwen-onnx exports the dense Qwen causal LMs only "
+                                    "(Qwen1.5, Qwen2, Qwen2.5, Qwen3)") from exc
         raise SourceError(f"cannot read the model config from {folder}: {exc}") from exc
     check_architecture(config)
     check_config(config, gguf_file or folder)
