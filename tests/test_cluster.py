@@ -241,3 +241,26 @@ def test_slurm_plugin_with_a_stand_in_sbatch(runs, tmp_path_factory, tiny_qwen2,
         assert f"--cpus-per-task={1 if rule in ('inspect', 'diff', 'profile') else 2}" in args, rule
     assert len((spool / "srun.log").read_text().splitlines()) == len(calls)
     assert_same_artifacts(runs["local"], folder)
+
+
+@pytest.mark.parametrize("params_billion, warned", [(7.6, True), (0.5, False)])
+def test_a_job_declaring_more_than_the_memory_cap_is_named(tmp_path, tiny_qwen2, texts, params_billion, warned):
+    """Snakemake runs a job declaring more than --resources mem_mb as if it needed the cap, silently
+    (a 7.6B model's export declares 101,000 MB against the default profile's 22,000); the workflow
+    says so in one line per model."""
+    write_config(tmp_path, str(tiny_qwen2), texts)
+    config = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    config["models"]["tiny"]["params_billion"] = params_billion
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    result = subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "-n", "--cores", "2",
+                             "--resources", "mem_mb=22000"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("qwen-onnx: tiny")]
+    if warned:
+        export = int(1000 + 1024 * 3.3 * 4 * params_billion)  # MEM_PER_FP32_GB["export"] per fp32 GB
+        assert lines == [f"qwen-onnx: tiny (params_billion {params_billion}) declares more memory than this run's "
+                         f"mem_mb cap of 22,000 MB in 15 stages (export {export:,} MB); Snakemake would run them as if "
+                         "they needed the cap: use a machine with more memory (--resources mem_mb=N) or a cluster "
+                         "(profiles/slurm)"]
+    else:
+        assert lines == []

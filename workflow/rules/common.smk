@@ -2,6 +2,7 @@ import copy
 import importlib.util
 import re
 import sys
+import types
 
 import yaml
 
@@ -361,3 +362,33 @@ def get_final_targets():
         f"{RESULTS}/metrics.csv",
         f"{RESULTS}/metrics.json",
     ]
+
+
+def memory_over_cap():
+    """The jobs whose declared memory exceeds this run's `mem_mb` cap (profiles/default's 22,000
+    MB, or --resources mem_mb=N), as one warning line each: Snakemake runs such a job as if it
+    needed just the cap, without a word, and on a machine of that size it is then likely killed
+    for memory. Cluster runs are not capped this way (each job asks its node for its own memory)."""
+    if workflow.non_local_exec or workflow.remote_exec:
+        return []
+    cap = getattr(workflow.global_resources.get("mem_mb"), "value", None)
+    if not isinstance(cap, int):
+        return []
+    lines = []
+    for model in get_models():
+        wildcards = types.SimpleNamespace(model=model)
+        over = {stage: get_mem_mb(stage)(wildcards) for stage in MEM_PER_FP32_GB}
+        over = {stage: mb for stage, mb in over.items() if mb > cap}
+        if over:
+            worst = max(over, key=over.get)
+            lines.append(
+                f"qwen-onnx: {model} (params_billion {config['models'][model]['params_billion']}) declares more memory "
+                f"than this run's mem_mb cap of {cap:,} MB in {len(over)} stages ({worst} {over[worst]:,} MB); "
+                "Snakemake would run them as if they needed the cap: use a machine with more memory "
+                "(--resources mem_mb=N) or a cluster (profiles/slurm)"
+            )
+    return lines
+
+
+for _line in memory_over_cap():
+    sys.stderr.write(_line + "\n")
