@@ -183,7 +183,7 @@ def validated_config(config: dict) -> dict:
 @pytest.mark.parametrize("section", sorted(SETTINGS))
 def test_every_quantize_section_as_the_schema_fills_it_builds_its_settings(section):
     """The schema's defaults are written into every section (nested ``sensitive`` included); a
-    default only one variant has a field for must not reach the others (CI, session 12: the schema's
+    default only one variant has a field for must not reach the others (seen in CI: the schema's
     ``sensitive.rank`` default broke quantize_int4 with a TypeError)."""
     config = validated_config(CONFIG)
     settings = SETTINGS[section].from_config(config[section])

@@ -1,4 +1,4 @@
-"""Issue 12, faults: stages killed with SIGKILL, Snakemake's metadata deleted, a full disk, truncated
+"""Faults: stages killed with SIGKILL, Snakemake's metadata deleted, a full disk, truncated
 or damaged external data and an unreadable results folder.
 
 Every staged folder carries ``manifest.json`` (each file's size and sha256, written last); every

@@ -46,7 +46,7 @@ def benchmark(pipeline, texts, tmp_path_factory):
 def test_default_recipes_are_named_described_and_build(tmp_path):
     names = [r.name for r in DEFAULT_RECIPES]
     assert len(names) == len(set(names)) == 43
-    # the recipes measured before session 15 keep no rotation; the two rotated ones name theirs
+    # the recipes measured before the rotation existed keep none; the two rotated ones name theirs
     rotated = {r.name: r.build_settings().hadamard_roles for r in DEFAULT_RECIPES
                if r.kind == "static" and r.build_settings().hadamard_roles}
     assert rotated == {"static-percentile72-hadamard-down": ["down_proj"],

@@ -1,4 +1,4 @@
-"""Issue 12: trustworthy under change, faults and odd inputs.
+"""Trustworthy under change, faults and odd inputs.
 
 Default gates shared by the CLI and the workflow, one-line answers to out-of-range numbers, the EOS
 ids every variant folder carries, the tokenizer warning, Hugging Face cache layouts and reruns

@@ -45,7 +45,7 @@ DEFAULT_GATES: dict[str, dict[str, float]] = {
     # fp16: float16 weights and activations, float32 at the edges (README, "fp16")
     "float16": {"ppl_delta_pct": 0.5, "top1_pct": 98},
     "int8_dynamic": {"ppl_delta_pct": 1.0, "top1_pct": 95, "kl_mean": 0.05},
-    # issue 14's targets for the fully static variant
+    # the targets set for the fully static variant
     "int8_static": {"ppl_delta_pct": 2.0, "top1_pct": 93, "kl_mean": 0.03},
     "int8_mixed": {"ppl_delta_pct": 2.0, "top1_pct": 93, "kl_mean": 0.08},
     "int4": {"ppl_delta_pct": 3.0, "top1_pct": 90, "kl_mean": 0.1},

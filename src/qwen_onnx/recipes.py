@@ -108,7 +108,7 @@ def _sensitive(count: int, scheme: str, below_sqnr_db: float | None = None) -> d
 _PER_TENSOR = {"scheme": "per_tensor"}
 _STATIC = {"quant_format": "QDQ", "method": "MinMax", "samples": 8, "sequence_length": 128,
            "activation_type": "QUInt8", "weight_type": "QInt8", "activation_symmetric": False, "smooth": False,
-           "hadamard_roles": []}  # the recipes before session 15 were measured without the rotation
+           "hadamard_roles": []}  # the recipes measured before the rotation existed (2026-12-03) ran without it
 
 
 def _int4_before_9(**settings: Any) -> dict[str, Any]:
@@ -163,7 +163,7 @@ DEFAULT_RECIPES: tuple[Recipe, ...] = (
     Recipe("static-below31-blockwise-embfloat", "static",
            {**_STATIC, **_sensitive(120, "blockwise", 31.0), "block_size": 128, "embedding": "float"},
            "static + MatMuls under 31 dB blockwise, float embedding table"),
-    # fully static (issue 14): SmoothQuant (qwen_onnx.smoothquant) and the streamed calibration
+    # fully static: SmoothQuant (qwen_onnx.smoothquant) and the streamed calibration
     # methods (qwen_onnx.activation_ranges)
     Recipe("static-search", "static", {**_STATIC, "method": "Search"},
            "static, Search calibration (output-error clipping per tensor)"),
@@ -187,7 +187,7 @@ DEFAULT_RECIPES: tuple[Recipe, ...] = (
     Recipe("static-percentile72-hadamard", "static",
            {**_STATIC, "method": "Percentile", "samples": 72, "hadamard_roles": list(HADAMARD_ROLES)},
            "static Percentile over 72 windows, every weight MatMul's input Hadamard-rotated (int8-static's default)"),
-    # int4: weight-only 4-bit MatMulNBits, accuracy_level 4 (the recipes measured before session 9
+    # int4: weight-only 4-bit MatMulNBits, accuracy_level 4 (the recipes measured before the separate 8-bit block size existed
     # keep their 8-bit and embedding blocks at block_size, as measured); lm_head 8-bit and the embedding sharing
     # its weight (tied models) unless stated
     Recipe("int4-default-b32", "int4", _int4_before_9(algorithm="default", block_size=32),

@@ -87,7 +87,7 @@ MEM_PER_FP32_GB = {
     # one profiled session of the variant (the fp16 variant's is the largest)
     "profile": 3.3,
     # the timing sitting: its children load one variant at a time, the fp16 one the largest
-    # (15.2 GB on the 1.5B in session 10's latency job: 2.5 per fp32 GB), and the genai builder
+    # (15.2 GB on the 1.5B in a latency job, commit c64be30, 2026-12-02: 2.5 per fp32 GB), and the genai builder
     "peers": 3.3,
     # the model builder again (as optimize: 3.5 / 6.8 GB), writing 4-bit MatMulNBits
     "genai_builder": 1.8,
@@ -95,8 +95,8 @@ MEM_PER_FP32_GB = {
 
 # Declared run time (Snakemake's `runtime` resource, minutes; a cluster executor's time limit,
 # SLURM's --time): 10 minutes plus 5x the wall time measured on the 2-core build machine per GB
-# of fp32 weights, the larger of the 0.5B and 1.5B figures (benchmarks/*.tsv of the session 4
-# run): export 45 s (0.5B) / 401 s (1.5B), resolve 61 / 210 s, quantize_int4 56 / 250 s,
+# of fp32 weights, the larger of the 0.5B and 1.5B figures (benchmarks/*.tsv of a run
+# before 2026-12-01): export 45 s (0.5B) / 401 s (1.5B), resolve 61 / 210 s, quantize_int4 56 / 250 s,
 # accuracy 143 / 135 s, peers 378 s (0.5B). Local runs ignore it.
 RUNTIME_MIN_PER_FP32_GB = {
     "resolve": 0.6,
@@ -112,7 +112,7 @@ RUNTIME_MIN_PER_FP32_GB = {
     "reference": 2.0,  # 6.6 min on the 0.5B at load ~7 (3.3 per GB): PyTorch logits and greedy generation
     "accuracy": 1.3,
     "profile": 0.5,  # one profiled session: a prefill and 16 decode steps
-    # every variant, PyTorch and the peers, 3 rounds: 12 + 18 minutes (0.5B, 1.5B) in session 10
+    # every variant, PyTorch and the peers, 3 rounds: 12 + 18 minutes (0.5B, 1.5B), commit c64be30, 2026-12-02,
     # for 5 of the 8 variants
     "peers": 6.0,
     "genai_builder": 0.5,  # the builder's INT4 graph: the model builder as optimize, plus 4-bit RTN
@@ -121,7 +121,7 @@ RUNTIME_MIN_PER_FP32_GB = {
 
 # The tflite conversion's memory is declared from its own measurement instead (get_tflite_mem_mb):
 # litert-torch's estimated peak, params_billion x tflite.rss_gib_per_billion_params (26 GiB: 12,871 MiB
-# measured on the 0.5B, session 11), 15% headroom, and at least the 1.2 GiB measured converting the tiny test models
+# measured on the 0.5B, commit c20bf2a, 2026-12-02), 15% headroom, and at least the 1.2 GiB measured converting the tiny test models
 # (the tensorflow and litert-torch imports).
 TFLITE_MIN_RSS_GIB = 1.2
 
