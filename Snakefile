@@ -1,4 +1,6 @@
-# qwen-onnx: Qwen checkpoint -> fp32 ONNX -> preprocessed -> INT8 dynamic / static -> optimized -> reports.
+# qwen-onnx: Qwen checkpoint -> resolved fp32 folder -> fp32 ONNX export -> optimized (GroupQueryAttention) and
+# preprocessed graphs -> int8-dynamic, int8-static, int8-mixed, int4, fp16 and tflite variants -> per variant
+# inspection, accuracy against PyTorch and one timing sitting per model -> one report.
 # This file only wires things together; see workflow/rules/ and the qwen_onnx package.
 from snakemake.utils import min_version
 
@@ -18,6 +20,16 @@ include: "workflow/rules/tflite.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/peers.smk"
 include: "workflow/rules/report.smk"
+
+
+# Seconds-long jobs that only read reports or graph headers: on a cluster they run in the main
+# Snakemake process instead of one submission each (about 27 per model).
+localrules:
+    inspect,
+    diff,
+    latency,
+    latency_pytorch,
+    report,
 
 
 rule all:

@@ -36,9 +36,9 @@ TARGETS = (
     "results/tiny/reports/int4.profile.json",
     "results/tiny/reports/sensitivity.json",  # no quantizer of these needs it by default any more
 )
+# the jobs submitted to the cluster; inspect and diff (of TARGETS) are localrules (Snakefile)
 JOBS = Counter({rule: 1 for rule in ("resolve", "export", "optimize", "sensitivity", "quantize_dynamic",
-                                     "quantize_static", "quantize_int4", "inspect", "diff", "reference", "accuracy",
-                                     "profile")})
+                                     "quantize_static", "quantize_int4", "reference", "accuracy", "profile")})
 # Wall-clock figures, which differ from run to run (everything else must be equal).
 MEASURED = re.compile(r"^(seconds|load_s|prefill_ms_.*|ttft_ms.*|decode_tok_s|decode_ms_per_token|profile|peak_rss_mib)$")
 

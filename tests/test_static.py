@@ -170,6 +170,25 @@ def test_streaming_calibrator_refuses_unknown_method():
         StreamingCalibrator("KL")
 
 
+@pytest.mark.parametrize("changes, message", [
+    ({"activation_type": "QInt8", "weight_type": "QUInt8"},
+     "activation_type QInt8 with weight_type QUInt8 is a pairing onnxruntime does not quantize; use QUInt8/QInt8"),
+    ({"matmul_const_b_only": False},
+     "matmul_const_b_only false would quantize the MatMuls of two activations (attention, rotary)"),
+])
+def test_static_settings_onnxruntime_cannot_build_are_refused_up_front(pipeline, texts, tmp_path, changes, message):
+    """Both used to crash inside onnxruntime after calibration ("doesn't support data format",
+    "Quantization parameters are not specified for param .../rotary_emb/Expand_output_0")."""
+    from qwen_onnx.errors import QwenOnnxError
+    from qwen_onnx.quantize import StaticSettings, quantize_static_variant
+
+    with pytest.raises(QwenOnnxError) as error:
+        quantize_static_variant(pipeline["preprocessed"], tmp_path / "s", texts["calibration"],
+                                StaticSettings(samples=2, sequence_length=32, **changes))
+    assert message in str(error.value) and "\n" not in str(error.value)
+    assert not (tmp_path / "s").exists()
+
+
 @pytest.fixture(scope="module")
 def transformers_optimized(pipeline, tmp_path_factory):
     """The tiny model fused by onnxruntime.transformers (optimize.method: transformers)."""

@@ -208,10 +208,29 @@ def test_full_run_writes_every_artifact(finished_run):
         assert (results / "benchmarks" / "tiny" / f"{rule}.tsv").is_file()
 
 
-def test_nothing_to_do_after_a_full_run(finished_run):
-    result = snakemake(finished_run, "-n")
-    assert result.returncode == 0, result.stderr
-    assert "Nothing to be done" in result.stdout + result.stderr
+def _tree_state(folder: Path) -> dict[str, tuple[int, int]]:
+    """(mtime ns, size) of every file and folder under ``folder`` but Snakemake's own ``.snakemake``."""
+    return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.stat().st_size)
+            for p in sorted(folder.rglob("*")) if ".snakemake" not in p.parts}
+
+
+def test_nothing_to_do_after_a_full_run_and_a_dry_run_writes_nothing(finished_run):
+    """A dry run on a complete tree parses the workflow and plans nothing; parsing writes no file
+    (the sweep of killed jobs' leftovers runs in onstart, on real runs only): a leftover planted
+    under results/ is still there after -n, and every other file keeps its mtime."""
+    import socket
+
+    # a staging folder of a process that has ended (PID 999999 on this host): what sweep_tree removes
+    leftover = finished_run / "results" / "tiny" / f".qwen-onnx-999999@{socket.gethostname()}~planted"
+    leftover.mkdir()
+    try:
+        before = _tree_state(finished_run)
+        result = snakemake(finished_run, "-n")
+        assert result.returncode == 0, result.stderr
+        assert "Nothing to be done" in result.stdout + result.stderr
+        assert _tree_state(finished_run) == before
+    finally:
+        leftover.rmdir()
 
 
 def test_calibration_change_reruns_only_the_static_variant(finished_run, texts):

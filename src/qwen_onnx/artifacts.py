@@ -142,8 +142,8 @@ def sweep_tree(root: str | os.PathLike) -> list[Path]:
     """Remove, anywhere under ``root``, the temporary files and folders of stages whose process has
     ended on this host (``*.partial-PID@HOST~*``, ``.qwen-onnx-PID@HOST~*``; see :func:`owner_tag`).
 
-    The workflow calls it once per Snakemake invocation (``workflow/rules/common.smk``), so a
-    killed job's leftovers go even when no rerun of that job is needed. Entries of live
+    The workflow calls it when a run starts (``onstart`` in ``workflow/rules/common.smk``; not on
+    dry runs), so a killed job's leftovers go even when no rerun of that job is needed. Entries of live
     processes and of other hosts are kept.
 
     Returns:

@@ -518,7 +518,8 @@ def quantize_static_variant(
         and the sensitive nodes with their scheme.
 
     Raises:
-        QwenOnnxError: an unknown calibration method or format, a float-only op type, an excluded
+        QwenOnnxError: an unknown calibration method or format, a float-only op type, the type
+            pairing QInt8 activations / QUInt8 weights, ``matmul_const_b_only`` false, an excluded
             node that does not exist, a calibration text too short for the requested samples, or sensitive
             nodes asked for without a sensitivity report.
     """
@@ -533,6 +534,12 @@ def quantize_static_variant(
             f"quantization format {settings.quant_format!r} unknown; use one of {', '.join(QUANT_FORMATS)}"
         )
     _check_op_types(settings.op_types)
+    if (settings.activation_type, settings.weight_type) == ("QInt8", "QUInt8"):
+        raise QwenOnnxError("activation_type QInt8 with weight_type QUInt8 is a pairing onnxruntime does not quantize; "
+                            "use QUInt8/QInt8 (the default), QInt8/QInt8 or QUInt8/QUInt8")
+    if not settings.matmul_const_b_only:
+        raise QwenOnnxError("matmul_const_b_only false would quantize the MatMuls of two activations (attention, "
+                            "rotary), whose ranges the streamed calibration does not measure; keep it true")
     input_dir = Path(input_dir).resolve()
     source = model_path(input_dir)
     sensitive = sensitive_nodes(settings, "static", sensitivity)

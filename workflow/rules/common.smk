@@ -36,24 +36,17 @@ validate(config, schema="../schemas/config.schema.yaml")
 
 VERSION = qwen_onnx.__version__
 RESULTS = config.get("results", "results")
-# temporary files of jobs killed in an earlier run (SIGKILL, OOM killer, power cut) go first
-qwen_onnx.artifacts.sweep_tree(RESULTS)
+
+
+onstart:
+    # temporary files of jobs killed in an earlier run (SIGKILL, OOM killer, power cut) go first;
+    # here, not at parse time, so that -n, --lint and every cluster job's own parse write nothing
+    qwen_onnx.artifacts.sweep_tree(RESULTS)
+
+
 VARIANTS = list(
     qwen_onnx.variants.NAMES
 )  # the variant registry, src/qwen_onnx/variants.py
-STAGES = [
-    "export",
-    "preprocess",
-    "quantize_dynamic",
-    "quantize_static",
-    "quantize_mixed",
-    "quantize_int4",
-    "sensitivity",
-    "optimize",
-    "float16",
-    "evaluation",
-    "latency",
-]
 
 # Declared memory: 1000 MB plus this many MB per MB of fp32 weights (4 bytes x params_billion).
 # Peak RSS measured (/usr/bin/time and the getrusage line at the end of each rule's log), 0.5B
@@ -368,7 +361,8 @@ def memory_over_cap():
     """The jobs whose declared memory exceeds this run's `mem_mb` cap (profiles/default's 22,000
     MB, or --resources mem_mb=N), as one warning line each: Snakemake runs such a job as if it
     needed just the cap, without a word, and on a machine of that size it is then likely killed
-    for memory. Cluster runs are not capped this way (each job asks its node for its own memory)."""
+    for memory. Cluster runs are not capped this way (each job asks its node for its own memory).
+    """
     if workflow.non_local_exec or workflow.remote_exec:
         return []
     cap = getattr(workflow.global_resources.get("mem_mb"), "value", None)
