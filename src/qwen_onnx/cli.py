@@ -141,6 +141,15 @@ def _inspect(a):
     return None
 
 
+def _publish(a):
+    from .publish import publish
+
+    done = publish(a.results, readme=a.readme, page=a.page, commit=a.commit)
+    print(f"wrote {done['page']}" + (f" and the measured block of {done['readme']}" if done["readme"] else "")
+          + f" (commit {done['commit']}, {done['date']})")
+    return None
+
+
 def _diff(a):
     from .artifacts import write_json
     from .inspect_graph import diff_markdown, diff_models
@@ -457,6 +466,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", default=None)
     p.set_defaults(func=_inspect)
+
+    p = sub.add_parser("publish", help="the README's measured tables and a docs/measurements page, from a finished run")
+    p.add_argument("results", help="the run's results/ folder (metrics.json, machine.json, report.md)")
+    p.add_argument("--page", required=True, help="measurement page to write, e.g. docs/measurements/2026-12-04-epyc.md")
+    p.add_argument("--readme", default=None, help="README whose measured block to rewrite (between its markers)")
+    p.add_argument("--commit", default=None, help="the run's commit (default: HEAD of the checkout holding RESULTS)")
+    p.set_defaults(func=_publish)
 
     p = sub.add_parser("diff", help="what changed between two variants: ops, nodes, bytes, fusions, quantization")
     p.add_argument("a", help="model.onnx or folder (for example fp32)")

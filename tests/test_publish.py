@@ -1,0 +1,65 @@
+"""qwen-onnx publish: the README's measured tables and the measurement page come from a run's files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qwen_onnx.cli import main
+from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.publish import BEGIN, END, publish
+
+MACHINE = {"cpu_model": "AMD EPYC", "isa": "AVX2", "logical_cores": 2, "memory_gib": 23.5}
+ROWS = [
+    {"model": "m", "variant": "pytorch", "gate": "reference", "ppl_delta_pct": 0.0, "kl_mean": 0.0, "top1_pct": 100.0,
+     "bytes_on_disk": 2520702368, "decode_tok_s": 6.359, "ttft_ms": 1353.6, "timing_load": "idle"},
+    {"model": "m", "variant": "int4", "gate": "PASS", "ppl_delta_pct": 0.7412, "kl_mean": 0.020123, "top1_pct": 91.83,
+     "bytes_on_disk": 532200000, "decode_tok_s": 32.68, "ttft_ms": 1212.4, "timing_load": "idle"},
+    {"model": "m", "variant": "llama.cpp", "gate": None, "ppl_delta_pct": None, "kl_mean": None, "top1_pct": None,
+     "bytes_on_disk": 491000000, "decode_tok_s": 37.1, "ttft_ms": 800.0, "timing_load": "idle"},
+]
+
+
+@pytest.fixture
+def run(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "metrics.json").write_text(json.dumps(ROWS))
+    (results / "machine.json").write_text(json.dumps(MACHINE))
+    (results / "report.md").write_text("# qwen-onnx report\n\n## Which variant to ship\n\nint4\n")
+    return results
+
+
+def test_publish_writes_the_readme_block_and_the_page_from_the_run(run, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nbefore\n{BEGIN}\nstale figures\n{END}\nafter\n")
+    done = publish(run, readme=readme, page=tmp_path / "docs" / "measurements" / "p.md", commit="abc1234")
+    text = readme.read_text()
+    assert text.startswith("# x\n\nbefore\n" + BEGIN + "\n") and text.endswith(END + "\nafter\n")
+    assert "stale figures" not in text
+    assert f"Measured {done['date']} at commit abc1234 on AMD EPYC, AVX2 (2 cores, 23.5 GiB)" in text
+    assert "[docs/measurements/p.md](docs/measurements/p.md)" in text
+    assert "| int4 | PASS | +0.74 | 0.0201 | 91.8 | 532 | 32.7 | 1212 | idle |" in text
+    assert "| pytorch | reference | +0.00 | 0 | 100.0 | 2521 | 6.4 | 1354 | idle |" in text
+    assert "| llama.cpp | peer | – | – | – | 491 | 37.1 | 800 | idle |" in text
+    page = (tmp_path / "docs" / "measurements" / "p.md").read_text()
+    assert page.startswith(f"# Measured {done['date']} on AMD EPYC, AVX2 (2 cores, 23.5 GiB)\n")
+    assert "at commit abc1234" in page and page.endswith("## Which variant to ship\n\nint4\n")
+
+
+def test_publish_refuses_a_readme_without_the_block_and_an_unfinished_run(run, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n")
+    with pytest.raises(QwenOnnxError, match="README.md has no '<!-- measured:begin"):
+        publish(run, readme=readme, page=tmp_path / "p.md", commit="abc1234")
+    (run / "report.md").unlink()
+    assert main(["publish", str(run), "--page", str(tmp_path / "q.md"), "--commit", "abc1234"]) == 2
+    assert not (tmp_path / "q.md").exists()
+
+
+def test_the_readme_has_the_block():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert text.count(BEGIN) == 1 and text.index(BEGIN) < text.index(END)
