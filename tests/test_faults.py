@@ -371,7 +371,7 @@ def test_a_stage_killed_midway_reruns_to_the_same_result(killable, rule, pause_a
 
 
 def _killed_then_unlocked(killable: Path, rule: str, pause_at: str, target: str, clean: dict) -> None:
-    """Killed with its Snakemake: the lock stays, so the rerun waits for --unlock (README, "After a crash")."""
+    """Killed with its Snakemake: the lock stays, so the rerun waits for --unlock (docs/recovery.md)."""
     from test_workflow import snakemake
 
     _kill_in(killable, rule, pause_at, target)

@@ -364,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--algorithm", choices=["default", "rtn", "k_quant", "k_quant_int", "hqq", "gptq"],
                    default="k_quant_int",
-                   help="onnxruntime MatMulNBitsQuantizer algorithm (README, int4 recipes)")
+                   help="onnxruntime MatMulNBitsQuantizer algorithm (docs/design.md, "INT4 and quantized embeddings")")
     p.add_argument("--block-size", type=int, default=16, help="inputs per scale, a power of 2 from 16 to 256")
     p.add_argument("--block-size-8bit", type=int, default=128,
                    help="inputs per scale of the 8-bit MatMuls (lm_head, sensitive, source-precise)")
@@ -497,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="new tokens at most per greedy generation")
     p.add_argument("--threads", type=int, default=LATENCY["threads"])
     p.add_argument("--dtype", choices=["float32", "float16"], default="float32",
-                   help="logits.npy dtype (float16 moves logits by up to 1.3e-2 on the 0.5B; README, 'Reference')")
+                   help="logits.npy dtype (float16 moves logits by up to 1.3e-2 on the 0.5B; docs/evaluation.md)")
     p.set_defaults(func=_reference)
 
     p = sub.add_parser("accuracy", help="perplexity, KL, top-1 agreement, |Δlogit| against PyTorch fp32")

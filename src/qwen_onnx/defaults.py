@@ -26,7 +26,7 @@ EXPORTERS: tuple[str, ...] = ("optimum", "torch")
 
 #: ``float16:`` (the fp16 variant): op types and node names kept float32, on top of onnxruntime's
 #: ``float16.DEFAULT_OP_BLOCK_LIST``. Pow and ReduceMean (the RMSNorm's variance) and Softmax: chosen
-#: by measuring on the 0.5B (README, "fp16"; :mod:`qwen_onnx.float16`).
+#: by measuring on the 0.5B (docs/design.md, "fp16"; :mod:`qwen_onnx.float16`).
 FLOAT16: Mapping[str, Any] = MappingProxyType({
     "blocked_ops": ("Pow", "ReduceMean", "Softmax"),
     "blocked_nodes": (),
@@ -35,7 +35,7 @@ FLOAT16: Mapping[str, Any] = MappingProxyType({
 #: ``evaluation:`` (accuracy against PyTorch and its reference stage). ``text`` is the shipped
 #: ``qwen_onnx/data/evaluation.txt`` (the library resolves it with :func:`qwen_onnx.text.shipped_text`;
 #: the config names it by its repository path). 6 windows x 255 predicted tokens = 1,530 tokens,
-#: the protocol of every accuracy figure in the README.
+#: the protocol of every published accuracy figure.
 EVALUATION: Mapping[str, Any] = MappingProxyType({
     "text": "src/qwen_onnx/data/evaluation.txt",
     "window": 256,

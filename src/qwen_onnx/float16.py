@@ -27,7 +27,7 @@ Weights beyond float16's range are clamped to it by the converter; the stage cou
 Speed: float16 is meant for execution providers with float16 kernels (CUDA, DirectML, CoreML,
 ARM64 CPUs with FP16). On this project's x86 build machine (no AVX512-FP16) the op profile of its
 latency run with onnxruntime 1.32's CPU provider lists MatMul at 84% of the time and Cast at 2.8%;
-README, "fp16", has the measured latency against fp32.
+docs/design.md, "fp16", has the measured latency against fp32.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from .genai_config import write_genai_config
 
 log = logging.getLogger(__name__)
 
-#: Op types kept float32 on top of onnxruntime's ``float16.DEFAULT_OP_BLOCK_LIST`` (README, "fp16",
+#: Op types kept float32 on top of onnxruntime's ``float16.DEFAULT_OP_BLOCK_LIST`` (docs/design.md, "fp16",
 #: for what each alternative measured); the config's ``float16.blocked_ops``.
 EXTRA_BLOCKED_OPS: tuple[str, ...] = tuple(FLOAT16["blocked_ops"])
 

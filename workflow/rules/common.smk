@@ -257,7 +257,7 @@ def get_exclusive_threads(measured):
 
     The measured code itself uses `measured` threads. On a cluster executor, and in the job that
     a cluster runs (`--mode remote`, `--cores all` of whatever node it lands on), the job asks for
-    `measured` only: exclusivity is the scheduler's (README, "Running on a cluster"), and
+    `measured` only: exclusivity is the scheduler's (docs/cluster.md), and
     `workflow.cores` is undefined there without --cores.
     """
     if workflow.non_local_exec or workflow.remote_exec:
