@@ -364,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--algorithm", choices=["default", "rtn", "k_quant", "k_quant_int", "hqq", "gptq"],
                    default="k_quant_int",
-                   help="onnxruntime MatMulNBitsQuantizer algorithm (docs/design.md, "INT4 and quantized embeddings")")
+                   help="onnxruntime MatMulNBitsQuantizer algorithm (docs/design.md, 'INT4 and quantized embeddings')")
     p.add_argument("--block-size", type=int, default=16, help="inputs per scale, a power of 2 from 16 to 256")
     p.add_argument("--block-size-8bit", type=int, default=128,
                    help="inputs per scale of the 8-bit MatMuls (lm_head, sensitive, source-precise)")
