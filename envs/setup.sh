@@ -32,13 +32,13 @@ if [ "$models" = 1 ]; then
   pip_install -r envs/models.txt
 fi
 if [ "$peers" = 1 ]; then
-  # llama-cpp-python builds llama.cpp from source, for the CPU at hand: qwen_onnx.machine.ggml_cmake_args
+  # llama-cpp-python builds llama.cpp from source, for the CPU at hand: qwen_onnx.run.machine.ggml_cmake_args
   # turns on exactly the SIMD levels this CPU reports (AVX2 on an AVX2-only EPYC, AVX-512 and VNNI on
   # a Xeon) and never AMX (ggml's AMX weight repacking segfaults on load with llama-cpp-python 0.3.36).
   # Set LLAMA_CMAKE_ARGS to override. pip's wheel cache keys the package by version, not by CMAKE_ARGS,
   # so the build skips that cache, and a build made with other flags (another CPU) is rebuilt; the
   # flags used are kept in .venv/llama-cpp-cmake-args, and the peers stage reports ggml's own system info.
-  export CMAKE_ARGS="${LLAMA_CMAKE_ARGS:-$(.venv/bin/python -c 'from qwen_onnx.machine import ggml_cmake_args; print(ggml_cmake_args())')}"
+  export CMAKE_ARGS="${LLAMA_CMAKE_ARGS:-$(.venv/bin/python -c 'from qwen_onnx.run.machine import ggml_cmake_args; print(ggml_cmake_args())')}"
   stamp=.venv/llama-cpp-cmake-args
   if [ "$(cat "$stamp" 2>/dev/null)" != "$CMAKE_ARGS" ] && .venv/bin/python -m pip show --quiet llama-cpp-python 2>/dev/null; then
     echo "envs/setup.sh: rebuilding llama-cpp-python for this CPU ($CMAKE_ARGS)" >&2

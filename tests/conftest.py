@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 # Never reach for the network in tests: hub look-ups must come from the (empty) cache.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# verify_manifest's stamps (qwen_onnx.artifacts.verified_cache_dir) go to a folder of this run, not ~/.cache
+# verify_manifest's stamps (qwen_onnx.store.artifacts.verified_cache_dir) go to a folder of this run, not ~/.cache
 if "QWEN_ONNX_VERIFIED_CACHE" not in os.environ:
     import tempfile
 
@@ -57,12 +57,12 @@ def tiny_qwen2(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def pipeline(tmp_path_factory, tiny_qwen2, texts) -> dict[str, Path]:
     """The stages run once on the tiny Qwen2: hf, fp32, preprocessed, int8-dynamic, int8-static, optimized, int4, fp16."""
-    from qwen_onnx.export import export_onnx, preprocess
-    from qwen_onnx.float16 import convert_float16_variant
-    from qwen_onnx.int4 import Int4Settings, quantize_int4_variant
-    from qwen_onnx.optimize import optimize_variant
-    from qwen_onnx.quantize import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
-    from qwen_onnx.resolve import resolve
+    from qwen_onnx.convert.export import export_onnx, preprocess
+    from qwen_onnx.convert.float16 import convert_float16_variant
+    from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
+    from qwen_onnx.convert.optimize import optimize_variant
+    from qwen_onnx.quantize.int8 import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
+    from qwen_onnx.source.resolve import resolve
 
     root = tmp_path_factory.mktemp("pipeline")
     dirs = {name: root / name for name in ("hf", "fp32", "preprocessed", "int8-dynamic", "int8-static", "optimized", "int4",

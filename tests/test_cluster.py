@@ -207,7 +207,7 @@ def test_slurm_profile_resources_apply_to_every_job(tmp_path, tiny_qwen2, texts,
 def test_every_rule_declares_threads_memory_and_runtime():
     rules = re.split(r"^rule ", "".join(p.read_text() for p in sorted((REPO / "workflow" / "rules").glob("*.smk"))),
                      flags=re.M)[1:]
-    from qwen_onnx.variants import VARIANTS
+    from qwen_onnx.settings.variants import VARIANTS
 
     assert len(rules) == 22  # the 9 that write variants (the registry) and 13 others
     assert {v.rule for v in VARIANTS} <= {body.split(":", 1)[0] for body in rules}

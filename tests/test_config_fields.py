@@ -1,4 +1,4 @@
-"""Config fields that change the computation (qwen_onnx.qwen_config): every graph reproduces them,
+"""Config fields that change the computation (qwen_onnx.settings.qwen_config): every graph reproduces them,
 checked against PyTorch where they matter (past the original context for RoPE scaling), or resolve
 refuses the checkpoint in one line before any output."""
 
@@ -9,14 +9,14 @@ import json
 import numpy as np
 import pytest
 
-from qwen_onnx.accuracy import load_torch_model, torch_logits
+from qwen_onnx.measure.accuracy import load_torch_model, torch_logits
 from qwen_onnx.errors import ArchitectureError
-from qwen_onnx.export import export_onnx
-from qwen_onnx.optimize import optimize_variant
-from qwen_onnx.parity import kv_cache_parity
-from qwen_onnx.qwen_config import context_length, layer_windows, rope_type
-from qwen_onnx.resolve import resolve
-from qwen_onnx.runtime import OnnxCausalLM
+from qwen_onnx.convert.export import export_onnx
+from qwen_onnx.convert.optimize import optimize_variant
+from qwen_onnx.measure.parity import kv_cache_parity
+from qwen_onnx.settings.qwen_config import context_length, layer_windows, rope_type
+from qwen_onnx.source.resolve import resolve
+from qwen_onnx.run.runtime import OnnxCausalLM
 
 from tiny_models import build_tiny_qwen
 

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qwen_onnx import defaults
-from qwen_onnx.accuracy import accuracy_from_reference, evaluate_accuracy
+from qwen_onnx.settings import defaults
+from qwen_onnx.measure.accuracy import accuracy_from_reference, evaluate_accuracy
 from qwen_onnx.cli import build_parser
-from qwen_onnx.int4 import Int4Settings
-from qwen_onnx.latency import measure_latency
-from qwen_onnx.quantize import DynamicSettings, StaticSettings
-from qwen_onnx.reference import write_reference
-from qwen_onnx.text import EVALUATION_TEXT, shipped_text
+from qwen_onnx.quantize.int4 import Int4Settings
+from qwen_onnx.measure.latency import measure_latency
+from qwen_onnx.quantize.int8 import DynamicSettings, StaticSettings
+from qwen_onnx.measure.reference import write_reference
+from qwen_onnx.source.text import EVALUATION_TEXT, shipped_text
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = yaml.safe_load((REPO / "config.yaml").read_text(encoding="utf-8"))
@@ -76,8 +76,8 @@ def test_defaults_module_is_the_schema_and_config_yaml(section):
 
 
 def test_export_and_float16_defaults_are_the_librarys_and_the_clis():
-    from qwen_onnx.export import export_onnx
-    from qwen_onnx.float16 import EXTRA_BLOCKED_OPS, convert_float16_variant
+    from qwen_onnx.convert.export import export_onnx
+    from qwen_onnx.convert.float16 import EXTRA_BLOCKED_OPS, convert_float16_variant
 
     export, float16 = defaults.section("export"), defaults.section("float16")
     parameters = inspect.signature(export_onnx).parameters
@@ -90,7 +90,7 @@ def test_export_and_float16_defaults_are_the_librarys_and_the_clis():
 
 
 def test_tflite_defaults_are_the_librarys_and_the_clis():
-    from qwen_onnx.tflite import convert_tflite
+    from qwen_onnx.convert.tflite import convert_tflite
 
     tflite = {k: v for k, v in defaults.section("tflite").items() if k in defaults.TFLITE_CONVERSION}
     parameters = inspect.signature(convert_tflite).parameters
@@ -101,7 +101,7 @@ def test_tflite_defaults_are_the_librarys_and_the_clis():
 
 def test_library_functions_read_the_defaults_module():
     evaluation, latency = defaults.section("evaluation"), defaults.section("latency")
-    from qwen_onnx.peers import run_peers
+    from qwen_onnx.measure.peers import run_peers
 
     for fn in (evaluate_accuracy, write_reference, accuracy_from_reference, measure_latency, run_peers):
         for name, parameter in inspect.signature(fn).parameters.items():

@@ -5,8 +5,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from qwen_onnx.artifacts import DATA_FILE, check_external_data
-from qwen_onnx.external import consolidate_external_data, external_locations, lazy_model
+from qwen_onnx.store.artifacts import DATA_FILE, check_external_data
+from qwen_onnx.store.external import consolidate_external_data, external_locations, lazy_model
 
 
 def big_constant_model(folder):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen_onnx.artifacts import DATA_FILE, MANIFEST_FILE, MODEL_FILE, read_json, staged_dir, verify_manifest
+from qwen_onnx.store.artifacts import DATA_FILE, MANIFEST_FILE, MODEL_FILE, read_json, staged_dir, verify_manifest
 from qwen_onnx.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -123,7 +123,7 @@ def test_damaged_external_data_of_the_right_size_is_named_by_its_manifest(pipeli
 
 def test_a_file_missing_from_a_folder_is_named_by_its_manifest(pipeline, tmp_path):
     from qwen_onnx.errors import IntegrityError
-    from qwen_onnx.inspect_graph import inspect_model
+    from qwen_onnx.measure.inspect_graph import inspect_model
 
     folder = tmp_path / "fp32"
     shutil.copytree(pipeline["fp32"], folder)
@@ -170,7 +170,7 @@ def test_the_next_stage_removes_what_a_killed_one_left(tmp_path):
 def test_a_full_disk_while_writing_external_data_is_named_in_one_line(pipeline, tmp_path, capsys, monkeypatch):
     import builtins
 
-    import qwen_onnx.external as external
+    import qwen_onnx.store.external as external
 
     class FullDisk:
         """A file that takes 64 KiB, then fails as a full disk does."""
@@ -321,7 +321,7 @@ def _fingerprint(folder: Path, target: str) -> dict:
 
 
 def _kill_in(folder: Path, rule: str, pause_at: str, target: str) -> None:
-    """Run ``rule`` for ``target``, wait until it pauses in :func:`qwen_onnx.artifacts.fault_point` with its
+    """Run ``rule`` for ``target``, wait until it pauses in :func:`qwen_onnx.store.artifacts.fault_point` with its
     partial output on disk, then SIGKILL Snakemake's process group (Snakemake and the job)."""
     from test_workflow import REPO as repo, SNAKEMAKE
 
@@ -389,7 +389,7 @@ def _killed_then_unlocked(killable: Path, rule: str, pause_at: str, target: str,
 
 def test_a_verified_folder_is_not_hashed_again_by_a_later_process_until_a_file_changes(tmp_path, monkeypatch):
     """The stamp of verify_manifest stands for a later process (the in-process memo is cleared here)."""
-    from qwen_onnx import artifacts
+    from qwen_onnx.store import artifacts
     from qwen_onnx.errors import IntegrityError
 
     monkeypatch.setenv(artifacts.VERIFIED_CACHE_ENV, str(tmp_path / "stamps"))

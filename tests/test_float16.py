@@ -9,12 +9,12 @@ import onnx
 import pytest
 from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
 
-from qwen_onnx.artifacts import DATA_FILE, MODEL_FILE, check_external_data
+from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, check_external_data
 from qwen_onnx.cli import main
-from qwen_onnx.float16 import float16_nodes
-from qwen_onnx.gates import DEFAULT_GATES, check_gate, default_gate
-from qwen_onnx.parity import kv_cache_parity, padded_batch_parity
-from qwen_onnx.runtime import OnnxCausalLM
+from qwen_onnx.convert.float16 import float16_nodes
+from qwen_onnx.settings.gates import DEFAULT_GATES, check_gate, default_gate
+from qwen_onnx.measure.parity import kv_cache_parity, padded_batch_parity
+from qwen_onnx.run.runtime import OnnxCausalLM
 
 
 def ids(n, seed=0):
@@ -77,7 +77,7 @@ def test_weights_beyond_float16_are_counted():
     counts them per tensor (and logs a warning)."""
     from onnx import helper, numpy_helper
 
-    from qwen_onnx.float16 import out_of_range_weights
+    from qwen_onnx.convert.float16 import out_of_range_weights
 
     big = numpy_helper.from_array(np.array([1e5, -7e4, 65504.0, 1.0, np.inf], dtype=np.float32), "big")
     small = numpy_helper.from_array(np.ones(3, dtype=np.float32), "small")
@@ -126,7 +126,7 @@ def test_accuracy_applies_the_float16_gate(pipeline, texts, tmp_path):
 
 @pytest.mark.parametrize("blocked", [["Pow", "ReduceMean"]])
 def test_blocked_ops_are_the_configs(pipeline, tmp_path, blocked):
-    from qwen_onnx.float16 import convert_float16_variant
+    from qwen_onnx.convert.float16 import convert_float16_variant
 
     info = convert_float16_variant(pipeline["fp32"], tmp_path / "fp16", blocked_ops=blocked,
                                    blocked_nodes=["/model/norm/ReduceMean"])

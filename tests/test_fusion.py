@@ -13,13 +13,13 @@ import numpy as np
 import onnx
 import pytest
 
-from qwen_onnx.accuracy import load_torch_model, torch_logits
-from qwen_onnx.artifacts import DATA_FILE, MODEL_FILE, check_external_data
+from qwen_onnx.measure.accuracy import load_torch_model, torch_logits
+from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, check_external_data
 from qwen_onnx.errors import ArtifactError
-from qwen_onnx.inspect_graph import diff_models
-from qwen_onnx.optimize import optimize_variant
-from qwen_onnx.parity import kv_cache_parity, onnx_generate, padded_batch_parity, torch_generate
-from qwen_onnx.runtime import OnnxCausalLM
+from qwen_onnx.measure.inspect_graph import diff_models
+from qwen_onnx.convert.optimize import optimize_variant
+from qwen_onnx.measure.parity import kv_cache_parity, onnx_generate, padded_batch_parity, torch_generate
+from qwen_onnx.run.runtime import OnnxCausalLM
 from tiny_models import build_tiny_qwen
 
 LAYERS, VOCAB, CONTEXT = 2, 384, 512
@@ -190,7 +190,7 @@ def test_diff_shows_the_fused_ops(fused, tmp_path):
     _, hf, folder, _ = fused
     info = diff_models(folder, folder)
     assert info["nodes"]["change"] == 0
-    from qwen_onnx.export import export_onnx
+    from qwen_onnx.convert.export import export_onnx
 
     export_onnx(hf, tmp_path / "fp32", opset=17)
     diff = diff_models(tmp_path / "fp32", folder)
@@ -209,9 +209,9 @@ def test_builder_method_needs_a_hugging_face_folder(tmp_path):
 
 
 def test_report_graph_row_lists_the_fused_ops(fused, tmp_path):
-    from qwen_onnx.artifacts import write_json
-    from qwen_onnx.inspect_graph import inspect_model
-    from qwen_onnx.report import graph_rows
+    from qwen_onnx.store.artifacts import write_json
+    from qwen_onnx.measure.inspect_graph import inspect_model
+    from qwen_onnx.report.build import graph_rows
 
     family, _, folder, _ = fused
     write_json(tmp_path / "inspect.json", inspect_model(folder))

@@ -7,11 +7,11 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from qwen_onnx.accuracy import evaluate_accuracy
-from qwen_onnx.artifacts import DATA_FILE, MODEL_FILE, save_with_external_data
+from qwen_onnx.measure.accuracy import evaluate_accuracy
+from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, save_with_external_data
 from qwen_onnx.errors import GateError
-from qwen_onnx.gates import check_gate, variant_kind
-from qwen_onnx.parity import (
+from qwen_onnx.settings.gates import check_gate, variant_kind
+from qwen_onnx.measure.parity import (
     chat_prompt_ids,
     eos_token_ids,
     kv_cache_parity,
@@ -20,7 +20,7 @@ from qwen_onnx.parity import (
     padded_batch_parity,
     shipped_prompts,
 )
-from qwen_onnx.runtime import OnnxCausalLM
+from qwen_onnx.run.runtime import OnnxCausalLM
 
 INT8_STATIC_GATE = {"ppl_delta_pct": 2.0, "top1_pct": 93.0, "kl_mean": 0.05}
 
@@ -56,9 +56,9 @@ def test_variant_kinds():
 
 
 def test_the_tflite_gate_kind_follows_its_quantization(tmp_path):
-    from qwen_onnx.defaults import TFLITE_QUANTIZATIONS
+    from qwen_onnx.settings.defaults import TFLITE_QUANTIZATIONS
     from qwen_onnx.errors import OptionError
-    from qwen_onnx.gates import DEFAULT_GATES, folder_gate_kind, tflite_gate_kind
+    from qwen_onnx.settings.gates import DEFAULT_GATES, folder_gate_kind, tflite_gate_kind
 
     expected = {"dynamic_int8": "int8_dynamic", "weight_only_int8": "int8_dynamic", "fp16": "float16", "none": "float",
                 "dynamic_int4_block32": "int4", "dynamic_int4_block128": "int4"}

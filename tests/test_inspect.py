@@ -7,13 +7,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from qwen_onnx.artifacts import DATA_FILE, MODEL_FILE
+from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE
 from qwen_onnx.cli import main
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.export import export_onnx
-from qwen_onnx.extract import extract_layer
-from qwen_onnx.inspect_graph import diff_models, inspect_model
-from qwen_onnx.resolve import resolve
+from qwen_onnx.convert.export import export_onnx
+from qwen_onnx.measure.extract import extract_layer
+from qwen_onnx.measure.inspect_graph import diff_models, inspect_model
+from qwen_onnx.source.resolve import resolve
 
 
 def expected_architecture(hf_dir):
@@ -43,7 +43,7 @@ def test_architecture_read_from_the_graph_matches_the_config(pipeline, variant):
 
 def test_architecture_of_a_blockwise_variant(pipeline, tmp_path):
     # MatMulNBits packs its weight as uint8 [N, blocks, blob bytes]: the features come from attributes
-    from qwen_onnx.quantize import DynamicSettings, quantize_dynamic_variant
+    from qwen_onnx.quantize.int8 import DynamicSettings, quantize_dynamic_variant
 
     quantize_dynamic_variant(pipeline["preprocessed"], tmp_path / "bw", DynamicSettings(scheme="blockwise", block_size=16))
     info = inspect_model(tmp_path / "bw")

@@ -7,16 +7,16 @@ import onnx
 import pytest
 from onnx import helper
 
-from qwen_onnx.artifacts import folder_bytes
-from qwen_onnx.embeddings import embedding_tied, find_embedding, find_lm_head, find_lookup
+from qwen_onnx.store.artifacts import folder_bytes
+from qwen_onnx.quantize.embeddings import embedding_tied, find_embedding, find_lm_head, find_lookup
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.gates import variant_kind
-from qwen_onnx.inspect_graph import inspect_model
-from qwen_onnx.int4 import ALGORITHMS, Int4Settings, quantize_int4_variant
-from qwen_onnx.matmuls import weight_matmul_names
-from qwen_onnx.quantize import DynamicSettings, quantize_dynamic_variant
+from qwen_onnx.settings.gates import variant_kind
+from qwen_onnx.measure.inspect_graph import inspect_model
+from qwen_onnx.quantize.int4 import ALGORITHMS, Int4Settings, quantize_int4_variant
+from qwen_onnx.quantize.matmuls import weight_matmul_names
+from qwen_onnx.quantize.int8 import DynamicSettings, quantize_dynamic_variant
 from qwen_onnx.recipes import DEFAULT_RECIPES, select_recipes
-from qwen_onnx.runtime import OnnxCausalLM
+from qwen_onnx.run.runtime import OnnxCausalLM
 
 from tiny_models import build_tiny_qwen
 
@@ -28,8 +28,8 @@ IDS = np.arange(1, 60, dtype=np.int64).reshape(1, -1)
 @pytest.fixture(scope="module")
 def tied_preprocessed(tmp_path_factory):
     """The tiny Qwen2 with tie_word_embeddings, exported and pre-processed."""
-    from qwen_onnx.export import export_onnx, preprocess
-    from qwen_onnx.resolve import resolve
+    from qwen_onnx.convert.export import export_onnx, preprocess
+    from qwen_onnx.source.resolve import resolve
 
     root = tmp_path_factory.mktemp("tied")
     build_tiny_qwen(root / "src", "qwen2", tie_word_embeddings=True)
@@ -183,8 +183,8 @@ def test_int4_gate_kind_and_recipes():
 def test_int4_keeps_the_weights_a_gguf_mix_stored_wider_at_8_bits(tiny_qwen2, tmp_path):
     """llama.cpp's Q4_K_M keeps attn_v, half the ffn_down and the output matrix at Q6_K/Q8_0: resolve
     records each weight's GGML type, and ``source_bits`` 6 keeps exactly those MatMuls 8-bit."""
-    from qwen_onnx.export import export_onnx, preprocess
-    from qwen_onnx.resolve import resolve
+    from qwen_onnx.convert.export import export_onnx, preprocess
+    from qwen_onnx.source.resolve import resolve
     from tiny_gguf import write_tiny_gguf
 
     types = {"blk.0.attn_v.weight": "Q8_0", "blk.1.ffn_down.weight": "Q8_0", "blk.0.ffn_up.weight": "Q5_0",
@@ -221,12 +221,12 @@ def test_int4_keeps_the_weights_a_gguf_mix_stored_wider_at_8_bits(tiny_qwen2, tm
 
 def test_k_quant_int_fits_integer_zero_points_better_than_onnxruntimes_k_quant():
     """onnxruntime's k_quant searches a float minimum, then rounds it to MatMulNBits' integer zero
-    point; qwen_onnx.kquant scores each candidate with its integer zero point."""
+    point; qwen_onnx.quantize.kquant scores each candidate with its integer zero point."""
     import warnings
 
     from onnxruntime.quantization.neural_compressor.weight_only import quant_tensor_k_quant_cpu
 
-    from qwen_onnx.kquant import quantize_blocks
+    from qwen_onnx.quantize.kquant import quantize_blocks
 
     rng = np.random.default_rng(0)
     weight = (rng.laplace(size=(256, 512)) * 0.02 + 0.003).astype(np.float32)  # [N, K], heavy-tailed
@@ -252,7 +252,7 @@ def test_k_quant_int_fits_integer_zero_points_better_than_onnxruntimes_k_quant()
 @pytest.mark.parametrize("threads", [2, 3])
 def test_k_quant_int_block_search_is_the_same_on_any_thread_count(threads):
     """The blocks are searched in row chunks on threads; each block's search is independent."""
-    from qwen_onnx.kquant import quantize_blocks
+    from qwen_onnx.quantize.kquant import quantize_blocks
 
     rng = np.random.default_rng(2)
     weight = (rng.laplace(size=(96, 256)) * 0.02).astype(np.float32)
@@ -268,7 +268,7 @@ def test_k_quant_int_block_search_is_the_same_on_any_thread_count(threads):
 def test_k_quant_int_variant_runs_in_onnxruntime(pipeline, texts, tmp_path, importance_samples):
     """k_quant_int's weights packed by onnxruntime's make_matmul_weight_only_node: 4-bit nodes with
     zero points and no float weight left, logits close to fp32, with and without importance."""
-    from qwen_onnx.kquant import quantize_blocks
+    from qwen_onnx.quantize.kquant import quantize_blocks
 
     settings = Int4Settings(algorithm="k_quant_int", embedding="float", sensitive_max_nodes=0,
                             importance_samples=importance_samples, calibration_sequence_length=32)
@@ -344,8 +344,8 @@ def test_every_block_size_works_for_every_algorithm(tmp_path, k, block_size, alg
     4-bit error of the float product."""
     import onnxruntime as ort
 
-    from qwen_onnx.external import ScratchFiles
-    from qwen_onnx.int4 import int4_pass
+    from qwen_onnx.store.external import ScratchFiles
+    from qwen_onnx.quantize.int4 import int4_pass
 
     n = 40
     w = _matmul_graph(tmp_path / "m.onnx", k, n)
@@ -366,7 +366,7 @@ def test_every_block_size_works_for_every_algorithm(tmp_path, k, block_size, alg
 def test_k_quant_int_symmetric_has_no_zero_points_and_fits_as_well_as_rtn():
     """Symmetric k_quant_int: zero point fixed at 8, the weighted search over the scale alone; its
     error is no larger than round-to-nearest's absmax scale (onnxruntime's symmetric RTN)."""
-    from qwen_onnx.kquant import quantize_blocks
+    from qwen_onnx.quantize.kquant import quantize_blocks
 
     rng = np.random.default_rng(3)
     weight = (rng.laplace(size=(64, 256)) * 0.02).astype(np.float32)

@@ -17,8 +17,8 @@ PROMPT = np.arange(5, 25, dtype=np.int64)  # 20 ids of the tiny vocabulary (384)
 @pytest.fixture(scope="module")
 def qwen3_fp32(tmp_path_factory):
     """The tiny Qwen3 through resolve and the optimum export."""
-    from qwen_onnx.export import export_onnx
-    from qwen_onnx.resolve import resolve
+    from qwen_onnx.convert.export import export_onnx
+    from qwen_onnx.source.resolve import resolve
 
     root = tmp_path_factory.mktemp("qwen3")
     resolve(str(build_tiny_qwen(root / "src", "qwen3")), root / "hf")
@@ -32,8 +32,8 @@ def qwen2_gqa(tmp_path_factory, pipeline):
     with the Hugging Face side files and the builder's own genai_config.json replaced by ours."""
     from onnxruntime_genai.models.builder import create_model
 
-    from qwen_onnx.artifacts import copy_side_files
-    from qwen_onnx.genai_config import write_genai_config
+    from qwen_onnx.store.artifacts import copy_side_files
+    from qwen_onnx.convert.genai_config import write_genai_config
 
     root = tmp_path_factory.mktemp("gqa")
     out = root / "gqa"
@@ -51,7 +51,7 @@ def _folders(pipeline, qwen3_fp32, qwen2_gqa):
 
 @pytest.mark.parametrize("name", ["qwen2-fp32", "qwen3-fp32", "qwen2-gqa"])
 def test_bound_loop_matches_unbound(name, pipeline, qwen3_fp32, qwen2_gqa):
-    from qwen_onnx.runtime import OnnxCausalLM
+    from qwen_onnx.run.runtime import OnnxCausalLM
 
     folder = _folders(pipeline, qwen3_fp32, qwen2_gqa)[name]
     model = OnnxCausalLM(folder, threads=1)
@@ -87,7 +87,7 @@ def test_bound_loop_matches_unbound(name, pipeline, qwen3_fp32, qwen2_gqa):
 
 
 def test_generate_stops_at_eos_in_both_loops(pipeline):
-    from qwen_onnx.runtime import OnnxCausalLM
+    from qwen_onnx.run.runtime import OnnxCausalLM
 
     model = OnnxCausalLM(pipeline["fp32"], threads=1)
     full, _ = model.greedy(PROMPT, NEW_TOKENS)
@@ -101,7 +101,7 @@ def test_generate_stops_at_eos_in_both_loops(pipeline):
 
 
 def test_genai_config_matches_builder(qwen2_gqa, pipeline):
-    from qwen_onnx.genai_config import genai_config
+    from qwen_onnx.convert.genai_config import genai_config
 
     ours = genai_config(qwen2_gqa["folder"])
     assert ours == qwen2_gqa["builder_config"]
@@ -113,7 +113,7 @@ def test_genai_config_matches_builder(qwen2_gqa, pipeline):
 
 def test_genai_config_errors(pipeline, tmp_path):
     from qwen_onnx.errors import ArtifactError
-    from qwen_onnx.genai_config import genai_config
+    from qwen_onnx.convert.genai_config import genai_config
 
     folder = tmp_path / "v"
     shutil.copytree(pipeline["fp32"], folder)
@@ -168,8 +168,8 @@ def test_onnxruntime_genai_right_padded_batch_matches_each_prompt_alone(name, pi
     ``total_sequence_length`` tokens, so the short row's decode saw its padding as distance: on the
     tiny model its tokens left the unpadded ones from the second on ([294, 362, 44, ...] batched
     against [294, 214, 276, ...] alone). Built here from ``optimized``, as the workflow does."""
-    from qwen_onnx.int4 import Int4Settings, quantize_int4_variant
-    from qwen_onnx.quantize import DynamicSettings, quantize_dynamic_variant
+    from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
+    from qwen_onnx.quantize.int8 import DynamicSettings, quantize_dynamic_variant
 
     folder = pipeline["optimized"] if name in ("optimized", "fp32") else tmp_path / name
     if name == "fp32":
@@ -187,7 +187,7 @@ def test_onnxruntime_genai_right_padded_batch_matches_each_prompt_alone(name, pi
 @pytest.mark.parametrize("name", ["fp32", "preprocessed", "int8-dynamic", "int8-static", "optimized", "int4", "qwen3-fp32",
                                   "qwen2-gqa"])
 def test_onnxruntime_genai_generates_our_tokens(name, pipeline, qwen3_fp32, qwen2_gqa):
-    from qwen_onnx.runtime import OnnxCausalLM
+    from qwen_onnx.run.runtime import OnnxCausalLM
 
     folder = {"qwen3-fp32": qwen3_fp32, "qwen2-gqa": qwen2_gqa["folder"]}.get(name) or pipeline[name]
     assert (folder / "genai_config.json").is_file()  # written by the stage (or the fixture)
@@ -198,7 +198,7 @@ def test_onnxruntime_genai_generates_our_tokens(name, pipeline, qwen3_fp32, qwen
 
 
 def test_session_settings_reach_onnxruntime():
-    from qwen_onnx.runtime import DEFAULT_SETTINGS, resolve_settings, session_options
+    from qwen_onnx.run.runtime import DEFAULT_SETTINGS, resolve_settings, session_options
 
     options = session_options(1, settings={"intra_op_spinning": False, "inter_op_spinning": True,
                                            "dynamic_block_base": 4, "graph_optimization_level": "basic",
@@ -217,7 +217,7 @@ def test_session_settings_reach_onnxruntime():
 
 def test_compare_decode_runs_every_loop_and_setting(pipeline, texts):
     from qwen_onnx.errors import QwenOnnxError
-    from qwen_onnx.latency import compare_decode
+    from qwen_onnx.measure.latency import compare_decode
 
     result = compare_decode([pipeline["fp32"]], texts["evaluation"], prompt_tokens_count=8, new_tokens=3, rounds=1,
                             threads=1, loops=("bound", "unbound"),

@@ -7,11 +7,11 @@ import numpy as np
 import onnx
 import pytest
 
-from qwen_onnx.inspect_graph import decode_weight_bytes, initializer_bytes
-from qwen_onnx.latency import measure_latency, measure_torch_latency, percentile
-from qwen_onnx.machine import memory_bandwidth_gb_s
-from qwen_onnx.profiling import summarise_trace
-from qwen_onnx.report import build_report, columns
+from qwen_onnx.measure.inspect_graph import decode_weight_bytes, initializer_bytes
+from qwen_onnx.measure.latency import measure_latency, measure_torch_latency, percentile
+from qwen_onnx.run.machine import memory_bandwidth_gb_s
+from qwen_onnx.measure.profiling import summarise_trace
+from qwen_onnx.report.build import build_report, columns
 
 VOCAB, HIDDEN = 384, 64
 SMALL = dict(prompt_lengths=(8, 16), decode_prompt_tokens=16, new_tokens=5, threads=1, warmup=0, repeats=3)
@@ -48,7 +48,7 @@ def test_decode_weight_bytes_counts_one_embedding_row(pipeline):
 
 
 def test_bandwidth_counts_read_and_write_of_the_best_repeat(monkeypatch):
-    import qwen_onnx.machine as machine
+    import qwen_onnx.run.machine as machine
 
     # (start, end) per pass: the warm-up pass (1 s) is dropped, the best of the two timed ones kept
     clock = iter([0.0, 1.0, 10.0, 10.020, 20.0, 20.010])
@@ -98,7 +98,7 @@ def test_latency_command_line_passes_the_protocol(pipeline, texts, tmp_path):
 def test_compare_decode_measures_every_variant_in_turns(pipeline, texts, tmp_path):
     from qwen_onnx.cli import main
     from qwen_onnx.errors import QwenOnnxError
-    from qwen_onnx.latency import compare_decode
+    from qwen_onnx.measure.latency import compare_decode
 
     result = compare_decode([pipeline["fp32"], pipeline["int8-dynamic"]], texts["evaluation"], prompt_tokens_count=8,
                             new_tokens=4, rounds=3, threads=1, output=tmp_path / "ab.json")
@@ -118,7 +118,7 @@ def test_a_missing_folder_is_named_before_anything_loads(pipeline, texts, tmp_pa
     # without the check, the tokenizer takes the path for a hub ID and retries the network
     from qwen_onnx.cli import main
     from qwen_onnx.errors import ArtifactError
-    from qwen_onnx.latency import compare_decode
+    from qwen_onnx.measure.latency import compare_decode
 
     missing = tmp_path / "nope"
     with pytest.raises(ArtifactError, match="no ONNX model at .*nope"):
@@ -201,7 +201,7 @@ def test_report_rows_ratios_roofline_and_gates(tmp_path):
 
 
 def test_protocol_warms_decode_up_with_a_short_run_then_times_full_runs():
-    from qwen_onnx.latency import DECODE_WARMUP_TOKENS, _protocol
+    from qwen_onnx.measure.latency import DECODE_WARMUP_TOKENS, _protocol
 
     calls = []
 

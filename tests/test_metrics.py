@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from qwen_onnx.metrics import AccuracyAccumulator, kl_divergence, log_softmax, perplexity, token_nll
+from qwen_onnx.measure.metrics import AccuracyAccumulator, kl_divergence, log_softmax, perplexity, token_nll
 
 
 def test_perplexity_of_uniform_distribution_is_vocabulary_size():
@@ -82,7 +82,7 @@ def test_accumulator_counts_nan_and_rejects_shape_mismatch():
 def test_accumulator_chunks_give_the_whole_window_figures_bit_for_bit():
     # a window longer than CHUNK_TOKENS (and not a multiple of it): the chunked log-softmax must give
     # exactly what token_nll / kl_divergence give on the whole window, so no printed figure moves
-    from qwen_onnx.metrics import CHUNK_TOKENS
+    from qwen_onnx.measure.metrics import CHUNK_TOKENS
 
     rng = np.random.default_rng(0)
     tokens, vocab = 2 * CHUNK_TOKENS + 7, 1000

@@ -9,9 +9,9 @@ import statistics
 
 import pytest
 
-from qwen_onnx import peers
-from qwen_onnx.peers import GENAI, GENAI_ORT, LLAMA_CPP, build_genai_int4, run_peers
-from qwen_onnx.resolve import source_gguf
+from qwen_onnx.measure import peers
+from qwen_onnx.measure.peers import GENAI, GENAI_ORT, LLAMA_CPP, build_genai_int4, run_peers
+from qwen_onnx.source.resolve import source_gguf
 
 SMALL = dict(prompt_lengths=(8, 16), decode_prompt_tokens=8, new_tokens=5, threads=1, warmup=1, repeats=1)
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
@@ -178,7 +178,7 @@ def test_a_failed_build_is_recorded_and_its_row_skipped(pipeline, texts, tmp_pat
 def test_report_has_the_peers_section_and_metrics_rows(peers_run, tmp_path):
     from test_latency_and_report import _fake_reports
 
-    from qwen_onnx.report import build_report, columns
+    from qwen_onnx.report.build import build_report, columns
 
     result, work, _ = peers_run
     variants = ["fp32", "int8-static"]
@@ -224,7 +224,7 @@ def test_peers_command_line(pipeline, texts, tmp_path, capsys, monkeypatch):
 def test_latency_reports_take_their_figures_from_the_sitting(peers_run, pipeline, texts, tmp_path):
     """A variant's latency report is its row of the sitting plus its profile; PyTorch's has no profile."""
     from qwen_onnx.errors import ArtifactError
-    from qwen_onnx.latency import latency_from_sitting, percentile, profile_variant
+    from qwen_onnx.measure.latency import latency_from_sitting, percentile, profile_variant
 
     result, work, _ = peers_run
     rows = _by_peer(result)

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from qwen_onnx.pipeline import critical_path, dependencies, pipeline_markdown, pipeline_table
-from qwen_onnx.variants import NAMES, variant
+from qwen_onnx.report.pipeline import critical_path, dependencies, pipeline_markdown, pipeline_table
+from qwen_onnx.settings.variants import NAMES, variant
 
 HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
 
@@ -83,7 +83,7 @@ def test_pipeline_table_reads_benchmarks_and_logs(tmp_path):
 
 def test_the_span_is_the_latest_runs_only(tmp_path):
     """A rerun redoes only stale jobs: the span is that run's, not the time since the first run."""
-    from qwen_onnx.pipeline import latest_run
+    from qwen_onnx.report.pipeline import latest_run
 
     rows = [{"wall_s": 100.0, "ended": 1100.0}, {"wall_s": 50.0, "ended": 1140.0},  # first run: 1000-1140
             {"wall_s": 30.0, "ended": 9030.0}, {"wall_s": 20.0, "ended": 9100.0},  # rerun, 2 h later: 9000-9100

@@ -8,7 +8,7 @@ import pytest
 
 from qwen_onnx.cli import main
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.publish import BEGIN, END, publish
+from qwen_onnx.report.publish import BEGIN, END, publish
 
 MACHINE = {"cpu_model": "AMD EPYC", "isa": "AVX2", "logical_cores": 2, "memory_gib": 23.5}
 ROWS = [

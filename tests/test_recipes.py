@@ -21,7 +21,7 @@ from qwen_onnx.recipes import (
     run_recipes,
     select_recipes,
 )
-from qwen_onnx.sensitivity import analyse_sensitivity
+from qwen_onnx.quantize.sensitivity import analyse_sensitivity
 
 NAMES = ("dynamic-blockwise-b32", "dynamic-sensitive8-float", "static-minmax")
 FAST = {"windows": 1, "window_tokens": 32, "threads": 1, "prompt_tokens": 16, "decode_tokens": 4}

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qwen_onnx.accuracy import accuracy_from_reference, evaluate_accuracy
+from qwen_onnx.measure.accuracy import accuracy_from_reference, evaluate_accuracy
 from qwen_onnx.cli import main
 from qwen_onnx.errors import ArtifactError, IntegrityError, OptionError
-from qwen_onnx.metrics import AccuracyAccumulator
-from qwen_onnx.reference import (
+from qwen_onnx.measure.metrics import AccuracyAccumulator
+from qwen_onnx.measure.reference import (
     LOGITS_FILE,
     REFERENCE_JSON,
     TokenDecoder,
@@ -31,8 +31,8 @@ WINDOW, WINDOWS, NEW_TOKENS = 32, 3, 6
 @pytest.fixture(scope="module")
 def stages(tmp_path_factory, tiny_qwen2):
     """The tiny Qwen2's hf folder and fp32 ONNX export (the variant compared here)."""
-    from qwen_onnx.export import export_onnx
-    from qwen_onnx.resolve import resolve
+    from qwen_onnx.convert.export import export_onnx
+    from qwen_onnx.source.resolve import resolve
 
     root = tmp_path_factory.mktemp("reference-stages")
     resolve(str(tiny_qwen2), root / "hf")
@@ -72,8 +72,8 @@ def test_reference_folder_holds_logits_ids_and_greedy_outputs(reference, stages)
 
 
 def test_accuracy_from_the_reference_equals_accuracy_with_pytorch_loaded(reference, stages, texts):
-    from qwen_onnx.parity import torch_generate
-    from qwen_onnx.runtime import OnnxCausalLM
+    from qwen_onnx.measure.parity import torch_generate
+    from qwen_onnx.run.runtime import OnnxCausalLM
 
     got = accuracy_from_reference(stages["fp32"], reference, threads=1, kv_decode_steps=4)
     # the figures computed the way the accuracy stage did before the reference stage: PyTorch
@@ -106,7 +106,7 @@ def test_accuracy_from_a_reference_never_imports_torch(reference, stages, tmp_pa
     out = tmp_path / "fp32.accuracy.json"
     code = (
         "import sys\n"
-        "from qwen_onnx.accuracy import accuracy_from_reference\n"
+        "from qwen_onnx.measure.accuracy import accuracy_from_reference\n"
         f"accuracy_from_reference({str(stages['fp32'])!r}, {str(reference)!r}, threads=1, kv_decode_steps=4, output={str(out)!r})\n"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
     )
@@ -118,7 +118,7 @@ def test_accuracy_from_a_reference_never_imports_torch(reference, stages, tmp_pa
 
 
 def test_token_decoder_matches_transformers(reference, stages):
-    from qwen_onnx.text import load_tokenizer
+    from qwen_onnx.source.text import load_tokenizer
 
     tokenizer = load_tokenizer(stages["hf"])
     decoder = TokenDecoder(reference / "tokenizer")

@@ -7,10 +7,10 @@ import re
 import pytest
 from matplotlib.colors import to_rgba
 
-from qwen_onnx.plots import figure_decode_speed, figure_ppl_vs_size, figure_prefill
-from qwen_onnx.report import COLUMNS, PEER_VARIANTS, label, recommend, write_report
-from qwen_onnx.styles import STYLES, variant_styles
-from qwen_onnx.variants import NAMES
+from qwen_onnx.report.plots import figure_decode_speed, figure_ppl_vs_size, figure_prefill
+from qwen_onnx.report.build import COLUMNS, PEER_VARIANTS, label, recommend, write_report
+from qwen_onnx.report.styles import STYLES, variant_styles
+from qwen_onnx.settings.variants import NAMES
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

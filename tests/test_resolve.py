@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from qwen_onnx.errors import ArchitectureError, PartError, SourceError
-from qwen_onnx.resolve import EMBEDDED, GgufParts, concatenate_parts, parse_source, resolve
+from qwen_onnx.source.resolve import EMBEDDED, GgufParts, concatenate_parts, parse_source, resolve
 
 
 def make_part_packages(root, prefix, chunks):
@@ -161,7 +161,7 @@ def test_a_gguf_source_is_parsed_once_and_resolves_to_its_weights(tiny_qwen2, tm
     from safetensors.numpy import load_file
     from tiny_gguf import write_tiny_gguf
 
-    from qwen_onnx.text import load_tokenizer
+    from qwen_onnx.source.text import load_tokenizer
 
     path = write_tiny_gguf(tiny_qwen2, tmp_path / "tiny-f32.gguf")
     parsed = []

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from qwen_onnx.cli import main
-from qwen_onnx.gates import DEFAULT_GATES, check_gate
+from qwen_onnx.settings.gates import DEFAULT_GATES, check_gate
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -95,8 +95,8 @@ def test_numbers_out_of_range_are_refused_in_one_line(pipeline, tmp_path, capsys
 
 def test_library_refuses_with_a_typed_error(pipeline, tmp_path):
     from qwen_onnx.errors import OptionError
-    from qwen_onnx.export import export_onnx
-    from qwen_onnx.quantize import StaticSettings
+    from qwen_onnx.convert.export import export_onnx
+    from qwen_onnx.quantize.int8 import StaticSettings
 
     with pytest.raises(OptionError, match=r"^opset 25 is out of range; give an integer from 14 to 23$"):
         export_onnx(pipeline["hf"], tmp_path / "x", opset=25)
@@ -120,7 +120,7 @@ def _schema_ranges():
 
 
 def test_schema_and_library_ranges_agree():
-    from qwen_onnx.options import BLOCK_SIZES, CHOICES, RANGES
+    from qwen_onnx.settings.options import BLOCK_SIZES, CHOICES, RANGES
 
     found = _schema_ranges()
     assert found.pop("block_size") == {BLOCK_SIZES}
@@ -147,7 +147,7 @@ def test_nested_command_line_values_are_typed_by_the_schema(tiny_qwen2, texts, t
     """Snakemake leaves values nested in a --config mapping as strings; the schema types them."""
     from test_workflow import snakemake, write_config
 
-    from qwen_onnx.options import typed_config
+    from qwen_onnx.settings.options import typed_config
 
     schema = yaml.safe_load((Path(__file__).resolve().parents[1] / "workflow/schemas/config.schema.yaml").read_text())
     config = {"export": {"opset": "18", "exporter": "torch"}, "quantize_static": {"smooth": "true", "samples": "8",
@@ -167,7 +167,7 @@ def test_nested_command_line_values_are_typed_by_the_schema(tiny_qwen2, texts, t
 
 
 def test_a_model_override_replaces_one_nested_key_and_keeps_its_siblings():
-    from qwen_onnx.options import model_section
+    from qwen_onnx.settings.options import model_section
 
     config = yaml.safe_load((REPO / "config.yaml").read_text(encoding="utf-8"))
     written = yaml.safe_dump(config)
@@ -205,9 +205,9 @@ def test_every_folder_carries_the_eos_ids_the_evaluation_uses(tiny_qwen2, tmp_pa
 
     from transformers import GenerationConfig
 
-    from qwen_onnx.export import export_onnx
-    from qwen_onnx.parity import eos_token_ids
-    from qwen_onnx.resolve import resolve
+    from qwen_onnx.convert.export import export_onnx
+    from qwen_onnx.measure.parity import eos_token_ids
+    from qwen_onnx.source.resolve import resolve
 
     source = tmp_path / "source"
     shutil.copytree(tiny_qwen2, source)
@@ -273,7 +273,7 @@ def _large_vocab_copy(folder: Path, destination: Path) -> Path:
 def test_our_folders_load_their_tokenizer_without_the_mistral_regex_alarm(pipeline, tmp_path):
     from transformers import AutoTokenizer
 
-    from qwen_onnx.text import load_tokenizer
+    from qwen_onnx.source.text import load_tokenizer
 
     folder = _large_vocab_copy(pipeline["fp32"], tmp_path / "fp32")
     with _Warnings() as plain:
@@ -294,7 +294,7 @@ def test_every_stage_loads_tokenizers_through_load_tokenizer():
 
 def _embedded_parts_installed() -> bool:
     from qwen_onnx.errors import PartError
-    from qwen_onnx.resolve import EMBEDDED, locate_parts
+    from qwen_onnx.source.resolve import EMBEDDED, locate_parts
 
     try:
         locate_parts(EMBEDDED["qwen2.5-coder-0.5b-instruct-q4_k_m"])
@@ -307,8 +307,8 @@ def _embedded_parts_installed() -> bool:
                     reason="GGUF part packages not installed (envs/setup.sh --models); CI runs setup.sh without it")
 def test_embedded_tokenizer_gives_the_known_ids(tmp_path):
     """About 40 s: assembles the 0.5B GGUF (491 MB) and reads its tokenizer."""
-    from qwen_onnx.resolve import EMBEDDED, concatenate_parts
-    from qwen_onnx.text import load_tokenizer
+    from qwen_onnx.source.resolve import EMBEDDED, concatenate_parts
+    from qwen_onnx.source.text import load_tokenizer
 
     concatenate_parts(EMBEDDED["qwen2.5-coder-0.5b-instruct-q4_k_m"], tmp_path / "m.gguf")
     tokenizer = load_tokenizer(tmp_path, gguf_file="m.gguf")
@@ -353,15 +353,15 @@ def hub_layout(pipeline, tmp_path_factory):
 
 
 def test_every_stage_reads_a_variant_in_the_hub_cache_layout(pipeline, hub_layout, texts, tmp_path):
-    from qwen_onnx.accuracy import evaluate_accuracy
-    from qwen_onnx.artifacts import MODEL_FILE, model_path
-    from qwen_onnx.export import preprocess
-    from qwen_onnx.extract import extract_layer
-    from qwen_onnx.inspect_graph import diff_models, inspect_model
-    from qwen_onnx.latency import compare_decode, measure_latency
-    from qwen_onnx.optimize import optimize_variant
-    from qwen_onnx.quantize import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
-    from qwen_onnx.sensitivity import analyse_sensitivity
+    from qwen_onnx.measure.accuracy import evaluate_accuracy
+    from qwen_onnx.store.artifacts import MODEL_FILE, model_path
+    from qwen_onnx.convert.export import preprocess
+    from qwen_onnx.measure.extract import extract_layer
+    from qwen_onnx.measure.inspect_graph import diff_models, inspect_model
+    from qwen_onnx.measure.latency import compare_decode, measure_latency
+    from qwen_onnx.convert.optimize import optimize_variant
+    from qwen_onnx.quantize.int8 import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
+    from qwen_onnx.quantize.sensitivity import analyse_sensitivity
 
     fp32, pre = hub_layout["fp32"], hub_layout["preprocessed"]
     assert (fp32 / MODEL_FILE).is_symlink() and (fp32 / "model.onnx_data").is_symlink()
@@ -440,7 +440,7 @@ def test_a_hub_snapshot_moved_to_a_new_revision_reruns_resolve(tiny_qwen2, texts
 
     from test_workflow import planned_jobs, snakemake, write_config
 
-    from qwen_onnx.resolve import hub_snapshot_revision
+    from qwen_onnx.source.resolve import hub_snapshot_revision
 
     cache = tmp_path / "hub"
     repo = cache / "models--me--tiny-qwen"
@@ -469,10 +469,10 @@ def test_a_hub_snapshot_moved_to_a_new_revision_reruns_resolve(tiny_qwen2, texts
 def tied_pipeline(tmp_path_factory, texts):
     from tiny_models import build_tiny_qwen
 
-    from qwen_onnx.export import export_onnx, preprocess
-    from qwen_onnx.optimize import optimize_variant
-    from qwen_onnx.quantize import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
-    from qwen_onnx.resolve import resolve
+    from qwen_onnx.convert.export import export_onnx, preprocess
+    from qwen_onnx.convert.optimize import optimize_variant
+    from qwen_onnx.quantize.int8 import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
+    from qwen_onnx.source.resolve import resolve
 
     root = tmp_path_factory.mktemp("tied")
     dirs = {name: root / name for name in ("fp32", "preprocessed", "optimized", "int8-dynamic", "int8-static")}
@@ -499,14 +499,14 @@ def test_a_tied_table_is_stored_once_in_every_variant(tied_pipeline):
     import numpy as np
     import onnx
 
-    from qwen_onnx.inspect_graph import inspect_model
-    from qwen_onnx.runtime import OnnxCausalLM
+    from qwen_onnx.measure.inspect_graph import inspect_model
+    from qwen_onnx.run.runtime import OnnxCausalLM
 
     ids = np.array([[1, 5, 9, 33, 100, 7, 250]], dtype=np.int64)
     reference = OnnxCausalLM(tied_pipeline["fp32"]).forward(ids)[0]
     for variant, folder in tied_pipeline.items():
         # fp32 reads the table through the export's Transpose; preprocessed and optimized keep only
-        # the folded transpose (qwen_onnx.tied); the INT8 variants keep no float copy: the lookup
+        # the folded transpose (qwen_onnx.convert.tied); the INT8 variants keep no float copy: the lookup
         # reads lm_head's INT8 weight (GatherBlockQuantized for MatMulNBits, a column Gather for QDQ)
         expected = {"fp32": ["model.embed_tokens.weight"], "int8-dynamic": [], "int8-static": []}.get(
             variant, ["model.embed_tokens.weight_transposed"])
@@ -562,9 +562,9 @@ def test_the_builder_optimized_variant_stores_a_tied_table_once(tmp_path):
     import onnx
     from tiny_models import build_tiny_qwen
 
-    from qwen_onnx.inspect_graph import inspect_model
-    from qwen_onnx.optimize import optimize_variant
-    from qwen_onnx.resolve import resolve
+    from qwen_onnx.measure.inspect_graph import inspect_model
+    from qwen_onnx.convert.optimize import optimize_variant
+    from qwen_onnx.source.resolve import resolve
 
     resolve(str(build_tiny_qwen(tmp_path / "source", "qwen2", tie_word_embeddings=True)), tmp_path / "hf")
     optimize_variant(tmp_path / "hf", tmp_path / "optimized")
@@ -583,12 +583,12 @@ def test_variants_quantized_from_the_builder_graph_store_a_tied_table_once(tmp_p
     import onnx
     from tiny_models import build_tiny_qwen
 
-    from qwen_onnx.int4 import Int4Settings, quantize_int4_variant
-    from qwen_onnx.inspect_graph import inspect_model
-    from qwen_onnx.optimize import optimize_variant
-    from qwen_onnx.quantize import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
-    from qwen_onnx.resolve import resolve
-    from qwen_onnx.runtime import OnnxCausalLM
+    from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
+    from qwen_onnx.measure.inspect_graph import inspect_model
+    from qwen_onnx.convert.optimize import optimize_variant
+    from qwen_onnx.quantize.int8 import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
+    from qwen_onnx.source.resolve import resolve
+    from qwen_onnx.run.runtime import OnnxCausalLM
 
     resolve(str(build_tiny_qwen(tmp_path / "source", "qwen2", tie_word_embeddings=True)), tmp_path / "hf")
     optimized = tmp_path / "optimized"
@@ -616,7 +616,7 @@ def test_variants_quantized_from_the_builder_graph_store_a_tied_table_once(tmp_p
 def test_an_untied_model_is_left_as_it_was(pipeline):
     import onnx
 
-    from qwen_onnx.inspect_graph import inspect_model
+    from qwen_onnx.measure.inspect_graph import inspect_model
 
     graph = onnx.load(str(pipeline["optimized"] / "model.onnx"), load_external_data=False).graph
     assert "model.embed_tokens.weight" in {t.name for t in graph.initializer}

@@ -9,8 +9,8 @@ import onnx
 import pytest
 
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.matmuls import node_role
-from qwen_onnx.sensitivity import (
+from qwen_onnx.quantize.matmuls import node_role
+from qwen_onnx.quantize.sensitivity import (
     analyse_sensitivity,
     choose_float_nodes,
     fake_quant_activation,
@@ -188,7 +188,7 @@ def test_float_nodes_chosen_under_a_budget(sensitivity):
 def test_percentile_range_is_the_static_variants_calibration():
     """The sensitivity report scores the range the int8-static variant calibrates: the same
     (low, high) as the streaming calibrator's Percentile over the same windows."""
-    from qwen_onnx.activation_ranges import StreamingCalibrator
+    from qwen_onnx.quantize.activation_ranges import StreamingCalibrator
 
     rng = np.random.default_rng(1)
     windows = [rng.normal(size=(64, 48)).astype(np.float32) * (1 + i) for i in range(3)]
@@ -225,9 +225,9 @@ def test_per_token_percentile_sqnr_ranks_a_massive_activation_first():
 
 @pytest.mark.parametrize("kind", ["dynamic", "static"])
 def test_sensitive_nodes_kept_float_or_blockwise(pipeline, texts, sensitivity, tmp_path, kind):
-    from qwen_onnx.artifacts import model_path
-    from qwen_onnx.quantize import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
-    from qwen_onnx.runtime import OnnxCausalLM
+    from qwen_onnx.store.artifacts import model_path
+    from qwen_onnx.quantize.int8 import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
+    from qwen_onnx.run.runtime import OnnxCausalLM
 
     result, folder = sensitivity
     worst = result[f"rank_{kind}"][:3]
@@ -261,7 +261,7 @@ def test_sensitive_nodes_kept_float_or_blockwise(pipeline, texts, sensitivity, t
 
 
 def test_static_sensitive_nodes_from_the_percentile_ranking(pipeline, texts, sensitivity, tmp_path):
-    from qwen_onnx.quantize import StaticSettings, quantize_static_variant
+    from qwen_onnx.quantize.int8 import StaticSettings, quantize_static_variant
 
     result, folder = sensitivity
     settings = StaticSettings.from_config({"samples": 2, "sequence_length": 32, "sensitive": {
@@ -291,7 +291,7 @@ def test_static_sensitive_nodes_from_the_percentile_ranking(pipeline, texts, sen
 
 
 def test_sensitive_nodes_need_the_report(pipeline, tmp_path):
-    from qwen_onnx.quantize import DynamicSettings, quantize_dynamic_variant
+    from qwen_onnx.quantize.int8 import DynamicSettings, quantize_dynamic_variant
 
     with pytest.raises(QwenOnnxError, match="needs the sensitivity report"):
         quantize_dynamic_variant(pipeline["preprocessed"], tmp_path / "x", DynamicSettings(sensitive_max_nodes=2))
@@ -301,10 +301,10 @@ def test_sensitive_nodes_need_the_report(pipeline, tmp_path):
 
 
 def test_dynamic_blockwise_scheme_turns_every_weight_matmul_into_matmulnbits(pipeline, tmp_path):
-    from qwen_onnx.artifacts import model_path
-    from qwen_onnx.matmuls import weight_matmul_names
-    from qwen_onnx.quantize import DynamicSettings, quantize_dynamic_variant
-    from qwen_onnx.runtime import OnnxCausalLM
+    from qwen_onnx.store.artifacts import model_path
+    from qwen_onnx.quantize.matmuls import weight_matmul_names
+    from qwen_onnx.quantize.int8 import DynamicSettings, quantize_dynamic_variant
+    from qwen_onnx.run.runtime import OnnxCausalLM
 
     weights = weight_matmul_names(model_path(pipeline["preprocessed"]))
     keep = weights[-1]  # lm_head stays float when excluded by name

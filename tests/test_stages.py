@@ -7,19 +7,19 @@ import numpy as np
 import onnx
 import pytest
 
-from qwen_onnx.accuracy import load_torch_model, torch_logits
-from qwen_onnx.artifacts import DATA_FILE, MODEL_FILE, check_external_data, staged_dir
+from qwen_onnx.measure.accuracy import load_torch_model, torch_logits
+from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, check_external_data, staged_dir
 from qwen_onnx.errors import ArtifactError, QwenOnnxError
-from qwen_onnx.export import export_onnx
-from qwen_onnx.calibration import TextCalibrationReader
-from qwen_onnx.inspect_graph import inspect_model
-from qwen_onnx.quantize import (
+from qwen_onnx.convert.export import export_onnx
+from qwen_onnx.quantize.calibration import TextCalibrationReader
+from qwen_onnx.measure.inspect_graph import inspect_model
+from qwen_onnx.quantize.int8 import (
     DynamicSettings,
     StaticSettings,
     quantize_dynamic_variant,
     quantize_static_variant,
 )
-from qwen_onnx.runtime import OnnxCausalLM
+from qwen_onnx.run.runtime import OnnxCausalLM
 
 VARIANTS = ("fp32", "preprocessed", "int8-dynamic", "int8-static", "optimized")
 LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 16
@@ -148,9 +148,9 @@ def test_static_variant_is_qdq_with_norms_and_softmax_float(pipeline):
 
 
 def test_static_qoperator_variant_runs_qlinear_matmuls(pipeline, texts, tmp_path):
-    from qwen_onnx.metrics import AccuracyAccumulator
-    from qwen_onnx.matmuls import activation_matmuls
-    from qwen_onnx.text import token_windows
+    from qwen_onnx.measure.metrics import AccuracyAccumulator
+    from qwen_onnx.quantize.matmuls import activation_matmuls
+    from qwen_onnx.source.text import token_windows
     from transformers import AutoTokenizer
 
     out = tmp_path / "qoperator"
@@ -165,7 +165,7 @@ def test_static_qoperator_variant_runs_qlinear_matmuls(pipeline, texts, tmp_path
     # one, gate/up share one) and a DequantizeLinear after each output
     assert ops.count("QLinearMatMul") == 7 * LAYERS + 1 and "MatMulInteger" not in ops
     assert ops.count("QuantizeLinear") == 4 * LAYERS + 1 and ops.count("DequantizeLinear") == 7 * LAYERS + 1
-    # float MatMuls: the attention products and the Hadamard rotations (qwen_onnx.hadamard), one per
+    # float MatMuls: the attention products and the Hadamard rotations (qwen_onnx.quantize.hadamard), one per
     # distinct input (q/k/v, o, gate/up, down per layer, lm_head)
     floats = [n.name for n in proto.graph.node if n.op_type == "MatMul"]
     assert sorted(n for n in floats if not n.startswith("/hadamard/")) == sorted(
@@ -219,7 +219,7 @@ def test_optimize_records_fusions(pipeline):
 
 
 def test_transformers_optimize_method_records_fusions(pipeline, tmp_path):
-    from qwen_onnx.optimize import optimize_variant
+    from qwen_onnx.convert.optimize import optimize_variant
 
     info = optimize_variant(pipeline["fp32"], tmp_path / "optimized", method="transformers")
     assert info["fusions"]["SkipSimplifiedLayerNormalization"] == 2 * LAYERS

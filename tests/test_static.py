@@ -9,14 +9,14 @@ import numpy as np
 import onnx
 import pytest
 
-from qwen_onnx.artifacts import MODEL_FILE
-from qwen_onnx.activation_ranges import StreamingCalibrator, stream_ranges
-from qwen_onnx.calibration import TextCalibrationReader
-from qwen_onnx.external import lazy_model
-from qwen_onnx.matmuls import weight_matmuls
-from qwen_onnx.quantize import StaticSettings, quantize_static_variant
-from qwen_onnx.smoothquant import apply_smoothing, smooth_variant, smoothing_groups, smoothing_scales
-from qwen_onnx.text import load_tokenizer, token_windows
+from qwen_onnx.store.artifacts import MODEL_FILE
+from qwen_onnx.quantize.activation_ranges import StreamingCalibrator, stream_ranges
+from qwen_onnx.quantize.calibration import TextCalibrationReader
+from qwen_onnx.store.external import lazy_model
+from qwen_onnx.quantize.matmuls import weight_matmuls
+from qwen_onnx.quantize.int8 import StaticSettings, quantize_static_variant
+from qwen_onnx.quantize.smoothquant import apply_smoothing, smooth_variant, smoothing_groups, smoothing_scales
+from qwen_onnx.source.text import load_tokenizer, token_windows
 
 #: Ops that quantize at run time, or carry blockwise weights with run-time activation quantization:
 #: none may be in a static graph.
@@ -55,7 +55,7 @@ def _save_rewritten(proto, scratch, out, source):
     weights in scratch, the untouched ones read from ``source``, all in one external data file)."""
     import shutil
 
-    from qwen_onnx.export import normalise_external_data
+    from qwen_onnx.convert.export import normalise_external_data
 
     onnx.save_model(proto, str(scratch / "rewritten.onnx"))
     shutil.copyfile(scratch / "rewritten.onnx", out / MODEL_FILE)
@@ -145,7 +145,7 @@ def test_streaming_calibrator_matches_onnxruntime(pipeline, texts, tmp_path, met
 
 
 def test_search_calibration_clips_an_outlier():
-    from qwen_onnx.activation_ranges import search_clip_ratio
+    from qwen_onnx.quantize.activation_ranges import search_clip_ratio
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(256, 32)).astype(np.float32)
@@ -180,7 +180,7 @@ def test_static_settings_onnxruntime_cannot_build_are_refused_up_front(pipeline,
     """Both used to crash inside onnxruntime after calibration ("doesn't support data format",
     "Quantization parameters are not specified for param .../rotary_emb/Expand_output_0")."""
     from qwen_onnx.errors import QwenOnnxError
-    from qwen_onnx.quantize import StaticSettings, quantize_static_variant
+    from qwen_onnx.quantize.int8 import StaticSettings, quantize_static_variant
 
     with pytest.raises(QwenOnnxError) as error:
         quantize_static_variant(pipeline["preprocessed"], tmp_path / "s", texts["calibration"],
@@ -192,7 +192,7 @@ def test_static_settings_onnxruntime_cannot_build_are_refused_up_front(pipeline,
 @pytest.fixture(scope="module")
 def transformers_optimized(pipeline, tmp_path_factory):
     """The tiny model fused by onnxruntime.transformers (optimize.method: transformers)."""
-    from qwen_onnx.optimize import optimize_variant
+    from qwen_onnx.convert.optimize import optimize_variant
 
     folder = tmp_path_factory.mktemp("transformers") / "optimized"
     optimize_variant(pipeline["fp32"], folder, method="transformers")
@@ -231,7 +231,7 @@ def _rewrite_down_proj(source, texts, out, rewrite):
     """Rewrite every down_proj of ``source`` with ``rewrite(proto, targets, scratch)`` (which returns
     the MatMuls it added), save it as the folder ``out``, and check that the float graph's logits are
     unchanged (to 1e-4 of their range). Returns ``(targets, added)``."""
-    from qwen_onnx.outlier_split import split_targets
+    from qwen_onnx.quantize.outlier_split import split_targets
 
     windows = _windows(source, texts)
     before = _logits(source, windows)
@@ -249,7 +249,7 @@ def _rewrite_down_proj(source, texts, out, rewrite):
 @pytest.mark.parametrize("variant", ["preprocessed", "optimized"])
 def test_outlier_split_keeps_float_logits(pipeline, texts, tmp_path, variant):
     """Three channels of each down_proj input computed apart: the float graph's logits are unchanged."""
-    from qwen_onnx.outlier_split import apply_split
+    from qwen_onnx.quantize.outlier_split import apply_split
 
     out = tmp_path / "split"
     targets, added = _rewrite_down_proj(pipeline[variant], texts, out, lambda proto, targets, scratch: apply_split(
@@ -263,7 +263,7 @@ def test_outlier_split_keeps_float_logits(pipeline, texts, tmp_path, variant):
 
 
 def test_outlier_channels_are_the_largest():
-    from qwen_onnx.outlier_split import outlier_channels
+    from qwen_onnx.quantize.outlier_split import outlier_channels
 
     assert outlier_channels(np.array([0.5, 90.0, 1.0, 400.0, 2.0], dtype=np.float32), 2).tolist() == [1, 3]
     assert outlier_channels(np.array([1.0, 2.0], dtype=np.float32), 5).tolist() == [0, 1]
@@ -311,7 +311,7 @@ def test_outlier_split_settings_are_checked(kwargs, message):
 
 def test_hadamard_matrix_is_orthogonal_and_blocks_divide_the_width():
     from qwen_onnx.errors import QwenOnnxError
-    from qwen_onnx.hadamard import block_size, hadamard_matrix, rotate_weight
+    from qwen_onnx.quantize.hadamard import block_size, hadamard_matrix, rotate_weight
 
     h = hadamard_matrix(8)
     np.testing.assert_allclose(h @ h.T, np.eye(8), atol=1e-6)
@@ -335,7 +335,7 @@ def test_hadamard_matrix_is_orthogonal_and_blocks_divide_the_width():
 def test_hadamard_rotation_keeps_float_logits(pipeline, texts, tmp_path, variant):
     """Each down_proj input rotated online, its inverse folded into the weight: the float graph's
     logits are unchanged."""
-    from qwen_onnx.hadamard import apply_rotation
+    from qwen_onnx.quantize.hadamard import apply_rotation
 
     targets, added = _rewrite_down_proj(pipeline[variant], texts, tmp_path / "rotated", lambda proto, targets, scratch:
                                         apply_rotation(proto, targets, scratch / "rotated.data"))

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from qwen_onnx.artifacts import MANIFEST_FILE, verify_manifest
+from qwen_onnx.store.artifacts import MANIFEST_FILE, verify_manifest
 from qwen_onnx.errors import ArchitectureError, OptionError
-from qwen_onnx.tflite import SIGNATURES_FILE, TFLITE_FILE, TfliteCausalLM, convert_tflite
+from qwen_onnx.convert.tflite import SIGNATURES_FILE, TFLITE_FILE, TfliteCausalLM, convert_tflite
 
 #: The cache holds the accuracy stage's longest chat prompt on the tiny tokenizer (105 tokens) plus its generation.
 PREFILL, KV = 8, 128
@@ -195,7 +195,7 @@ def test_cli_converts_fp16_and_refuses_bad_lengths_in_one_line(tiny_qwen2, torch
 
 
 def test_workflow_config_refuses_a_prefill_longer_than_the_cache():
-    from qwen_onnx.options import check_config
+    from qwen_onnx.settings.options import check_config
 
     models = {"m": {"source": "embedded:x", "params_billion": 0.5}}
     check_config({"models": models, "tflite": {"prefill_length": 32, "kv_cache_length": 32}})
@@ -212,7 +212,7 @@ WINDOW = 24
 
 
 def test_the_skip_decision_is_the_memory_budget():
-    from qwen_onnx.tflite import conversion_rss_gib, tflite_skip_reason
+    from qwen_onnx.convert.tflite import conversion_rss_gib, tflite_skip_reason
 
     assert conversion_rss_gib(0.49) == pytest.approx(12.74, abs=0.01)
     assert tflite_skip_reason("qwen2.5-coder-0.5b", 0.49, {}) is None
@@ -227,7 +227,7 @@ def test_the_skip_decision_is_the_memory_budget():
 
 @pytest.fixture(scope="module")
 def reference(tiny_qwen2, texts, tmp_path_factory):
-    from qwen_onnx.reference import write_reference
+    from qwen_onnx.measure.reference import write_reference
 
     folder = tmp_path_factory.mktemp("tflite-reference") / "reference"
     write_reference(tiny_qwen2, texts["evaluation"], folder, window=WINDOW, max_windows=2, generation_tokens=6, threads=1)
@@ -237,8 +237,8 @@ def reference(tiny_qwen2, texts, tmp_path_factory):
 @pytest.fixture(scope="module")
 def accuracy(converted, reference, tmp_path_factory):
     """Both conversions' accuracy JSON against the reference, with the gates the workflow gives them."""
-    from qwen_onnx.accuracy import accuracy_from_reference
-    from qwen_onnx.gates import default_gate, folder_gate_kind
+    from qwen_onnx.measure.accuracy import accuracy_from_reference
+    from qwen_onnx.settings.gates import default_gate, folder_gate_kind
 
     out = {}
     for quantize, (folder, _) in converted.items():
@@ -278,8 +278,8 @@ def test_int8_tflite_accuracy_is_close_and_gated_as_int8_dynamic(accuracy):
 
 
 def test_windows_longer_than_the_kv_cache_are_refused_in_one_line(converted, tiny_qwen2, texts, tmp_path):
-    from qwen_onnx.accuracy import accuracy_from_reference
-    from qwen_onnx.reference import write_reference
+    from qwen_onnx.measure.accuracy import accuracy_from_reference
+    from qwen_onnx.measure.reference import write_reference
 
     write_reference(tiny_qwen2, texts["evaluation"], tmp_path / "long", window=KV + 8, max_windows=1,
                     generation_tokens=1, threads=1)
@@ -292,7 +292,7 @@ def test_windows_longer_than_the_kv_cache_are_refused_in_one_line(converted, tin
 
 @pytest.fixture(scope="module")
 def latency(converted, texts):
-    from qwen_onnx.latency import measure_tflite_latency
+    from qwen_onnx.measure.latency import measure_tflite_latency
 
     return measure_tflite_latency(converted["dynamic_int8"][0], texts["evaluation"], prompt_lengths=(4, 8, 16),
                                   decode_prompt_tokens=16, new_tokens=5, threads=1, warmup=0, repeats=2)
@@ -318,7 +318,7 @@ def test_tflite_latency_follows_the_protocol(latency, converted):
 
 
 def test_tflite_latency_refuses_prompts_past_the_cache(converted, texts):
-    from qwen_onnx.latency import measure_tflite_latency
+    from qwen_onnx.measure.latency import measure_tflite_latency
 
     with pytest.raises(OptionError, match=rf"needs {KV + 1} positions .* KV cache of {KV}"):
         measure_tflite_latency(converted["none"][0], texts["evaluation"], prompt_lengths=(8,),
@@ -326,7 +326,7 @@ def test_tflite_latency_refuses_prompts_past_the_cache(converted, texts):
 
 
 def test_inspect_names_the_signatures_ops_and_quantized_weights(converted):
-    from qwen_onnx.tflite import inspect_tflite, inspect_tflite_markdown
+    from qwen_onnx.convert.tflite import inspect_tflite, inspect_tflite_markdown
 
     info = inspect_tflite(converted["dynamic_int8"][0])
     assert info["format"] == "tflite" and info["quantize"] == "dynamic_int8"
@@ -353,7 +353,7 @@ def test_cli_inspect_reads_a_tflite_folder_as_the_workflow_does(converted, tmp_p
     """`qwen-onnx inspect` on a tflite folder used to fail (it read model.onnx only) while the
     workflow's inspect read it; both now go through inspect_graph.inspect_variant."""
     from qwen_onnx.cli import main
-    from qwen_onnx.tflite import inspect_tflite
+    from qwen_onnx.convert.tflite import inspect_tflite
 
     folder = converted["dynamic_int8"][0]
     assert main(["inspect", str(folder), "--json", str(tmp_path / "i.json"), "--markdown", str(tmp_path / "i.md")]) == 0
@@ -364,7 +364,7 @@ def test_cli_inspect_reads_a_tflite_folder_as_the_workflow_does(converted, tmp_p
 
 
 def test_peers_measure_the_tflite_variant(converted, tiny_qwen2, texts, tmp_path):
-    from qwen_onnx.peers import run_peers
+    from qwen_onnx.measure.peers import run_peers
 
     result = run_peers(tiny_qwen2, [], texts["evaluation"], tflite_dir=converted["dynamic_int8"][0], rounds=1,
                        prompt_lengths=(8,), decode_prompt_tokens=8, new_tokens=3, threads=1, warmup=0, repeats=1,
@@ -383,9 +383,9 @@ def test_report_has_tflite_rows_and_a_line_per_skipped_model(accuracy, latency, 
 
     from test_latency_and_report import _fake_reports
 
-    from qwen_onnx.artifacts import write_json
-    from qwen_onnx.report import build_report
-    from qwen_onnx.tflite import inspect_tflite
+    from qwen_onnx.store.artifacts import write_json
+    from qwen_onnx.report.build import build_report
+    from qwen_onnx.convert.tflite import inspect_tflite
 
     files = {"inspect": [], "accuracy": [], "latency": [], "pytorch": []}
     for model in ("tiny", "big"):

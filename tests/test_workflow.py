@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qwen_onnx.variants import DIFFED, NAMES as VARIANTS
+from qwen_onnx.settings.variants import DIFFED, NAMES as VARIANTS
 
 #: The variants of the tiny models without a tflite one (write_config builds it for `tiny` only).
 ONNX_VARIANTS = tuple(v for v in VARIANTS if v != "tflite")
@@ -98,7 +98,7 @@ def test_full_run_writes_every_artifact(finished_run):
     assert json.loads((results / "tiny" / "reports" / "tflite.latency.json").read_text())["profile"] is None
     with open(results / "metrics.csv", newline="") as f:
         rows_read = list(csv.DictReader(f))
-    from qwen_onnx.report import PEER_VARIANTS
+    from qwen_onnx.report.build import PEER_VARIANTS
 
     # every speed figure comes from each model's one timing sitting (the peers stage)
     assert {r["measured_by"] for r in rows_read} == {"peers"}
@@ -147,7 +147,7 @@ def test_full_run_writes_every_artifact(finished_run):
         assert row["threads"] == "1"
     assert int(rows["int8-static"]["quant_ops"]) > 0
     # the gates the workflow applied are the default limits of each variant's kind, recomputed here
-    from qwen_onnx.gates import check_gate, default_gate, variant_kind
+    from qwen_onnx.settings.gates import check_gate, default_gate, variant_kind
 
     for variant in ("int8-dynamic", "int8-static", "int4"):
         accuracy = json.loads((results / "tiny" / "reports" / f"{variant}.accuracy.json").read_text())

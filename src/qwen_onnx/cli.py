@@ -12,34 +12,34 @@ import logging
 import sys
 
 from .errors import QwenOnnxError
-from .defaults import EVALUATION, EXPORT, FLOAT16, LATENCY, TFLITE, TFLITE_QUANTIZATIONS
-from .gates import DEFAULT_GATES
-from .hadamard import DEFAULT_ROLES as HADAMARD_ROLES
-from .matmuls import ROLES
+from qwen_onnx.settings.defaults import EVALUATION, EXPORT, FLOAT16, LATENCY, TFLITE, TFLITE_QUANTIZATIONS
+from qwen_onnx.settings.gates import DEFAULT_GATES
+from qwen_onnx.quantize.hadamard import DEFAULT_ROLES as HADAMARD_ROLES
+from qwen_onnx.quantize.matmuls import ROLES
 from .quiet import quiet_third_party
-from .text import CALIBRATION_TEXT, EVALUATION_TEXT, shipped_text
+from qwen_onnx.source.text import CALIBRATION_TEXT, EVALUATION_TEXT, shipped_text
 
 
 def _resolve(a):
-    from .resolve import resolve
+    from qwen_onnx.source.resolve import resolve
 
     return resolve(a.source, a.output, revision=a.revision)
 
 
 def _export(a):
-    from .export import export_onnx
+    from qwen_onnx.convert.export import export_onnx
 
     return export_onnx(a.hf_dir, a.output, opset=a.opset, exporter=a.exporter)
 
 
 def _preprocess(a):
-    from .export import preprocess
+    from qwen_onnx.convert.export import preprocess
 
     return preprocess(a.input, a.output, skip_symbolic_shape=a.skip_symbolic_shape)
 
 
 def _dynamic(a):
-    from .quantize import DynamicSettings, quantize_dynamic_variant
+    from qwen_onnx.quantize.int8 import DynamicSettings, quantize_dynamic_variant
 
     settings = DynamicSettings(
         scheme=a.scheme, op_types=a.op_types, per_channel=a.per_channel, nodes_to_exclude=a.exclude,
@@ -51,7 +51,7 @@ def _dynamic(a):
 
 
 def _static(a):
-    from .quantize import StaticSettings, quantize_static_variant
+    from qwen_onnx.quantize.int8 import StaticSettings, quantize_static_variant
 
     settings = StaticSettings(
         op_types=a.op_types, per_channel=a.per_channel, method=a.method, samples=a.samples,
@@ -67,7 +67,7 @@ def _static(a):
 
 
 def _int4(a):
-    from .int4 import Int4Settings, quantize_int4_variant
+    from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
 
     settings = Int4Settings(
         algorithm=a.algorithm, block_size=a.block_size, block_size_8bit=a.block_size_8bit,
@@ -83,13 +83,13 @@ def _int4(a):
 
 
 def _float16(a):
-    from .float16 import convert_float16_variant
+    from qwen_onnx.convert.float16 import convert_float16_variant
 
     return convert_float16_variant(a.input, a.output, blocked_ops=a.blocked_ops, blocked_nodes=a.blocked_nodes)
 
 
 def _sensitivity(a):
-    from .sensitivity import analyse_sensitivity
+    from qwen_onnx.quantize.sensitivity import analyse_sensitivity
 
     result = analyse_sensitivity(
         a.input, a.calibration_text, samples=a.samples, sequence_length=a.sequence_length,
@@ -121,15 +121,15 @@ def _recipes(a):
 
 
 def _optimize(a):
-    from .optimize import optimize_variant
+    from qwen_onnx.convert.optimize import optimize_variant
 
     return optimize_variant(a.input, a.output, method=a.method, left_padding=a.left_padding, fusions=a.fusions,
                             provider=a.provider)
 
 
 def _inspect(a):
-    from .artifacts import write_json, write_text
-    from .inspect_graph import inspect_variant
+    from qwen_onnx.store.artifacts import write_json, write_text
+    from qwen_onnx.measure.inspect_graph import inspect_variant
 
     info, markdown = inspect_variant(a.model)
     if a.json:
@@ -142,7 +142,7 @@ def _inspect(a):
 
 
 def _publish(a):
-    from .publish import publish
+    from qwen_onnx.report.publish import publish
 
     done = publish(a.results, readme=a.readme, page=a.page, commit=a.commit)
     print(f"wrote {done['page']}" + (f" and the measured block of {done['readme']}" if done["readme"] else "")
@@ -151,8 +151,8 @@ def _publish(a):
 
 
 def _diff(a):
-    from .artifacts import write_json
-    from .inspect_graph import diff_markdown, diff_models
+    from qwen_onnx.store.artifacts import write_json
+    from qwen_onnx.measure.inspect_graph import diff_markdown, diff_models
 
     diff = diff_models(a.a, a.b)
     if a.json:
@@ -162,23 +162,23 @@ def _diff(a):
 
 
 def _tflite(a):
-    from .tflite import convert_tflite
+    from qwen_onnx.convert.tflite import convert_tflite
 
     return convert_tflite(a.hf_dir, a.output, prefill_length=a.prefill_length, kv_cache_length=a.kv_cache_length,
                           quantize=a.quantize)
 
 
 def _extract(a):
-    from .extract import extract_layer
+    from qwen_onnx.measure.extract import extract_layer
 
     return extract_layer(a.model, a.layer, a.output, picture=a.picture)
 
 
 def _gate_of(a) -> tuple[str, dict[str, float]]:
     """The gate kind and limits ``qwen-onnx accuracy`` applies: the workflow's defaults for the
-    variant's kind (:data:`qwen_onnx.gates.DEFAULT_GATES`; a tflite folder's from its quantization), with
+    variant's kind (:data:`qwen_onnx.settings.gates.DEFAULT_GATES`; a tflite folder's from its quantization), with
     ``--gate`` overrides, or none."""
-    from .gates import default_gate, folder_gate_kind
+    from qwen_onnx.settings.gates import default_gate, folder_gate_kind
 
     kind = a.gate_kind or folder_gate_kind(a.variant)
     limits = {} if a.no_gate else default_gate(kind)
@@ -199,8 +199,8 @@ def _gate_of(a) -> tuple[str, dict[str, float]]:
 def _accuracy(a):
     from pathlib import Path
 
-    from .accuracy import accuracy_from_reference, evaluate_accuracy
-    from .reference import REFERENCE_JSON, read_reference
+    from qwen_onnx.measure.accuracy import accuracy_from_reference, evaluate_accuracy
+    from qwen_onnx.measure.reference import REFERENCE_JSON, read_reference
 
     kind, limits = _gate_of(a)
     settings = {"text": a.text, "window": a.window, "max_windows": a.max_windows,
@@ -227,15 +227,15 @@ def _accuracy(a):
 
 
 def _reference(a):
-    from .reference import write_reference
+    from qwen_onnx.measure.reference import write_reference
 
     return write_reference(a.hf_dir, a.text, a.output, window=a.window, max_windows=a.max_windows,
                            generation_tokens=a.generation_tokens, threads=a.threads, dtype=a.dtype)
 
 
 def _latency(a):
-    from .latency import measure_latency, measure_tflite_latency
-    from .tflite import is_tflite_folder
+    from qwen_onnx.measure.latency import measure_latency, measure_tflite_latency
+    from qwen_onnx.convert.tflite import is_tflite_folder
 
     if is_tflite_folder(a.variant):
         return measure_tflite_latency(
@@ -249,7 +249,7 @@ def _latency(a):
 
 
 def _compare_decode(a):
-    from .latency import compare_decode
+    from qwen_onnx.measure.latency import compare_decode
 
     return compare_decode(a.variants, a.text, prompt_tokens_count=a.prompt_tokens, new_tokens=a.new_tokens,
                           rounds=a.rounds, threads=a.threads, loops=a.loops, output=a.output)
@@ -257,8 +257,8 @@ def _compare_decode(a):
 
 def _peers(a):
     from .errors import OptionError
-    from .peers import peers_markdown, run_peers
-    from .tflite import is_tflite_folder
+    from qwen_onnx.measure.peers import peers_markdown, run_peers
+    from qwen_onnx.convert.tflite import is_tflite_folder
 
     tflite = [v for v in a.variants if is_tflite_folder(v)]
     if len(tflite) > 1:
@@ -589,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"qwen-onnx {args.command}: {exc}", file=sys.stderr)
         return 2
     except PermissionError as exc:  # a folder this user may not read or write, met past the checks
-        from .artifacts import permission_message
+        from qwen_onnx.store.artifacts import permission_message
 
         print(f"qwen-onnx {args.command}: {permission_message(exc)}", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 """A reproducible benchmark of INT8 and INT4 quantization recipes ("levers") on one pre-processed model.
 
-Each :class:`Recipe` is one set of :class:`~qwen_onnx.quantize.DynamicSettings`,
-:class:`~qwen_onnx.quantize.StaticSettings` or :class:`~qwen_onnx.int4.Int4Settings`. :func:`run_recipes` quantizes the pre-processed fp32
+Each :class:`Recipe` is one set of :class:`~qwen_onnx.quantize.int8.DynamicSettings`,
+:class:`~qwen_onnx.quantize.int8.StaticSettings` or :class:`~qwen_onnx.quantize.int4.Int4Settings`. :func:`run_recipes` quantizes the pre-processed fp32
 graph with each, measures the variant, deletes it, and appends one row per recipe to
 ``recipes.jsonl``; :func:`recipes_markdown` turns the rows into docs/design.md's lever table.
 
@@ -10,7 +10,7 @@ Protocol (the same for every row, the fp32 graph included):
 - accuracy: against the fp32 pre-processed graph itself (not PyTorch), on the first ``windows``
   windows of ``window_tokens`` tokens of the evaluation text, each run as one prefill; every
   position but the last predicts the next token (perplexity, KL divergence, top-1 agreement;
-  definitions in :mod:`qwen_onnx.metrics`). The fp32 logits are computed once and kept in
+  definitions in :mod:`qwen_onnx.measure.metrics`). The fp32 logits are computed once and kept in
   ``reference_logits.npy`` (float32 [windows, window_tokens - 1, vocab]), read back memory-mapped;
 - size: bytes of ``model.onnx`` plus its external data, in MB (10^6 bytes);
 - quantization: wall-clock seconds and the process's peak RSS while quantizing (MiB);
@@ -40,14 +40,14 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .artifacts import folder_bytes, library_versions
+from qwen_onnx.store.artifacts import folder_bytes, library_versions
 from .errors import QwenOnnxError
-from .metrics import AccuracyAccumulator
-from .int4 import Int4Settings, quantize_int4_variant
-from .hadamard import DEFAULT_ROLES as HADAMARD_ROLES
-from .quantize import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
-from .reference import write_window_logits
-from .text import token_windows
+from qwen_onnx.measure.metrics import AccuracyAccumulator
+from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
+from qwen_onnx.quantize.hadamard import DEFAULT_ROLES as HADAMARD_ROLES
+from qwen_onnx.quantize.int8 import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
+from qwen_onnx.measure.reference import write_window_logits
+from qwen_onnx.source.text import token_windows
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +65,11 @@ class Recipe:
 
     Attributes:
         name: short kebab-case name, also the variant's folder name under the work folder.
-        kind: ``dynamic`` (:func:`~qwen_onnx.quantize.quantize_dynamic_variant`), ``static``
-            (:func:`~qwen_onnx.quantize.quantize_static_variant`) or ``int4``
-            (:func:`~qwen_onnx.int4.quantize_int4_variant`).
-        settings: fields of :class:`~qwen_onnx.quantize.DynamicSettings`,
-            :class:`~qwen_onnx.quantize.StaticSettings` or :class:`~qwen_onnx.int4.Int4Settings`
+        kind: ``dynamic`` (:func:`~qwen_onnx.quantize.int8.quantize_dynamic_variant`), ``static``
+            (:func:`~qwen_onnx.quantize.int8.quantize_static_variant`) or ``int4``
+            (:func:`~qwen_onnx.quantize.int4.quantize_int4_variant`).
+        settings: fields of :class:`~qwen_onnx.quantize.int8.DynamicSettings`,
+            :class:`~qwen_onnx.quantize.int8.StaticSettings` or :class:`~qwen_onnx.quantize.int4.Int4Settings`
             (the others keep their defaults).
         description: one line, as a reader sees it in the table.
     """
@@ -118,7 +118,7 @@ def _int4_before_9(**settings: Any) -> dict[str, Any]:
 
 
 #: The levers of docs/design.md's "INT8 recipes" table. Weights are INT8 per channel unless stated;
-#: "sensitive" MatMuls are ranked by the simulated SQNR of :mod:`qwen_onnx.sensitivity`;
+#: "sensitive" MatMuls are ranked by the simulated SQNR of :mod:`qwen_onnx.quantize.sensitivity`;
 #: blockwise is MatMulNBits 8-bit with ``accuracy_level`` 4 (onnxruntime contrib op MatMulNBits).
 DEFAULT_RECIPES: tuple[Recipe, ...] = (
     Recipe("dynamic-per-tensor", "dynamic", dict(_PER_TENSOR),
@@ -163,8 +163,8 @@ DEFAULT_RECIPES: tuple[Recipe, ...] = (
     Recipe("static-below31-blockwise-embfloat", "static",
            {**_STATIC, **_sensitive(120, "blockwise", 31.0), "block_size": 128, "embedding": "float"},
            "static + MatMuls under 31 dB blockwise, float embedding table"),
-    # fully static: SmoothQuant (qwen_onnx.smoothquant) and the streamed calibration
-    # methods (qwen_onnx.activation_ranges)
+    # fully static: SmoothQuant (qwen_onnx.quantize.smoothquant) and the streamed calibration
+    # methods (qwen_onnx.quantize.activation_ranges)
     Recipe("static-search", "static", {**_STATIC, "method": "Search"},
            "static, Search calibration (output-error clipping per tensor)"),
     Recipe("static-smooth-minmax", "static", {**_STATIC, "smooth": True},
@@ -362,7 +362,7 @@ def reference_logits(
         float32 [windows, window_tokens - 1, vocab] (read-only memory map): the logits of every
         position that predicts a next token within its window.
     """
-    from .runtime import OnnxCausalLM
+    from qwen_onnx.run.runtime import OnnxCausalLM
 
     path = Path(path)
     sidecar = path.with_name(path.name + ".json")
@@ -407,12 +407,12 @@ def measure_variant(
         prefill_repeats: timed prefill passes.
 
     Returns:
-        :meth:`~qwen_onnx.metrics.AccuracyAccumulator.summary` plus ``bytes_on_disk``, ``mb``
+        :meth:`~qwen_onnx.measure.metrics.AccuracyAccumulator.summary` plus ``bytes_on_disk``, ``mb``
         (10^6 bytes), ``load_s``, ``prefill_ms`` (median), ``decode_ms_per_token`` (median) and
         ``decode_tok_s``.
     """
-    from .latency import median_decode_step
-    from .runtime import OnnxCausalLM
+    from qwen_onnx.measure.latency import median_decode_step
+    from qwen_onnx.run.runtime import OnnxCausalLM
 
     model = OnnxCausalLM(variant_dir, threads=threads)
     acc = AccuracyAccumulator()
@@ -508,11 +508,11 @@ def run_recipes(
         ArtifactError: the pre-processed model or its external data is missing.
     """
     from tqdm import tqdm
-    from .text import load_tokenizer
+    from qwen_onnx.source.text import load_tokenizer
 
-    from .artifacts import model_path
-    from .latency import prompt_tokens as first_tokens
-    from .options import check_options
+    from qwen_onnx.store.artifacts import model_path
+    from qwen_onnx.measure.latency import prompt_tokens as first_tokens
+    from qwen_onnx.settings.options import check_options
 
     check_options(windows=windows, window_tokens=window_tokens, threads=threads, prompt_tokens=prompt_tokens,
                   decode_tokens=decode_tokens)

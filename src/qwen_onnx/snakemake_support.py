@@ -11,7 +11,7 @@ import sys
 import warnings
 from typing import Iterator
 
-from .artifacts import permission_message
+from qwen_onnx.store.artifacts import permission_message
 from .errors import QwenOnnxError
 from .quiet import quiet_third_party
 
@@ -51,7 +51,7 @@ def logged(snakemake) -> Iterator[None]:
     ``OMP_WAIT_POLICY=PASSIVE`` (:func:`share_cores_politely`).
 
     A :class:`~qwen_onnx.errors.QwenOnnxError` (or a ``PermissionError``, see
-    :func:`~qwen_onnx.artifacts.permission_message`) is written to the log and, as one line, to the
+    :func:`~qwen_onnx.store.artifacts.permission_message`) is written to the log and, as one line, to the
     original stderr (so the Snakemake console shows it), then the job exits with status 1.
     """
     log_path = snakemake.log[0]

@@ -9,18 +9,18 @@ import yaml
 from snakemake.utils import validate
 
 import qwen_onnx
-import qwen_onnx.artifacts
-import qwen_onnx.options
-import qwen_onnx.variants
-from qwen_onnx.gates import DEFAULT_GATES, variant_kind
-from qwen_onnx.resolve import hub_snapshot_revision, source_files
-from qwen_onnx.tflite import conversion_rss_gib, tflite_skip_reason
+import qwen_onnx.store.artifacts
+import qwen_onnx.settings.options
+import qwen_onnx.settings.variants
+from qwen_onnx.settings.gates import DEFAULT_GATES, variant_kind
+from qwen_onnx.source.resolve import hub_snapshot_revision, source_files
+from qwen_onnx.convert.tflite import conversion_rss_gib, tflite_skip_reason
 
 # --config values nested in a mapping arrive as strings (export='{opset: 18}'): typed by the schema
 with open(
     f"{workflow.current_basedir}/../schemas/config.schema.yaml", encoding="utf-8"
 ) as schema_file:
-    qwen_onnx.options.typed_config(config, yaml.safe_load(schema_file))
+    qwen_onnx.settings.options.typed_config(config, yaml.safe_load(schema_file))
 
 # A model's own stage sections override the global ones key by key, at every depth; keep them as written, since
 # validation fills schema defaults into them too (which would override the global values).
@@ -28,8 +28,8 @@ MODEL_OVERRIDES = copy.deepcopy(config.get("models", {}))
 
 # Numbers out of range answered in one line naming the range, as the CLI does (then the schema).
 try:
-    qwen_onnx.options.check_config(config)
-except qwen_onnx.options.OptionError as exc:
+    qwen_onnx.settings.options.check_config(config)
+except qwen_onnx.settings.options.OptionError as exc:
     sys.stderr.write(f"qwen-onnx config: {exc}\n")
     sys.exit(2)
 validate(config, schema="../schemas/config.schema.yaml")
@@ -41,12 +41,12 @@ RESULTS = config.get("results", "results")
 onstart:
     # temporary files of jobs killed in an earlier run (SIGKILL, OOM killer, power cut) go first;
     # here, not at parse time, so that -n, --lint and every cluster job's own parse write nothing
-    qwen_onnx.artifacts.sweep_tree(RESULTS)
+    qwen_onnx.store.artifacts.sweep_tree(RESULTS)
 
 
 VARIANTS = list(
-    qwen_onnx.variants.NAMES
-)  # the variant registry, src/qwen_onnx/variants.py
+    qwen_onnx.settings.variants.NAMES
+)  # the variant registry, src/qwen_onnx/settings/variants.py
 
 # Declared memory: 1000 MB plus this many MB per MB of fp32 weights (4 bytes x params_billion).
 # Peak RSS measured (/usr/bin/time and the getrusage line at the end of each rule's log), 0.5B
@@ -137,7 +137,7 @@ def get_models():
 
 def get_settings(model, section):
     """The global `section` of the config with the model's own override merged over it."""
-    return qwen_onnx.options.model_section(config, MODEL_OVERRIDES, model, section)
+    return qwen_onnx.settings.options.model_section(config, MODEL_OVERRIDES, model, section)
 
 
 def get_reference_settings(model):
@@ -188,7 +188,7 @@ def get_tflite_settings(model):
 
 def tflite_scheduled(model):
     """Whether the workflow builds the model's tflite variant: enabled and within the memory
-    budget (qwen_onnx.tflite.tflite_skip_reason, which the report also reads)."""
+    budget (qwen_onnx.convert.tflite.tflite_skip_reason, which the report also reads)."""
     settings = get_tflite_settings(model)
     return tflite_skip_reason(model, settings.pop("params_billion"), settings) is None
 
@@ -279,13 +279,13 @@ def get_peers_threads(wildcards):
 def get_peers_variant_dirs(wildcards):
     """Every ONNX variant folder of the model: the timing sitting (peers stage) measures them all
     (the tflite folder comes as an input of its own, get_peers_tflite_input)."""
-    onnx = {v.name for v in qwen_onnx.variants.VARIANTS if v.format == "onnx"}
+    onnx = {v.name for v in qwen_onnx.settings.variants.VARIANTS if v.format == "onnx"}
     return [f"{RESULTS}/{wildcards.model}/{v}" for v in VARIANTS if v in onnx]
 
 
 def get_profile_input(wildcards):
     """A variant's ONNX Runtime profile (none for tflite: LiteRT has no per-op profile here)."""
-    if qwen_onnx.variants.variant(wildcards.variant).format != "onnx":
+    if qwen_onnx.settings.variants.variant(wildcards.variant).format != "onnx":
         return []
     return f"{RESULTS}/{wildcards.model}/reports/{wildcards.variant}.profile.json"
 
@@ -315,8 +315,8 @@ def get_peers_inputs():
 
 def get_gate(wildcards):
     """The accuracy gate ({figure: limit}) of the variant's kind for this model (the defaults of
-    qwen_onnx.gates.DEFAULT_GATES when the config leaves the kind out); the tflite variant's kind
-    follows tflite.quantize (qwen_onnx.gates.tflite_gate_kind)."""
+    qwen_onnx.settings.gates.DEFAULT_GATES when the config leaves the kind out); the tflite variant's kind
+    follows tflite.quantize (qwen_onnx.settings.gates.tflite_gate_kind)."""
     gates = get_settings(wildcards.model, "gates")
     kind = variant_kind(
         wildcards.variant, get_settings(wildcards.model, "tflite")["quantize"]
@@ -344,7 +344,7 @@ def get_diff_inputs():
         f"{RESULTS}/{model}/reports/{variant}.diff.json"
         for model in get_models()
         for variant in get_model_variants(model)
-        if variant in qwen_onnx.variants.DIFFED
+        if variant in qwen_onnx.settings.variants.DIFFED
     ]
 
 

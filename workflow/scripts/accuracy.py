@@ -1,6 +1,6 @@
 """Snakemake wrapper: accuracy, parity and gate of one variant (ONNX or tflite) against PyTorch fp32's stored reference."""
-from qwen_onnx.accuracy import accuracy_from_reference
-from qwen_onnx.gates import folder_gate_kind
+from qwen_onnx.measure.accuracy import accuracy_from_reference
+from qwen_onnx.settings.gates import folder_gate_kind
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):

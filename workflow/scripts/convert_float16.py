@@ -1,5 +1,5 @@
 """Snakemake wrapper: the fp16 variant (onnxruntime float16 conversion, float32 I/O and KV cache)."""
-from qwen_onnx.float16 import convert_float16_variant
+from qwen_onnx.convert.float16 import convert_float16_variant
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):

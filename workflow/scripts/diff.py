@@ -1,6 +1,6 @@
 """Snakemake wrapper: diff of one variant against fp32 (JSON and Markdown)."""
-from qwen_onnx.artifacts import write_json, write_text
-from qwen_onnx.inspect_graph import diff_markdown, diff_models
+from qwen_onnx.store.artifacts import write_json, write_text
+from qwen_onnx.measure.inspect_graph import diff_markdown, diff_models
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):

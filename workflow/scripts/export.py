@@ -1,5 +1,5 @@
 """Snakemake wrapper: fp32 ONNX export through optimum-onnx or torch.onnx (export.exporter)."""
-from qwen_onnx.export import export_onnx
+from qwen_onnx.convert.export import export_onnx
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):

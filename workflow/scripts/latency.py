@@ -1,5 +1,5 @@
 """Snakemake wrapper: one variant's latency report from the timing sitting, with its profile."""
-from qwen_onnx.latency import latency_from_sitting
+from qwen_onnx.measure.latency import latency_from_sitting
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):

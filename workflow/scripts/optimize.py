@@ -1,5 +1,5 @@
 """Snakemake wrapper: the optimized variant (GroupQueryAttention graph or transformer fusions)."""
-from qwen_onnx.optimize import optimize_variant
+from qwen_onnx.convert.optimize import optimize_variant
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):

@@ -1,6 +1,6 @@
 """Snakemake wrapper: the timing sitting of one model (every variant, PyTorch eager, llama.cpp and
 onnxruntime-genai's INT4 builder graph in interleaved rounds)."""
-from qwen_onnx.peers import run_peers
+from qwen_onnx.measure.peers import run_peers
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):

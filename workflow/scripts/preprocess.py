@@ -1,5 +1,5 @@
 """Snakemake wrapper: onnxruntime quant_pre_process."""
-from qwen_onnx.export import preprocess
+from qwen_onnx.convert.export import preprocess
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):

@@ -1,5 +1,5 @@
 """Snakemake wrapper: INT8 dynamic quantization."""
-from qwen_onnx.quantize import DynamicSettings, quantize_dynamic_variant
+from qwen_onnx.quantize.int8 import DynamicSettings, quantize_dynamic_variant
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):

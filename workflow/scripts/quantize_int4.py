@@ -1,5 +1,5 @@
 """Snakemake wrapper: weight-only 4-bit MatMulNBits with a quantized embedding table."""
-from qwen_onnx.int4 import Int4Settings, quantize_int4_variant
+from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):

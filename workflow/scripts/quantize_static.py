@@ -1,5 +1,5 @@
 """Snakemake wrapper: INT8 static QDQ quantization calibrated on text (rules quantize_static and quantize_mixed)."""
-from qwen_onnx.quantize import StaticSettings, quantize_static_variant
+from qwen_onnx.quantize.int8 import StaticSettings, quantize_static_variant
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):

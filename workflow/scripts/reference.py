@@ -1,5 +1,5 @@
 """Snakemake wrapper: PyTorch fp32's reference outputs of one model, read by every accuracy job."""
-from qwen_onnx.reference import write_reference
+from qwen_onnx.measure.reference import write_reference
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):

@@ -1,7 +1,7 @@
 """Snakemake wrapper: the combined report (report.md, report.html, metrics.csv/json, plots)."""
 from pathlib import Path
 
-from qwen_onnx.report import build_report
+from qwen_onnx.report.build import build_report
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):
@@ -20,7 +20,7 @@ with logged(snakemake):
         },
         inp.machine,
         prompt_lengths=snakemake.params.prompt_lengths,
-        tflite=snakemake.params.tflite,  # which models have a tflite variant, and why not (qwen_onnx.tflite.tflite_skip_reason)
+        tflite=snakemake.params.tflite,  # which models have a tflite variant, and why not (qwen_onnx.convert.tflite.tflite_skip_reason)
         results_dir=Path(out.json).parent,  # metrics.json is at the results folder's top
         pipeline_csv=out.pipeline,
         markdown=out.markdown,

@@ -1,5 +1,5 @@
 """Snakemake wrapper: resolve the model source to an fp32 Hugging Face folder."""
-from qwen_onnx.resolve import resolve
+from qwen_onnx.source.resolve import resolve
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):

@@ -1,5 +1,5 @@
 """Snakemake wrapper: per-MatMul INT8 sensitivity report."""
-from qwen_onnx.sensitivity import analyse_sensitivity
+from qwen_onnx.quantize.sensitivity import analyse_sensitivity
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):

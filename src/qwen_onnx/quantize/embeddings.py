@@ -1,0 +1,418 @@
+"""Quantized token embeddings: the embedding ``Gather`` as onnxruntime's ``GatherBlockQuantized``.
+
+The embedding table of a Qwen model is large (Qwen2.5 0.5B: 151,936 × 896 float32 = 545 MB, over
+half of an INT8 variant's bytes when left float). ``GatherBlockQuantized`` (onnxruntime contrib
+op, ``com.microsoft``) gathers rows of a blockwise-quantized table and dequantizes them:
+
+- ``data`` uint8 [vocab, hidden × bits / 8] (4-bit values two per byte, low nibble first),
+  ``indices`` int64 [batch, sequence], ``scales`` float [vocab, hidden / block_size], optional
+  ``zero_points`` uint8 (packed like ``data``); without zero points the zero point is
+  2^(bits-1) (8 or 128), the same convention as ``MatMulNBits``;
+- attributes ``bits`` (4 or 8), ``block_size`` (a power of 2, at least 16), ``gather_axis`` 0,
+  ``quantize_axis`` 1 -> output float [batch, sequence, hidden].
+
+``MatMulNBits`` stores its weight ``B`` [K, N] as uint8 [N, K / block_size, blob] with scales
+[N, K / block_size]: for a tied model (lm_head weight = embedding table transposed, Qwen2.5 0.5B /
+1.5B ``tie_word_embeddings``) the lm_head's packed weight *is* the quantized embedding table, laid
+out as ``GatherBlockQuantized`` wants it after a Reshape to [N, K × bits / 8]. Sharing it stores
+the table once; this is what the onnxruntime-genai model builder does for tied models
+(``builders/base.py``, ``shared_embeddings``). Measured on onnxruntime 1.32: gathering rows of the
+shared weight matches the lm_head ``MatMulNBits`` product with an identity input to 5e-7, for 4
+and 8 bits, with and without zero points.
+
+Everything here finds the nodes by what they compute, not by exporter names: the embedding is the
+``Gather`` whose data is a 2-D float initializer, the lm_head the ``MatMul``/``MatMulNBits``
+producing the graph output ``logits`` (or a node named ``lm_head``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from qwen_onnx.store.artifacts import MODEL_FILE
+from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.store.external import consolidate_external_data, lazy_model
+from qwen_onnx.quantize.matmuls import graph_maps
+
+log = logging.getLogger(__name__)
+
+#: ``embedding`` modes: keep the float table; quantize it on its own (``GatherBlockQuantized`` with
+#: ``embedding_bits``); share the lm_head's ``MatMulNBits`` weight when the model is tied (else the
+#: same as ``quantized``).
+EMBEDDING_MODES = ("float", "quantized", "shared")
+LOGITS = "logits"
+_CHUNK_ROWS = 8192
+
+
+@dataclass(frozen=True)
+class EmbeddingPlan:
+    """What :func:`quantize_embedding` does to one variant.
+
+    Attributes:
+        mode: one of :data:`EMBEDDING_MODES`.
+        bits: bits of an own quantized table (4 or 8).
+        block_size: block length (inputs per scale) of an own table; a power of 2, at least 16.
+        tied: whether the source model's lm_head weight equals the embedding table transposed
+            (:func:`embedding_tied`); sharing needs it.
+        symmetric: an own table without zero points (else one uint8 zero point per block).
+    """
+
+    mode: str = "shared"
+    bits: int = 8
+    block_size: int = 128
+    tied: bool = False
+    symmetric: bool = True
+
+    def check(self) -> None:
+        """Raises QwenOnnxError on an unknown mode, bits other than 4 or 8, or a bad block size."""
+        if self.mode not in EMBEDDING_MODES:
+            raise QwenOnnxError(f"embedding mode {self.mode!r} unknown; use one of {', '.join(EMBEDDING_MODES)}")
+        if self.bits not in (4, 8):
+            raise QwenOnnxError(f"embedding bits must be 4 or 8 (GatherBlockQuantized), got {self.bits}")
+        check_block_size(self.block_size)
+
+
+def fitting_block_size(block_size: int, length: int) -> int:
+    """``block_size`` halved (down to 16) until it divides ``length``, the row length it blocks
+    (e.g. a tiny test model's hidden 64 with block 128)."""
+    while length % block_size and block_size > 16:
+        block_size //= 2
+    return block_size
+
+
+def check_block_size(block_size: int) -> None:
+    """Raises OptionError unless ``block_size`` is a power of 2 from 16 to 256 (MatMulNBits and
+    GatherBlockQuantized accept powers of 2 of at least 16; onnxruntime's CPU kernels up to 256):
+    :func:`qwen_onnx.settings.options.check_option`, the one home of the allowed values."""
+    from qwen_onnx.settings.options import check_option
+
+    check_option("block_size", block_size)
+
+
+def find_embedding(graph: onnx.GraphProto) -> tuple[onnx.NodeProto, onnx.TensorProto] | None:
+    """The token embedding: the ``Gather`` (axis 0) whose data is the largest 2-D float initializer,
+    with that initializer; None when the graph has none (already quantized, or stored once as
+    [hidden, vocab]: see :func:`find_lookup`)."""
+    initializers = {t.name: t for t in graph.initializer}
+    found = []
+    for node in graph.node:
+        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx"):
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        table = initializers.get(node.input[0])
+        if axis == 0 and table is not None and len(table.dims) == 2 and table.data_type == onnx.TensorProto.FLOAT:
+            found.append((node, table))
+    return max(found, key=lambda f: int(np.prod(f[1].dims))) if found else None
+
+
+@dataclass
+class Lookup:
+    """The token lookup of a graph, in one of the two layouts this project writes.
+
+    Attributes:
+        nodes: the nodes that compute it (removed when it is rewritten), in one of the layouts
+            :func:`find_lookup` lists.
+        ids: the token ids it reads (int64 [batch, sequence]).
+        output: its output, float [batch, sequence, hidden].
+        table: the float initializer it reads, or None when it reads a ``DequantizeLinear``.
+        dequantize: that ``DequantizeLinear`` (of lm_head's QDQ weight), or None.
+        hidden_first: whether the table is [hidden, vocab] (stored once) rather than [vocab, hidden].
+        perm: the permutation that takes a lookup of the [hidden, vocab] table on axis 1
+            ([hidden, batch, sequence]) to the output (``hidden_first`` only).
+    """
+
+    nodes: list[onnx.NodeProto]
+    ids: str
+    output: str
+    table: onnx.TensorProto | None
+    dequantize: onnx.NodeProto | None
+    hidden_first: bool
+    perm: list[int]
+
+    @property
+    def gather(self) -> onnx.NodeProto:
+        """The ``Gather`` node among :attr:`nodes`."""
+        return next(n for n in self.nodes if n.op_type == "Gather")
+
+    def float_table(self) -> np.ndarray:
+        """The table as float32 [vocab, hidden] (read from the external data)."""
+        values = numpy_helper.to_array(self.table)
+        return np.ascontiguousarray(values.T) if self.hidden_first else values
+
+
+def _rank(graph: onnx.GraphProto, name: str) -> int:
+    """The rank of tensor ``name`` from the graph's inputs and value_info (2, input_ids', when unknown)."""
+    info = next((v for v in [*graph.input, *graph.value_info] if v.name == name), None)
+    if info is not None and info.type.tensor_type.HasField("shape"):
+        return len(info.type.tensor_type.shape.dim)
+    return 2
+
+
+def find_lookup(graph: onnx.GraphProto) -> Lookup | None:
+    """The float token lookup (:class:`Lookup`), or None when the graph has none left.
+
+    Three layouts: ``Gather`` (axis 0) of a [vocab, hidden] table (the export's); for a tied table
+    stored once as [hidden, vocab], ``Identity`` -> ``Gather`` (axis 1) -> ``Transpose``
+    (:mod:`qwen_onnx.convert.tied`) or ``Transpose`` -> ``Gather`` (axis 0) (onnxruntime-genai's model
+    builder). The [hidden, vocab] table is a float initializer or, after QDQ quantization, the
+    ``DequantizeLinear`` of one.
+    """
+    embedding = find_embedding(graph)
+    if embedding is not None:
+        gather, table = embedding
+        return Lookup([gather], gather.input[1], gather.output[0], table, None, False, [])
+    initializers, producers, consumers = graph_maps(graph)
+
+    def source(name: str) -> tuple[onnx.TensorProto | None, onnx.NodeProto | None] | None:
+        table = initializers.get(name)
+        if table is not None:
+            return (table, None) if len(table.dims) == 2 and table.data_type == onnx.TensorProto.FLOAT else None
+        dequantize = producers.get(name)
+        if dequantize is not None and dequantize.op_type == "DequantizeLinear" and dequantize.input[0] in initializers:
+            return None, dequantize
+        return None
+
+    def only_consumer(name: str, op_type: str) -> onnx.NodeProto | None:
+        users = consumers.get(name, [])
+        return users[0] if len(users) == 1 and users[0].op_type == op_type and users[0].input[0] == name else None
+
+    for first in graph.node:
+        if first.op_type not in ("Identity", "Transpose") or (found := source(first.input[0])) is None:
+            continue
+        gather = only_consumer(first.output[0], "Gather")
+        axis = next((a.i for a in gather.attribute if a.name == "axis"), 0) if gather is not None else None
+        if first.op_type == "Identity" and axis == 1:
+            transpose = only_consumer(gather.output[0], "Transpose")
+            if transpose is not None:
+                perm = list(next(a.ints for a in transpose.attribute if a.name == "perm"))
+                return Lookup([first, gather, transpose], gather.input[1], transpose.output[0], *found, True, perm)
+        perm = list(next((a.ints for a in first.attribute if a.name == "perm"), [1, 0]))
+        if first.op_type == "Transpose" and axis == 0 and perm == [1, 0]:
+            rank = _rank(graph, gather.input[1])
+            return Lookup([first, gather], gather.input[1], gather.output[0], *found, True, [*range(1, rank + 1), 0])
+    return None
+
+
+def find_lm_head(graph: onnx.GraphProto) -> onnx.NodeProto | None:
+    """The lm_head: the ``MatMul`` or ``MatMulNBits`` whose output is the graph output ``logits``,
+    else the one named ``lm_head``; None when there is neither."""
+    heads = [n for n in graph.node if n.op_type in ("MatMul", "MatMulNBits")]
+    return next((n for n in heads if LOGITS in n.output), None) or next((n for n in heads if "lm_head" in n.name), None)
+
+
+def _rows(tensor: onnx.TensorProto, start: int, stop: int) -> np.ndarray:
+    return numpy_helper.to_array(tensor)[start:stop]
+
+
+def embedding_tied(folder: str | os.PathLike) -> bool:
+    """Whether ``folder/model.onnx``'s lm_head weight [hidden, vocab] is the embedding table
+    [vocab, hidden] transposed, value for value (a tied model, ``tie_word_embeddings``).
+
+    A table stored once (:func:`qwen_onnx.convert.tied.store_tied_once`, which checked the values) is tied
+    when lm_head reads it. Otherwise reads the two tables from the external data (about 2 × 545 MB
+    on Qwen2.5 0.5B) and compares them in chunks of rows.
+    """
+    with lazy_model(folder) as (proto, _):
+        lookup = find_lookup(proto.graph)
+        head = find_lm_head(proto.graph)
+        if lookup is None or lookup.table is None or head is None or head.op_type != "MatMul":
+            return False
+        if lookup.hidden_first:
+            return head.input[1] == lookup.table.name
+        initializers = {t.name: t for t in proto.graph.initializer}
+        weight = initializers.get(head.input[1])
+        table = lookup.table
+        if weight is None or list(weight.dims) != list(reversed(table.dims)):
+            return False
+        if table.name == weight.name:
+            return False  # the same tensor read two ways would need a Transpose; not a layout we write
+        emb = numpy_helper.to_array(table)
+        lm = numpy_helper.to_array(weight)
+        return all(np.array_equal(emb[i:i + _CHUNK_ROWS], lm[:, i:i + _CHUNK_ROWS].T)
+                   for i in range(0, emb.shape[0], _CHUNK_ROWS))
+
+
+def _const(name: str, values: list[int]) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(values, dtype=np.int64), name)
+
+
+def _gather_node(name: str, inputs: list[str], output: str, bits: int, block_size: int) -> onnx.NodeProto:
+    return helper.make_node(
+        "GatherBlockQuantized", inputs, [output], name=name + "_Q",
+        domain="com.microsoft", bits=bits, block_size=block_size, gather_axis=0, quantize_axis=1,
+    )
+
+
+def quantize_table(
+    table: np.ndarray, bits: int, block_size: int, symmetric: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Blockwise quantization of an embedding table for ``GatherBlockQuantized``.
+
+    Uses onnxruntime's own MatMulNBits quantizer kernel on the transposed table, so the values are
+    exactly what ``MatMulNBits`` would hold for a tied lm_head.
+
+    Args:
+        table: float32 [vocab, hidden]; hidden a multiple of ``block_size``.
+
+    Returns:
+        ``(data, scales, zero_points)``: uint8 [vocab, hidden × bits / 8], float32
+        [vocab, hidden / block_size], and for ``symmetric=False`` uint8 zero points
+        [vocab, ceil(blocks × bits / 8)] (4-bit ones two per byte), else None.
+
+    Raises:
+        QwenOnnxError: hidden is not a multiple of ``block_size``.
+    """
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        DefaultWeightOnlyQuantizer,
+    )
+
+    vocab, hidden = table.shape
+    if hidden % block_size:
+        raise QwenOnnxError(
+            f"embedding hidden size {hidden} is not a multiple of block_size {block_size}; pick a block size that divides it"
+        )
+    quantizer = DefaultWeightOnlyQuantizer(
+        DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=symmetric, bits=bits)
+    )
+    packed, scales, zero_points = quantizer.qbits_block_quant(np.ascontiguousarray(table.T))  # [V, blocks, blob]
+    return (packed.reshape(vocab, hidden * bits // 8), scales.reshape(vocab, hidden // block_size),
+            None if symmetric else zero_points)
+
+
+def _qdq_lookup(graph: onnx.GraphProto, lookup: Lookup, prefix: str) -> tuple[list[onnx.NodeProto], dict] | None:
+    """Nodes that look tokens up in lm_head's per-channel INT8 QDQ weight [hidden, vocab] itself:
+    ``Gather(weight, ids, axis=1)`` [hidden, batch, sequence] -> ``Cast`` -> ``Mul`` by
+    ``Gather(scale, ids)`` [batch, sequence] -> ``Transpose``: the values ``DequantizeLinear``
+    gives, bit for bit (symmetric weights, zero points 0), without dequantizing the whole table
+    at every step. None unless the ``DequantizeLinear`` is per-channel on the vocab axis with zero
+    zero points."""
+    initializers = {t.name: t for t in graph.initializer}
+    dq = lookup.dequantize
+    weight, scale = initializers.get(dq.input[0]), initializers.get(dq.input[1])
+    zero = initializers.get(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
+    axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
+    if weight is None or scale is None or len(weight.dims) != 2 or list(scale.dims) != [weight.dims[1]] or axis != 1:
+        return None
+    if zero is not None and np.any(numpy_helper.to_array(zero)):
+        return None
+    name = lookup.gather.name or "embedding"  # nodes keep the lookup's name (/model/embed_tokens/...)
+    nodes = [
+        helper.make_node("Gather", [weight.name, lookup.ids], [prefix + "_int8"], name=name, axis=1),
+        helper.make_node("Cast", [prefix + "_int8"], [prefix + "_values"], name=name + "_Cast",
+                         to=onnx.TensorProto.FLOAT),
+        helper.make_node("Gather", [scale.name, lookup.ids], [prefix + "_scales"], name=name + "_scales", axis=0),
+        helper.make_node("Mul", [prefix + "_values", prefix + "_scales"], [prefix + "_hidden_first"],
+                         name=name + "_Mul"),
+        helper.make_node("Transpose", [prefix + "_hidden_first"], [lookup.output], name=name + "_Transpose",
+                         perm=lookup.perm),
+    ]
+    vocab, hidden = int(weight.dims[1]), int(weight.dims[0])
+    return nodes, {"vocab": vocab, "hidden": hidden, "shared_with": dq.name}
+
+
+def quantize_embedding(folder: str | os.PathLike, plan: EmbeddingPlan) -> dict[str, Any]:
+    """Replace the float token lookup (:func:`find_lookup`) of the variant in ``folder`` by a quantized one, in place.
+
+    - ``shared`` with ``plan.tied`` and an lm_head that is ``MatMulNBits`` over [hidden, vocab]:
+      ``GatherBlockQuantized`` reads the lm_head's packed weight, scales and zero points through
+      two Reshapes (no new weight bytes).
+    - ``shared`` where the lookup reads lm_head's QDQ weight (a static variant of a table stored
+      once): the lookup gathers the INT8 weight's columns and their scales (:func:`_qdq_lookup`),
+      no new weight bytes.
+    - Otherwise (``quantized``, or ``shared`` without a tied quantized lm_head) the table is
+      quantized on its own at ``plan.bits`` with ``plan.block_size`` (halved down to 16 until it
+      divides the hidden size) for ``GatherBlockQuantized``.
+
+    The float table is removed when nothing else reads it, and ``folder/model.onnx_data``
+    rewritten without it.
+
+    Returns:
+        ``{"mode", "bits", "block_size", "shared_with", "table_bytes_before", "table_bytes_after"}``
+        (``mode`` is what was done: ``float``, ``quantized`` or ``shared``).
+
+    Raises:
+        QwenOnnxError: a bad plan, or a hidden size that the block size does not divide.
+    """
+    plan.check()
+    folder = Path(folder)
+    if plan.mode == "float":
+        return {"mode": "float"}
+    with lazy_model(folder) as (proto, _):
+        graph = proto.graph
+        lookup = find_lookup(graph)
+        if lookup is None:
+            return {"mode": "float", "reason": "no float embedding Gather"}
+        first = lookup.nodes[0]
+        name = lookup.gather.name or "embedding"  # new nodes keep the lookup's name (/model/embed_tokens/...)
+        prefix = name.strip("/").replace("/", "_")
+        head = find_lm_head(graph)
+        attrs = {a.name: helper.get_attribute_value(a) for a in head.attribute} if head is not None else {}
+        table = lookup.table
+        added: list[onnx.TensorProto] = []
+        after = 0
+        shared_with = None
+        qdq = _qdq_lookup(graph, lookup, prefix) if lookup.dequantize is not None and plan.mode == "shared" else None
+        if lookup.dequantize is not None and qdq is None:
+            return {"mode": "float", "reason": "the lookup reads a DequantizeLinear that cannot be shared"}
+        if qdq is not None:
+            new_nodes, shape = qdq
+            vocab, hidden = shape["vocab"], shape["hidden"]
+            bits, block_size, shared_with, share = 8, hidden, shape["shared_with"], True
+        else:
+            vocab, hidden = (int(d) for d in (table.dims[::-1] if lookup.hidden_first else table.dims))
+            share = (plan.mode == "shared" and plan.tied and head is not None and head.op_type == "MatMulNBits"
+                     and attrs.get("K") == hidden and attrs.get("N") == vocab and hidden % attrs["block_size"] == 0)
+        before = vocab * hidden * 4
+        if share and qdq is None:
+            bits, block_size = int(attrs["bits"]), int(attrs["block_size"])
+            data_shape = _const(prefix + "_shared_data_shape", [vocab, hidden * bits // 8])
+            scale_shape = _const(prefix + "_shared_scales_shape", [vocab, hidden // block_size])
+            reshapes = [
+                helper.make_node("Reshape", [head.input[1], data_shape.name], [prefix + "_shared_data"],
+                                 name=prefix + "_shared_data_Reshape"),
+                helper.make_node("Reshape", [head.input[2], scale_shape.name], [prefix + "_shared_scales"],
+                                 name=prefix + "_shared_scales_Reshape"),
+            ]
+            inputs = [prefix + "_shared_data", lookup.ids, prefix + "_shared_scales"]
+            if len(head.input) > 3 and head.input[3]:
+                inputs.append(head.input[3])  # packed uint8 zero points, one row per vocab entry
+            new_nodes = [*reshapes, _gather_node(name, inputs, lookup.output, bits, block_size)]
+            added = [data_shape, scale_shape]
+            shared_with = head.name
+        elif not share:
+            bits, block_size = plan.bits, fitting_block_size(plan.block_size, hidden)
+            data, scales, zero_points = quantize_table(lookup.float_table(), bits, block_size, plan.symmetric)
+            stem = table.name.removesuffix("_transposed")
+            added = [numpy_helper.from_array(data, stem + f"_Q{bits}"),
+                     numpy_helper.from_array(scales.astype(np.float32), stem + "_scales")]
+            if zero_points is not None:
+                added.append(numpy_helper.from_array(zero_points, stem + "_zero_points"))
+            inputs = [added[0].name, lookup.ids, *(t.name for t in added[1:])]
+            new_nodes = [_gather_node(name, inputs, lookup.output, bits, block_size)]
+            after = sum(len(t.raw_data) for t in added)
+            del data, scales, zero_points
+        graph.initializer.extend(added)
+        position = list(graph.node).index(first)
+        for node in lookup.nodes:
+            graph.node.remove(node)
+        for offset, node in enumerate(new_nodes):
+            graph.node.insert(position + offset, node)
+        if table is not None and not any(table.name in n.input for n in graph.node):
+            graph.initializer.remove(table)
+        if not any(o.domain == "com.microsoft" for o in proto.opset_import):
+            proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+        consolidate_external_data(proto, folder / MODEL_FILE, search=[folder])
+    mode = "shared" if share else "quantized"
+    log.info("embedding: %s, %d bits, block %d, %.0f MB -> %.0f MB", mode, bits, block_size,
+             before / 1e6, after / 1e6)
+    return {"mode": mode, "bits": bits, "block_size": block_size, "shared_with": shared_with,
+            "table_bytes_before": before, "table_bytes_after": after}

@@ -1,0 +1,409 @@
+"""The ``int4`` variant: weight-only 4-bit MatMulNBits (``accuracy_level`` 4) with onnxruntime's
+``MatMulNBitsQuantizer``, 8-bit where it matters, and a quantized embedding table.
+
+Every MatMul with a constant 2-D float weight becomes ``MatMulNBits`` (onnxruntime contrib op):
+the weight [K, N] stored as uint8 [N, K / block_size, blob] with one scale (and, for asymmetric
+algorithms, one zero point) per ``block_size`` inputs of each output column. ``accuracy_level`` 4
+makes onnxruntime quantize the activation to INT8 per token and block at run time and accumulate
+in integers, the fastest CPU path (onnxruntime docs, ``MatMulNBits``). The lm_head, the MatMuls
+whose GGUF source weights were wider than 4 bits (:mod:`qwen_onnx.source.source_precision`) and those
+chosen from the sensitivity report can stay at 8 bits; the embedding ``Gather`` becomes
+``GatherBlockQuantized`` (:mod:`qwen_onnx.quantize.embeddings`), sharing the lm_head's weight on tied models.
+
+Algorithms (``onnxruntime.quantization.matmul_nbits_quantizer``, onnxruntime 1.32):
+
+- ``default``: onnxruntime's C++ blockwise round-to-nearest (``DefaultWeightOnlyQuantConfig``);
+- ``rtn``: round-to-nearest of Intel Neural Compressor (``RTNWeightOnlyQuantConfig``, numpy);
+- ``k_quant``: llama.cpp-style k-quant search of scale and minimum per block
+  (``KQuantWeightOnlyQuantConfig``; always asymmetric);
+- ``k_quant_int``: the same search completed for the integer zero points MatMulNBits stores, and
+  optionally weighted by activation importance on calibration text (llama.cpp's imatrix;
+  :mod:`qwen_onnx.quantize.kquant`);
+- ``hqq``: Half-Quadratic Quantization, Badri & Shaji 2023 (``HQQWeightOnlyQuantConfig``;
+  asymmetric with float zero points, so the embedding cannot share the lm_head's weight);
+- ``gptq``: GPTQ, Frantar et al. 2022, arXiv:2210.17323 (``GPTQWeightOnlyQuantConfig``), with
+  the Hessians from calibration text (:class:`qwen_onnx.quantize.calibration.TextCalibrationReader`).
+
+The graph is found by what it computes, not by exporter names: weight MatMuls by their initializer,
+the lm_head as the MatMul producing ``logits``, the embedding as the Gather of a float table; so
+the stage works on the pre-processed graph and on fused ones alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import onnx
+
+from qwen_onnx.store.artifacts import MODEL_FILE, copy_side_files, library_versions, model_path, read_json, staged_dir, write_json
+from qwen_onnx.convert.genai_config import write_genai_config
+from qwen_onnx.quantize.embeddings import (EmbeddingPlan, check_block_size, embedding_tied, find_lm_head, fitting_block_size,
+                         quantize_embedding)
+from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.settings.options import check_option
+from qwen_onnx.convert.export import normalise_external_data
+from qwen_onnx.store.external import ScratchFiles
+from qwen_onnx.quantize.kquant import activation_importance, kquant_int_pass, matmul_nbits_node
+from qwen_onnx.quantize.blockwise import blockwise_int8
+from qwen_onnx.quantize.matmuls import weight_matmul_names
+from qwen_onnx.quantize.int8 import _SensitiveSettings, lazy_quantization, sensitive_nodes
+
+log = logging.getLogger(__name__)
+
+ALGORITHMS = ("default", "rtn", "k_quant", "k_quant_int", "hqq", "gptq")
+ACCURACY_LEVELS = (0, 1, 2, 3, 4)
+#: Each algorithm's weights when ``symmetric`` is unset: True for onnxruntime's ``default`` and
+#: ``rtn``/``gptq`` (as ``MatMulNBitsQuantizer`` was called before the option could be unset); the
+#: k-quants and HQQ search a zero point per block (onnxruntime's ``k_quant`` and ``hqq`` can do
+#: nothing else).
+SYMMETRIC_DEFAULT = {"default": True, "rtn": True, "gptq": True, "k_quant_int": False, "k_quant": False,
+                     "hqq": False}
+
+
+@dataclass
+class Int4Settings(_SensitiveSettings):
+    """Settings of the ``int4`` variant.
+
+    Attributes:
+        algorithm: one of :data:`ALGORITHMS` (module docstring); ``k_quant_int`` with importance
+            measured best on Qwen2.5-Coder 0.5B, then ``k_quant`` (+2.65% perplexity against +4.1
+            to +4.3% for round-to-nearest and HQQ; docs/design.md "INT4 and quantized embeddings").
+        block_size: inputs per scale, a power of 2 from 16 to 256. 16 by default: on the 0.5B (AMD
+            EPYC, AVX2) block 32 passed the gate on its edge (+2.67% perplexity, 90.0% top-1, KL
+            0.032 against PyTorch), block 16 with room (+0.74%, 91.8%, 0.020) for 8% more bytes
+            (532 against 491 MB; docs/isa.md); 128 measured +11% perplexity for 12% fewer bytes.
+        block_size_8bit: inputs per scale of the 8-bit MatMuls (lm_head, sensitive and source-precise
+            ones), a power of 2 from 16 to 256; 128 stores a quarter of block 32's float32 scales.
+        embedding_block_size: inputs per scale of an own embedding table (a tied table shares the
+            lm_head's blocks).
+        accuracy_level: MatMulNBits ``accuracy_level`` (4: INT8 activations per block, integer
+            accumulation; 0: unset, float compute).
+        symmetric: 4-bit weights without zero points (True) or with one per block (False); None
+            (default) takes the algorithm's own choice, :data:`SYMMETRIC_DEFAULT`. ``k_quant`` and
+            ``hqq`` store zero points always, so True is refused for them.
+        lm_head_bits: 4 or 8 bits for the lm_head (the MatMul producing ``logits``).
+        embedding: ``shared`` (tied models: the embedding reads the lm_head's quantized weight),
+            ``quantized`` (own GatherBlockQuantized table at ``embedding_bits``) or ``float``.
+        embedding_bits: bits of an own embedding table (4 or 8; 4 with zero points measured
+            within the gate on Qwen2.5-Coder 0.5B, docs/design.md "INT4 and quantized embeddings").
+        embedding_symmetric: an own embedding table without zero points (else one per block).
+        sensitive_max_nodes, sensitive_below_sqnr_db: the most sensitive MatMuls of the sensitivity
+            report (ranked by their blockwise dynamic INT8 SQNR), as in
+            :class:`~qwen_onnx.quantize.int8.DynamicSettings`.
+        sensitive_scheme: what those get: ``blockwise`` (8-bit MatMulNBits, default) or ``float``.
+        source_bits: MatMuls whose GGUF source weight held at least this many bits per weight stay
+            8-bit (6: Q6_K and Q8_0, the tensors llama.cpp's Q4_K_M mix keeps wider;
+            :mod:`qwen_onnx.source.source_precision`); 0 turns it off; no effect for float sources.
+        nodes_to_exclude: MatMul node names kept float.
+        calibration_samples, calibration_sequence_length: ``gptq``: calibration windows and tokens
+            per window.
+        importance_samples: ``k_quant_int`` only (other algorithms ignore it): calibration windows
+            (of ``calibration_sequence_length`` tokens) whose activations weight the 4-bit error
+            per input channel (llama.cpp's imatrix); 0: unweighted.
+    """
+
+    algorithm: str = "k_quant_int"
+    block_size: int = 16
+    block_size_8bit: int = 128
+    embedding_block_size: int = 32
+    accuracy_level: int = 4
+    symmetric: bool | None = None
+    lm_head_bits: int = 8
+    embedding: str = "shared"
+    embedding_bits: int = 4
+    embedding_symmetric: bool = False
+    sensitive_scheme: str = "blockwise"
+    source_bits: float = 6.0
+    nodes_to_exclude: tuple[str, ...] | list[str] = ()
+    calibration_samples: int = 8
+    calibration_sequence_length: int = 128
+    importance_samples: int = 16
+
+    def check(self) -> None:
+        """Raises QwenOnnxError with the fix for an unknown algorithm, a bad block size,
+        accuracy level, lm_head or embedding bits, or embedding mode."""
+        if self.algorithm not in ALGORITHMS:
+            raise QwenOnnxError(f"int4 algorithm {self.algorithm!r} unknown; use one of {', '.join(ALGORITHMS)}")
+        check_block_size(self.block_size)
+        check_option("block_size_8bit", self.block_size_8bit)
+        check_option("embedding_block_size", self.embedding_block_size)
+        check_option("importance_samples", self.importance_samples)
+        if self.symmetric and self.algorithm in ("k_quant", "hqq"):
+            raise QwenOnnxError(f"int4 algorithm {self.algorithm} stores a zero point per block and has no symmetric "
+                                "form; drop symmetric (or --symmetric), or use k_quant_int, rtn, default or gptq")
+        if self.accuracy_level not in ACCURACY_LEVELS:
+            raise QwenOnnxError(f"accuracy_level must be 0 to 4 (MatMulNBits), got {self.accuracy_level}")
+        if self.lm_head_bits not in (4, 8):
+            raise QwenOnnxError(f"lm_head_bits must be 4 or 8, got {self.lm_head_bits}")
+        if not 0 <= self.source_bits <= 32:
+            raise QwenOnnxError(f"source_bits must be 0 (off) to 32 bits per weight, got {self.source_bits}")
+        self.embedding_plan(False).check()
+
+    @property
+    def symmetric_weights(self) -> bool:
+        """``symmetric``, or the algorithm's own choice (:data:`SYMMETRIC_DEFAULT`) when unset."""
+        return SYMMETRIC_DEFAULT[self.algorithm] if self.symmetric is None else bool(self.symmetric)
+
+    def embedding_plan(self, tied: bool) -> EmbeddingPlan:
+        """The embedding treatment of these settings; ``tied`` from :func:`~qwen_onnx.quantize.embeddings.embedding_tied`."""
+        return EmbeddingPlan(self.embedding, self.embedding_bits, self.embedding_block_size, tied,
+                             symmetric=self.embedding_symmetric)
+
+
+def _algo_config(settings: Int4Settings, graph_only: Path, float_names: Sequence[str], calibration_text):
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        GPTQWeightOnlyQuantConfig,
+        HQQWeightOnlyQuantConfig,
+        KQuantWeightOnlyQuantConfig,
+        RTNWeightOnlyQuantConfig,
+    )
+
+    if settings.algorithm == "default":
+        return None
+    if settings.algorithm == "rtn":
+        return RTNWeightOnlyQuantConfig(op_types_to_quantize=("MatMul",))
+    if settings.algorithm == "k_quant":
+        return KQuantWeightOnlyQuantConfig(op_types_to_quantize=("MatMul",))
+    if settings.algorithm == "hqq":
+        return HQQWeightOnlyQuantConfig(block_size=settings.block_size, bits=4, op_types_to_quantize=("MatMul",))
+    # gptq
+    from qwen_onnx.source.text import load_tokenizer
+
+    from qwen_onnx.quantize.calibration import TextCalibrationReader
+    from qwen_onnx.source.text import token_windows
+
+    if float_names:
+        raise QwenOnnxError("gptq cannot keep MatMuls float (onnxruntime's GPTQ ignores nodes_to_exclude); "
+                            "use sensitive scheme blockwise or another algorithm")
+    if calibration_text is None:
+        raise QwenOnnxError("int4 algorithm gptq needs calibration text (--calibration-text)")
+    tokenizer = load_tokenizer(graph_only.parent)
+    windows = token_windows(tokenizer, calibration_text, settings.calibration_sequence_length,
+                            settings.calibration_samples)
+    return GPTQWeightOnlyQuantConfig(calibration_data_reader=TextCalibrationReader(graph_only, windows),
+                                     op_types_to_quantize=("MatMul",))
+
+
+def int4_pass(graph_only: Path, settings: Int4Settings, keep: Sequence[str], scratch: ScratchFiles,
+              calibration_text=None, importance=None, threads: int = 1) -> Path:
+    """Turn every float weight MatMul of ``graph_only`` except ``keep`` into 4-bit MatMulNBits.
+
+    Args:
+        importance: ``k_quant_int`` only: ``{node name: float32 [in_features]}`` activation
+            importance (:func:`qwen_onnx.quantize.kquant.activation_importance`), or None.
+        threads: ``k_quant_int`` only: threads of the block search (:func:`qwen_onnx.quantize.kquant.quantize_blocks`).
+
+    Returns:
+        The new graph (``scratch / "int4.onnx"`` or ``"kquant_int.onnx"``), its new weights in a
+        scratch data file beside it.
+
+    Raises:
+        QwenOnnxError: the quantizer converted fewer MatMuls than asked for.
+    """
+    from unittest import mock
+
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    from onnxruntime.quantization.neural_compressor import weight_only
+
+    proto = onnx.load(str(graph_only), load_external_data=False)
+    weights = weight_matmul_names(graph_only)
+    targets = [n for n in weights if n not in set(keep)]
+    if settings.algorithm == "k_quant_int":
+        return kquant_int_pass(graph_only, targets, settings.block_size, settings.accuracy_level, scratch, importance,
+                               threads=threads, symmetric=settings.symmetric_weights)
+    kept_float = [n for n in weights if n in set(keep)]  # the 8-bit ones are MatMulNBits already
+    before = sum(n.op_type == "MatMulNBits" for n in proto.graph.node)
+    others = [n.name for n in proto.graph.node if n.op_type == "MatMul" and n.name not in set(targets)]
+    quantizer = MatMulNBitsQuantizer(
+        proto, bits=4, block_size=settings.block_size, is_symmetric=settings.symmetric_weights,
+        accuracy_level=settings.accuracy_level, nodes_to_exclude=others, op_types_to_quantize=("MatMul",),
+        algo_config=_algo_config(settings, graph_only, kept_float, calibration_text),
+    )
+    quiet = [logging.getLogger(n) for n in ("onnxruntime.quantization.matmul_nbits_quantizer",
+                                            "onnxruntime.quantization.neural_compressor.weight_only",
+                                            "neural_compressor")]
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.WARNING)
+    try:
+        # Neural Compressor's rtn/k_quant/gptq print a progress bar on stdout
+        # Neural Compressor's MatMulNBits builder packs 4-bit zero points across rows (onnxruntime#22253)
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull), \
+                mock.patch.object(weight_only, "make_matmul_weight_only_node", matmul_nbits_node):
+            quantizer.process()
+    finally:
+        for q, level in zip(quiet, levels):
+            q.setLevel(level)
+    model = quantizer.model.model if hasattr(quantizer.model, "model") else quantizer.model
+    nodes = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    if len(nodes) - before != len(targets):
+        raise QwenOnnxError(f"int4: MatMulNBits converted {len(nodes) - before} of the {len(targets)} MatMuls asked for")
+    for node in nodes:  # HQQ and the Neural Compressor path may leave accuracy_level unset
+        attrs = {a.name: a for a in node.attribute}
+        if attrs["bits"].i == 4 and settings.accuracy_level:
+            if "accuracy_level" in attrs:
+                attrs["accuracy_level"].i = settings.accuracy_level
+            else:
+                node.attribute.append(onnx.helper.make_attribute("accuracy_level", settings.accuracy_level))
+    output = scratch / "int4.onnx"
+    onnx.external_data_helper.convert_model_to_external_data(
+        model, all_tensors_to_one_file=True, location=(scratch / "int4.data").name, size_threshold=1024,
+    )
+    onnx.save_model(model, str(output))
+    return output
+
+
+def source_nodes(graph: onnx.GraphProto, min_bits: float, source: str | os.PathLike | Mapping[str, Any] | None,
+                 num_layers: int, scratch_dir: Path) -> list[dict[str, Any]]:
+    """The MatMuls :func:`qwen_onnx.source.source_precision.source_precise_nodes` keeps 8-bit, or [] when
+    ``min_bits`` is 0 or the source is not a GGUF.
+
+    The weight types come from ``source.json``'s ``weight_types``; a GGUF source resolved before
+    they were recorded is read again (GGUF parts reassembled in ``scratch_dir`` and deleted).
+
+    Raises:
+        QwenOnnxError: a GGUF source without ``weight_types`` that can no longer be read.
+    """
+    from qwen_onnx.source.source_precision import source_precise_nodes
+
+    if not min_bits:
+        return []
+    if source is None:
+        log.info("source_bits %g: no source.json given (--source-info HF_DIR/source.json), so no MatMul is kept "
+                 "8-bit for its GGUF source's precision", min_bits)
+        return []
+    info = read_json(source) if isinstance(source, (str, os.PathLike)) else source
+    types = info.get("weight_types")
+    if types is None:
+        if info.get("kind") not in ("parts", "gguf"):
+            return []
+        types = _read_weight_types(info, num_layers, scratch_dir)
+    return source_precise_nodes(graph, types, min_bits)
+
+
+def _read_weight_types(info: Mapping[str, Any], num_layers: int, scratch_dir: Path) -> dict[str, str]:
+    """The weight types of a GGUF source whose ``source.json`` predates ``weight_types``, from the source."""
+    import tempfile
+
+    from qwen_onnx.source.resolve import source_gguf
+    from qwen_onnx.source.source_precision import gguf_weight_types
+
+    with tempfile.TemporaryDirectory(prefix="qwen-onnx-gguf-", dir=scratch_dir) as scratch:
+        path, note = source_gguf(info.get("source"), scratch)
+        if path is None:
+            raise QwenOnnxError(f"source_bits needs the GGUF source's weight types, which source.json does not "
+                                f"record and the source cannot give ({note}); rerun resolve or set source_bits: 0")
+        return gguf_weight_types(path, num_layers)
+
+
+def _importance(input_dir: Path, graph: onnx.GraphProto, settings: Int4Settings, calibration_text) -> dict:
+    from qwen_onnx.quantize.matmuls import weight_matmuls
+    from qwen_onnx.source.text import CALIBRATION_TEXT, load_tokenizer, shipped_text, token_windows
+
+    text = shipped_text(CALIBRATION_TEXT) if calibration_text is None else calibration_text
+    windows = token_windows(load_tokenizer(input_dir), text, settings.calibration_sequence_length,
+                            settings.importance_samples)
+    return activation_importance(input_dir, windows, [n for n, _ in weight_matmuls(graph)])
+
+
+def quantize_int4_variant(
+    input_dir: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    settings: Int4Settings,
+    sensitivity: str | os.PathLike | Mapping[str, Any] | None = None,
+    calibration_text: str | os.PathLike | None = None,
+    source_info: str | os.PathLike | Mapping[str, Any] | None = None,
+    threads: int | None = None,
+) -> dict:
+    """Weight-only 4-bit quantization of the float variant at ``input_dir`` into ``output_dir``.
+
+    Steps: the lm_head (when ``lm_head_bits`` is 8) and the sensitive MatMuls (``blockwise``)
+    become 8-bit MatMulNBits (:func:`qwen_onnx.quantize.blockwise.blockwise_int8`); every other weight
+    MatMul 4-bit with ``settings.algorithm``; then the embedding table
+    (:func:`qwen_onnx.quantize.embeddings.quantize_embedding`, shared with the lm_head when tied). Weights
+    are read one at a time from ``input_dir`` (:func:`qwen_onnx.quantize.int8.lazy_quantization`).
+
+    Args:
+        sensitivity: the sensitivity report (JSON path or dict) of ``input_dir``, needed when
+            ``settings.sensitive_max_nodes`` is set.
+        calibration_text: UTF-8 text for ``gptq`` and the importance of ``k_quant_int`` (default:
+            the shipped ``calibration.txt``).
+        source_info: the resolve stage's ``source.json`` (path or dict) of the checkpoint, whose
+            ``weight_types`` (GGUF sources) ``settings.source_bits`` reads.
+        threads: CPU threads of ``k_quant_int``'s block search (the result does not depend on
+            it); default the cores this process may run on.
+
+    Returns:
+        Provenance written to ``output_dir/quantize.json``: settings, 8-bit and float node names,
+        the embedding's treatment, seconds, library versions.
+
+    Raises:
+        QwenOnnxError: bad settings (the message names the fix), sensitive nodes without a report,
+            an excluded node that does not exist, ``source_bits`` with a GGUF source that
+            ``source.json`` has no ``weight_types`` of and that can no longer be read.
+        ArtifactError: the input model or its external data is missing.
+    """
+    settings.check()
+    input_dir = Path(input_dir).resolve()
+    source = model_path(input_dir)
+    sensitive = sensitive_nodes(settings, "dynamic", sensitivity)
+    graph = onnx.load(str(source), load_external_data=False).graph
+    weights = weight_matmul_names(source)
+    unknown = sorted(set(settings.nodes_to_exclude) - set(weights))
+    if unknown:
+        raise QwenOnnxError(f"nodes_to_exclude names {len(unknown)} node(s) that are not weight MatMuls of {source}: "
+                            f"{', '.join(unknown[:5])}; use `qwen-onnx inspect` to list node names")
+    head = find_lm_head(graph)
+    if head is None or head.name not in weights:
+        raise QwenOnnxError(f"{source}: no MatMul producing `logits` with a constant weight (the lm_head)")
+    float_names = list(settings.nodes_to_exclude)
+    if settings.sensitive_scheme == "float":
+        float_names += [n["name"] for n in sensitive]
+    eight = [n["name"] for n in sensitive if settings.sensitive_scheme == "blockwise"]
+    hf_config = read_json(input_dir / "config.json")
+    layers, hidden = hf_config["num_hidden_layers"], hf_config["hidden_size"]
+    precise = source_nodes(graph, settings.source_bits, source_info, layers, Path(output_dir).resolve().parent)
+    eight += [n["name"] for n in precise]
+    if settings.lm_head_bits == 8:
+        eight.append(head.name)
+    eight = [n for n in dict.fromkeys(eight) if n not in float_names]
+    tied = settings.embedding == "shared" and embedding_tied(input_dir)
+    started = time.time()
+    importance = None
+    if settings.algorithm == "k_quant_int" and settings.importance_samples:
+        importance = _importance(input_dir, graph, settings, calibration_text)
+    with staged_dir(output_dir) as stage:
+        with lazy_quantization(input_dir) as (graph_only, scratch):
+            if eight:
+                # fitted to the hidden size, so that a tied embedding can share the lm_head's blocks
+                graph_only = blockwise_int8(graph_only, eight, fitting_block_size(settings.block_size_8bit, hidden),
+                                            scratch)
+            graph_only = int4_pass(graph_only, settings, [*eight, *float_names], scratch, calibration_text,
+                                   importance, threads=threads or len(os.sched_getaffinity(0)))
+            shutil.copyfile(graph_only, stage / MODEL_FILE)
+            normalise_external_data(stage, search=[input_dir])
+        embedding = quantize_embedding(stage, settings.embedding_plan(tied))
+        copy_side_files(input_dir, stage)
+        write_genai_config(stage)  # onnxruntime-genai runs the folder
+        info = {
+            "kind": "int4",
+            "settings": {**asdict(settings), "symmetric": settings.symmetric_weights},
+            "lm_head": head.name,
+            "nodes_8bit": eight,
+            "nodes_float": float_names,
+            "sensitive_nodes": sensitive,
+            "source_precise_nodes": precise,
+            "tied_embeddings": tied,
+            "embedding": embedding,
+            "seconds": round(time.time() - started, 1),
+            "library_versions": library_versions(),
+        }
+        write_json(stage / "quantize.json", info)
+    return info

@@ -1,0 +1,652 @@
+"""INT8 dynamic and static (QDQ or QOperator) quantization with onnxruntime.quantization, and calibration data.
+
+Both take the pre-processed graph (ORT's recommended input,
+https://onnxruntime.ai/docs/performance/model-optimizations/quantization.html) and write a
+self-contained variant folder with one external data file.
+
+- Dynamic: weights quantized offline (QInt8, per-channel or per-tensor), activations quantized at
+  run time per batch (``quantize_dynamic``).
+- Static: activation ranges from calibration on real text, streamed one window at a time
+  (:mod:`qwen_onnx.quantize.activation_ranges`: MinMax, Entropy, Percentile or the output-error
+  ``Search``), optionally after our SmoothQuant transform (:mod:`qwen_onnx.quantize.smoothquant`), then
+  ``quantize_static`` from that calibration cache, in one of two formats (onnxruntime ``QuantFormat``): QDQ (QuantizeLinear /
+  DequantizeLinear pairs around each quantized op, which ORT fuses into integer kernels when it
+  loads the model; the default) or QOperator (the quantized ops written out: QLinearMatMul with
+  INT8 weights, activations quantized by QuantizeLinear before it and its UINT8 output
+  dequantized after it). Only MatMuls with a constant weight are quantized by default
+  (``MatMulConstBOnly``), so the attention score and context products, normalisation and Softmax
+  stay float.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from qwen_onnx.store.artifacts import (
+    MODEL_FILE,
+    copy_side_files,
+    library_versions,
+    model_path,
+    read_json,
+    reads_variant,
+    staged_dir,
+    write_json,
+)
+from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.quantize.embeddings import EmbeddingPlan, embedding_tied, quantize_embedding
+from qwen_onnx.convert.export import normalise_external_data
+from qwen_onnx.store.external import ScratchFiles, lazy_model
+from qwen_onnx.quantize.blockwise import blockwise_int8
+from qwen_onnx.quantize.activation_ranges import CALIBRATION_METHODS, StreamingCalibrator, stream_ranges, tensors_data
+from qwen_onnx.convert.genai_config import write_genai_config
+from qwen_onnx.quantize.matmuls import ROLES, activation_matmuls, weight_matmul_names, weight_matmuls
+from qwen_onnx.quantize.hadamard import DEFAULT_ROLES as HADAMARD_ROLES, rotate_graph
+from qwen_onnx.quantize.outlier_split import split_graph
+from qwen_onnx.quantize.sensitivity import choose_float_nodes
+from qwen_onnx.quantize.smoothquant import smooth_graph
+from qwen_onnx.source.text import token_windows
+
+log = logging.getLogger(__name__)
+
+#: Op types never put in ``op_types_to_quantize`` (they stay float): normalisation and Softmax.
+FLOAT_ONLY_OPS = frozenset(
+    {"Softmax", "LayerNormalization", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
+     "SkipLayerNormalization", "RMSNormalization", "ReduceMean", "Pow", "Sqrt", "Div"}
+)
+#: onnxruntime ``QuantFormat`` names of the static variant.
+QUANT_FORMATS = ("QDQ", "QOperator")
+
+
+@dataclass
+class _SensitiveSettings:
+    """The fields both variants share: the most sensitive MatMuls and what they get (documented in
+    :class:`DynamicSettings`), and reading a config section."""
+
+    sensitive_max_nodes: int = 0
+    sensitive_below_sqnr_db: float | None = None
+    sensitive_scheme: str = "float"
+    block_size: int = 128
+    sensitive_max_fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        """Numbers checked on construction (:class:`qwen_onnx.errors.OptionError` names the range)."""
+        from qwen_onnx.settings.options import check_option
+
+        check_option("max_nodes", self.sensitive_max_nodes, key="sensitive_max_nodes")
+        check_option("block_size", self.block_size)
+        for name in ("samples", "sequence_length", "search_tokens", "outlier_channels"):
+            if hasattr(self, name):
+                check_option(name, getattr(self, name))
+        fraction = self.sensitive_max_fraction
+        if fraction is not None and not (isinstance(fraction, (int, float)) and 0 <= fraction <= 1):
+            raise QwenOnnxError(f"sensitive max_fraction {fraction!r} is out of range; give a number from 0 to 1")
+        for key in ("outlier_roles", "hadamard_roles"):
+            unknown = [r for r in getattr(self, key, []) if r not in ROLES]
+            if unknown:
+                raise QwenOnnxError(f"{key} {unknown} unknown; use MatMul roles from {', '.join(ROLES)}")
+        rank = getattr(self, "sensitive_rank", "static")
+        if rank not in STATIC_RANKS:
+            raise QwenOnnxError(f"sensitive rank {rank!r} unknown; use one of {', '.join(STATIC_RANKS)}")
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any]):
+        """From a config section, whose ``sensitive: {max_nodes, below_sqnr_db, scheme, max_fraction,
+        rank}`` is nested (``calibration_text`` is left out; it is a rule input).
+
+        Raises:
+            QwenOnnxError: a key this variant has no setting for (``sensitive.rank`` outside a static
+                section, a misspelt key), named with the fix.
+        """
+        values = {k: v for k, v in _flatten_sensitive(section).items() if k != "calibration_text"}
+        known = {f.name for f in fields(cls)}
+        for key in values:
+            if key not in known:
+                shown = "sensitive." + key.removeprefix("sensitive_") if key.startswith("sensitive_") else key
+                hint = " (rankings are for the static variants: quantize_static, quantize_mixed)" if key == "sensitive_rank" else ""
+                raise QwenOnnxError(f"{cls.__name__} has no setting {shown!r}{hint}; remove it from the config section")
+        return cls(**values)
+
+
+@dataclass
+class DynamicSettings(_SensitiveSettings):
+    """Settings of the dynamic INT8 variant (weights INT8 offline, activations quantized at run time).
+
+    Attributes:
+        scheme: ``per_tensor``: onnxruntime ``quantize_dynamic`` (DynamicQuantizeMatMul: one
+            activation scale per tensor, computed at each call; QInt8 weights per channel or per
+            tensor); ``blockwise``: every weight MatMul becomes MatMulNBits 8-bit with
+            ``accuracy_level=4`` (INT8 weights with one scale per ``block_size`` inputs; the
+            activation is quantized per token and block at each call).
+        op_types: op types to quantize with ``per_tensor`` (default ``["MatMul"]``).
+        per_channel: ``per_tensor`` scheme: one weight scale per output channel instead of one per tensor.
+        reduce_range: ``per_tensor`` scheme: 7-bit weights, so that its U8S8 MatMulInteger never
+            saturates the int16 pair sums of AVX2/AVX-512BW kernels (as ``StaticSettings.reduce_range``).
+        nodes_to_exclude: node names kept float.
+        sensitive_max_nodes: treat up to this many MatMuls apart, the most sensitive first (from
+            the report of :func:`qwen_onnx.quantize.sensitivity.analyse_sensitivity`); 0: none.
+        sensitive_below_sqnr_db: of those, only the ones whose simulated SQNR is under this (dB);
+            None: all ``sensitive_max_nodes``.
+        sensitive_max_fraction: at most this fraction of the report's weight MatMuls (rounded
+            down), whatever ``sensitive_max_nodes`` says; None: no such cap.
+        sensitive_scheme: what the sensitive MatMuls get: ``float`` (left unquantized) or
+            ``blockwise`` (INT8 weights with one scale per ``block_size`` inputs, run as
+            MatMulNBits 8-bit with ``accuracy_level=4``, which quantizes the activation per token
+            and block at run time; onnxruntime contrib op MatMulNBits).
+        block_size: block length of the ``blockwise`` scheme (a power of 2, 16 to 256; 128 measured
+            best on Qwen2.5-Coder 0.5B for speed at +0.45% perplexity, docs/design.md "INT8 recipes"), and
+            of an own quantized embedding table.
+        embedding: the embedding table: ``shared`` (tied models whose lm_head is MatMulNBits: the
+            embedding ``GatherBlockQuantized`` reads the lm_head's INT8 weight; otherwise as
+            ``quantized``), ``quantized`` (its own ``GatherBlockQuantized`` table at
+            ``embedding_bits``) or ``float`` (:mod:`qwen_onnx.quantize.embeddings`).
+        embedding_bits: bits of an own quantized table (4 or 8).
+    """
+
+    scheme: str = "blockwise"
+    op_types: list[str] = field(default_factory=lambda: ["MatMul"])
+    per_channel: bool = True
+    reduce_range: bool = True
+    nodes_to_exclude: list[str] = field(default_factory=list)
+    embedding: str = "shared"
+    embedding_bits: int = 8
+
+
+@dataclass
+class StaticSettings(_SensitiveSettings):
+    """Settings of ``quantize_static``.
+
+    Attributes:
+        quant_format: ``QDQ`` (QuantizeLinear/DequantizeLinear pairs that ORT fuses at load time;
+            recommended by ORT for CPU since 1.11) or ``QOperator`` (QLinearMatMul written into the
+            graph, its output quantized too); onnxruntime ``QuantFormat``.
+        op_types: op types to quantize (normalisation and Softmax are refused).
+        per_channel: per-channel weight scales.
+        method: calibration method, one of ``MinMax``, ``Entropy``, ``Percentile`` (onnxruntime's)
+            or ``Search`` (the clipping of the MinMax range with the lowest MatMul output error);
+            all streamed one window at a time (:class:`qwen_onnx.quantize.activation_ranges.StreamingCalibrator`).
+        samples: number of calibration windows of ``sequence_length`` tokens.
+        sequence_length: tokens per calibration window.
+        activation_type: ``QUInt8`` or ``QInt8`` (ORT recommends U8S8 on x86 CPUs).
+        weight_type: ``QInt8`` or ``QUInt8``.
+        reduce_range: 7-bit weights (QInt8 in [-64, 64]; onnxruntime's ``reduce_range``): with u8
+            activations no pair of products in MLAS's ``VPMADDUBSW`` kernels (AVX2, AVX-512BW
+            without VNNI) reaches the int16 limit (2 x 255 x 64 = 32,640 < 32,767), so the graph
+            computes the same on every x86 CPU (onnxruntime's quantization docs and OpenVINO's
+            "Saturation (overflow) issue workaround" recommend it for CPUs without VNNI).
+        activation_symmetric: symmetric activation ranges.
+        smooth: SmoothQuant scale migration before calibration (:mod:`qwen_onnx.quantize.smoothquant`).
+        smooth_alphas: migration strengths α searched per MatMul group.
+        search_tokens: activation rows kept per tensor for the α and ``Search`` scoring.
+        matmul_const_b_only: quantize only MatMuls whose second input is a constant weight.
+        nodes_to_exclude: node names kept float.
+        sensitive_max_nodes, sensitive_below_sqnr_db, sensitive_scheme, block_size: the most
+            sensitive MatMuls and what they get, as in :class:`DynamicSettings`.
+        sensitive_rank: the sensitivity report's ranking they are taken from: ``static`` (SQNR
+            with the MinMax range, over the whole tensor) or ``static_percentile`` (per-token SQNR
+            with the Percentile range; :mod:`qwen_onnx.quantize.sensitivity`).
+        embedding, embedding_bits: the embedding table, as in :class:`DynamicSettings`.
+        outlier_channels: per MatMul of ``outlier_roles``, this many input channels (the largest
+            calibration magnitudes) computed apart in float, so that the static activation range
+            spans the others (:mod:`qwen_onnx.quantize.outlier_split`); 0: no split.
+        outlier_roles: the MatMul roles split (``down_proj``: the SwiGLU product's massive activations).
+        hadamard_roles: the MatMul roles whose input is rotated by a block Hadamard matrix online
+            (the inverse folded into the weight) before calibration, so that one static scale spans
+            the massive activations with finer steps (:mod:`qwen_onnx.quantize.hadamard`; QuaRot); default every
+            role; empty: none.
+    """
+
+    quant_format: str = "QDQ"
+    op_types: list[str] = field(default_factory=lambda: ["MatMul"])
+    per_channel: bool = True
+    method: str = "Percentile"
+    samples: int = 72
+    sequence_length: int = 128
+    activation_type: str = "QUInt8"
+    weight_type: str = "QInt8"
+    reduce_range: bool = True
+    activation_symmetric: bool = False
+    smooth: bool = False
+    smooth_alphas: list[float] = field(default_factory=lambda: [0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
+    search_tokens: int = 512
+    matmul_const_b_only: bool = True
+    nodes_to_exclude: list[str] = field(default_factory=list)
+    embedding: str = "shared"
+    embedding_bits: int = 8
+    sensitive_rank: str = "static"
+    outlier_channels: int = 0
+    outlier_roles: list[str] = field(default_factory=lambda: ["down_proj"])
+    hadamard_roles: list[str] = field(default_factory=lambda: list(HADAMARD_ROLES))
+
+
+SENSITIVE_SCHEMES = ("float", "blockwise")
+#: The sensitivity rankings a static variant's sensitive MatMuls can be taken from.
+STATIC_RANKS = ("static", "static_percentile")
+DYNAMIC_SCHEMES = ("per_tensor", "blockwise")
+
+
+def _flatten_sensitive(section: Mapping[str, Any]) -> dict[str, Any]:
+    values = dict(section)
+    sensitive = values.pop("sensitive", None) or {}
+    values["sensitive_max_nodes"] = int(sensitive.get("max_nodes", 0))
+    values["sensitive_below_sqnr_db"] = sensitive.get("below_sqnr_db")
+    values["sensitive_scheme"] = sensitive.get("scheme", "float")
+    if "rank" in sensitive:
+        values["sensitive_rank"] = sensitive["rank"]
+    if sensitive.get("max_fraction") is not None:
+        values["sensitive_max_fraction"] = sensitive["max_fraction"]
+    return values
+
+
+def sensitive_nodes(
+    settings: DynamicSettings | StaticSettings,
+    kind: str,
+    sensitivity: str | os.PathLike | Mapping[str, Any] | None,
+) -> list[dict[str, Any]]:
+    """The sensitivity-chosen MatMuls to treat apart, each ``{name, role, layer, sqnr_db}``.
+
+    Raises:
+        QwenOnnxError: ``sensitive_max_nodes`` is set but no sensitivity report is given, or the
+            scheme or block size is unknown.
+    """
+    if settings.sensitive_scheme not in SENSITIVE_SCHEMES:
+        raise QwenOnnxError(
+            f"sensitive scheme {settings.sensitive_scheme!r} unknown; use one of {', '.join(SENSITIVE_SCHEMES)}"
+        )
+    if settings.sensitive_max_nodes <= 0:
+        return []
+    if sensitivity is None:
+        raise QwenOnnxError(
+            "sensitive.max_nodes needs the sensitivity report of the pre-processed model: run "
+            "`qwen-onnx sensitivity PREPROCESSED -o sensitivity.json` and pass it with --sensitivity "
+            "(the workflow's sensitivity rule does this)"
+        )
+    report = read_json(sensitivity) if isinstance(sensitivity, (str, os.PathLike)) else sensitivity
+    rows = {r["name"]: r for r in report["nodes"]}
+    kind = getattr(settings, "sensitive_rank", kind)
+    if kind != "dynamic" and f"rank_{kind}" not in report:
+        raise QwenOnnxError(
+            f"the sensitivity report has no {kind} ranking (written by an older qwen-onnx); "
+            "rerun `qwen-onnx sensitivity` (the workflow's sensitivity rule) to write it"
+        )
+    budget = settings.sensitive_max_nodes
+    if settings.sensitive_max_fraction is not None:
+        budget = min(budget, int(settings.sensitive_max_fraction * len(report["nodes"]) + 1e-9))
+    names = choose_float_nodes(report, kind, budget, settings.sensitive_below_sqnr_db)
+    return [
+        {"name": n, "role": rows[n]["role"], "layer": rows[n]["layer"], "sqnr_db": rows[n][f"sqnr_{kind}_db"],
+         "ranked_by": f"sqnr_{kind}_db"}
+        for n in names
+    ]
+
+
+def _load_graph_with_shape_infer(model_path: Path) -> onnx.ModelProto:
+    """onnxruntime's ``load_model_with_shape_infer`` without loading weight data.
+
+    Weights stay external references, read one at a time by ``numpy_helper.to_array`` from the
+    working directory (see :func:`qwen_onnx.store.external.lazy_model`).
+    """
+    from onnxruntime.quantization.quant_utils import add_infer_metadata, generate_identified_filename
+
+    inferred = generate_identified_filename(Path(model_path), "-inferred")
+    onnx.shape_inference.infer_shapes_path(str(model_path), str(inferred))
+    model = onnx.load(str(inferred), load_external_data=False)
+    add_infer_metadata(model)
+    inferred.unlink()
+    return model
+
+
+def with_value_types(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` with the element type of every tensor recorded in ``value_info``.
+
+    onnxruntime's quantizers read tensor types from ``onnx.shape_inference``, which knows no
+    ``com.microsoft`` op: on the optimized graph the outputs of ``SimplifiedLayerNormalization``,
+    ``SkipSimplifiedLayerNormalization`` and the like get no type, and the quantizer then skips
+    quantizing them ("failed to infer the type of tensor ... Skip to quantize it"), leaving q/k/v,
+    gate/up and lm_head as float MatMuls on dequantized weights. onnxruntime's symbolic shape
+    inference (``onnxruntime.tools.symbolic_shape_infer``, as ``quant_pre_process`` runs it) knows
+    the contrib ops; it reads only the graph and the small shape constants.
+
+    Raises:
+        QwenOnnxError: a tensor that a weight MatMul reads still has no type after inference.
+    """
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    try:
+        inferred = SymbolicShapeInference.infer_shapes(proto, auto_merge=True, guess_output_rank=True)
+    except Exception as error:  # an op it does not know: onnxruntime's own inference, as before
+        log.warning("symbolic shape inference failed (%s); the quantizer infers types itself", error)
+        return proto
+    typed = {v.name for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
+             if v.type.tensor_type.elem_type}
+    typed |= {t.name for t in inferred.graph.initializer}
+    missing = sorted({node.input[0] for node, _ in weight_matmuls(inferred.graph)} - typed)
+    if missing:
+        raise QwenOnnxError(
+            f"shape inference left {len(missing)} weight MatMul input(s) without a type ({', '.join(missing[:3])}); "
+            "quantize the pre-processed variant instead (optimize.quantize_fused: false)"
+        )
+    return inferred
+
+
+@contextlib.contextmanager
+def lazy_quantization(input_dir: str | os.PathLike) -> Iterator[tuple[Path, ScratchFiles]]:
+    """Run onnxruntime's quantizers on ``input_dir`` without holding all weights in memory.
+
+    Yields the path of a graph-only copy of the model beside its weights, and the
+    :class:`~qwen_onnx.store.external.ScratchFiles` namer for other temporary files there (see
+    :func:`qwen_onnx.store.external.lazy_model`). While inside, onnxruntime.quantization loads models
+    without their data; each weight is read when the quantizer needs it. Quantized weights are new
+    tensors; the float weights it leaves untouched (embeddings, norms) stay references to
+    ``input_dir/model.onnx_data``, which :func:`qwen_onnx.convert.export.normalise_external_data` copies
+    into the output (``search=[input_dir]``).
+    """
+    import importlib
+
+    modules = tuple(
+        importlib.import_module(f"onnxruntime.quantization.{name}") for name in ("quant_utils", "quantize", "calibrate")
+    )
+    saved = [m.load_model_with_shape_infer for m in modules]
+    with lazy_model(input_dir) as (proto, scratch):
+        graph_only = scratch / "input.onnx"
+        onnx.save_model(with_value_types(proto), str(graph_only))
+        del proto
+        for module in modules:
+            module.load_model_with_shape_infer = _load_graph_with_shape_infer
+        try:
+            yield graph_only, scratch
+        finally:
+            for module, original in zip(modules, saved):
+                module.load_model_with_shape_infer = original
+
+
+def _check_op_types(op_types: Sequence[str]) -> None:
+    bad = sorted(set(op_types) & FLOAT_ONLY_OPS)
+    if bad:
+        raise QwenOnnxError(
+            f"op types {', '.join(bad)} must stay float (normalisation and Softmax lose too much in INT8); "
+            "remove them from op_types"
+        )
+
+
+def _node_names(path: Path) -> set[str]:
+    return {n.name for n in onnx.load(str(path), load_external_data=False).graph.node}
+
+
+def _check_excluded(path: Path, names: Sequence[str]) -> None:
+    unknown = sorted(set(names) - _node_names(path))
+    if unknown:
+        raise QwenOnnxError(
+            f"nodes_to_exclude names {len(unknown)} node(s) not in {path}: {', '.join(unknown[:5])}; "
+            "use `qwen-onnx inspect` to list node names of the pre-processed graph"
+        )
+
+
+@reads_variant("input_dir")
+def quantize_dynamic_variant(
+    input_dir: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    settings: DynamicSettings,
+    sensitivity: str | os.PathLike | Mapping[str, Any] | None = None,
+) -> dict:
+    """Dynamic INT8 quantization of the pre-processed variant at ``input_dir``.
+
+    Args:
+        sensitivity: the sensitivity report (JSON path or dict) of ``input_dir``, needed when
+            ``settings.sensitive_max_nodes`` is set.
+
+    Returns:
+        Provenance written to ``output_dir/quantize.json``, with the sensitive nodes and their scheme.
+
+    Raises:
+        QwenOnnxError: a float-only op type is requested, an excluded node does not exist, or
+            sensitive nodes are asked for without a sensitivity report.
+        ArtifactError: the input model or its external data is missing.
+    """
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    input_dir = Path(input_dir).resolve()
+    source = model_path(input_dir)
+    _check_op_types(settings.op_types)
+    sensitive = sensitive_nodes(settings, "dynamic", sensitivity)
+    names = [n["name"] for n in sensitive]
+    excluded = list(dict.fromkeys([*settings.nodes_to_exclude, *names]))
+    _check_excluded(source, excluded)
+    if settings.scheme not in DYNAMIC_SCHEMES:
+        raise QwenOnnxError(f"dynamic scheme {settings.scheme!r} unknown; use one of {', '.join(DYNAMIC_SCHEMES)}")
+    plan = _embedding_plan(settings, input_dir)
+    started = time.time()
+    with staged_dir(output_dir) as stage, lazy_quantization(input_dir) as (graph_only, scratch):
+        if settings.scheme == "blockwise":
+            float_names = set(settings.nodes_to_exclude) | (set(names) if settings.sensitive_scheme == "float" else set())
+            blockwise = [n for n in weight_matmul_names(graph_only) if n not in float_names]
+            graph_only = blockwise_int8(graph_only, blockwise, settings.block_size, scratch)
+            shutil.copyfile(graph_only, stage / MODEL_FILE)
+        else:
+            if settings.sensitive_scheme == "blockwise" and names:
+                graph_only = blockwise_int8(graph_only, names, settings.block_size, scratch)
+            quantize_dynamic(
+                graph_only,
+                stage / MODEL_FILE,
+                op_types_to_quantize=list(settings.op_types),
+                per_channel=settings.per_channel,
+                reduce_range=settings.reduce_range,
+                weight_type=QuantType.QInt8,
+                nodes_to_exclude=excluded,
+                use_external_data_format=True,
+                extra_options={"MatMulConstBOnly": True},
+            )
+        normalise_external_data(stage, search=[input_dir])
+        embedding = quantize_embedding(stage, plan)
+        copy_side_files(input_dir, stage)
+        write_genai_config(stage)  # onnxruntime-genai runs the folder
+        info = {
+            "kind": "dynamic",
+            "embedding": embedding,
+            "settings": asdict(settings),
+            "nodes_excluded": excluded,
+            "sensitive_nodes": sensitive,
+            "sensitive_scheme": settings.sensitive_scheme,
+            "seconds": round(time.time() - started, 1),
+            "library_versions": library_versions(),
+        }
+        write_json(stage / "quantize.json", info)
+    return info
+
+
+def _embedding_plan(settings: DynamicSettings | StaticSettings, input_dir: Path) -> EmbeddingPlan:
+    """The embedding plan of an INT8 variant (checked; tied-ness read from ``input_dir`` only when sharing)."""
+    plan = EmbeddingPlan(settings.embedding, settings.embedding_bits, settings.block_size)
+    plan.check()
+    if plan.mode == "shared":
+        plan = EmbeddingPlan(plan.mode, plan.bits, plan.block_size, embedding_tied(input_dir))
+    return plan
+
+
+def _static_extra_options(settings: StaticSettings) -> dict[str, Any]:
+    """``quantize_static`` extra options for ``settings.quant_format``.
+
+    Options read by both quantizers (``base_quantizer`` / ``onnx_quantizer`` in onnxruntime 1.32):
+    ``MatMulConstBOnly``, ``ActivationSymmetric``, ``WeightSymmetric``; ``CalibTensorRangeSymmetric``
+    is a calibration option (read where the ranges are computed). The QDQ quantizer alone reads
+    ``OpTypesToExcludeOutputQuantization`` and ``DedicatedQDQPair`` (``qdq_quantizer``), so
+    QOperator does not get them: its QLinearMatMul always has a quantized output.
+    """
+    options: dict[str, Any] = {
+        "MatMulConstBOnly": settings.matmul_const_b_only,
+        "ActivationSymmetric": settings.activation_symmetric,
+        "WeightSymmetric": True,
+        "CalibTensorRangeSymmetric": settings.activation_symmetric,
+    }
+    if settings.quant_format == "QDQ":
+        options.update({
+            # Q/DQ only on the inputs of each quantized MatMul: its output, and the other
+            # consumers of its input (residual Add, Shape), stay float. ORT then runs the
+            # DQ -> MatMul pattern as an integer MatMul with float output.
+            "OpTypesToExcludeOutputQuantization": ["MatMul"],
+            "DedicatedQDQPair": True,
+        })
+    return options
+
+
+@reads_variant("input_dir")
+def quantize_static_variant(
+    input_dir: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    calibration_text: str | os.PathLike,
+    settings: StaticSettings,
+    sensitivity: str | os.PathLike | Mapping[str, Any] | None = None,
+) -> dict:
+    """Static INT8 quantization (QDQ or QOperator) of the pre-processed variant, calibrated on ``calibration_text``.
+
+    Args:
+        sensitivity: the sensitivity report (JSON path or dict) of ``input_dir``, needed when
+            ``settings.sensitive_max_nodes`` is set.
+
+    Returns:
+        Provenance written to ``output_dir/quantize.json``, including the calibration token count
+        and the sensitive nodes with their scheme.
+
+    Raises:
+        QwenOnnxError: an unknown calibration method or format, a float-only op type, the type
+            pairing QInt8 activations / QUInt8 weights, ``matmul_const_b_only`` false, an excluded
+            node that does not exist, a calibration text too short for the requested samples, or sensitive
+            nodes asked for without a sensitivity report.
+    """
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.calibrate import save_tensors_data
+    from qwen_onnx.source.text import load_tokenizer
+
+    if settings.method not in CALIBRATION_METHODS:
+        raise QwenOnnxError(f"calibration method {settings.method!r} unknown; use one of {', '.join(CALIBRATION_METHODS)}")
+    if settings.quant_format not in QUANT_FORMATS:
+        raise QwenOnnxError(
+            f"quantization format {settings.quant_format!r} unknown; use one of {', '.join(QUANT_FORMATS)}"
+        )
+    _check_op_types(settings.op_types)
+    if (settings.activation_type, settings.weight_type) == ("QInt8", "QUInt8"):
+        raise QwenOnnxError("activation_type QInt8 with weight_type QUInt8 is a pairing onnxruntime does not quantize; "
+                            "use QUInt8/QInt8 (the default), QInt8/QInt8 or QUInt8/QUInt8")
+    if not settings.matmul_const_b_only:
+        raise QwenOnnxError("matmul_const_b_only false would quantize the MatMuls of two activations (attention, "
+                            "rotary), whose ranges the streamed calibration does not measure; keep it true")
+    input_dir = Path(input_dir).resolve()
+    source = model_path(input_dir)
+    sensitive = sensitive_nodes(settings, "static", sensitivity)
+    names = [n["name"] for n in sensitive]
+    excluded = list(dict.fromkeys([*settings.nodes_to_exclude, *names]))
+    _check_excluded(source, excluded)
+    tokenizer = load_tokenizer(input_dir)
+    windows = token_windows(tokenizer, calibration_text, settings.sequence_length, settings.samples)
+    if any(not 0 < a < 1 for a in settings.smooth_alphas) or (settings.smooth and not settings.smooth_alphas):
+        raise QwenOnnxError(f"smooth_alphas {settings.smooth_alphas} must be numbers between 0 and 1 (exclusive)")
+    if settings.matmul_const_b_only:
+        excluded += [name for name in activation_matmuls(source) if name not in excluded]
+    model_weight_matmuls = set(weight_matmul_names(source))
+    plan = _embedding_plan(settings, input_dir)
+    started = time.time()
+    with staged_dir(output_dir) as stage, lazy_quantization(input_dir) as (graph_only, scratch):
+        smoothing: list[dict] = []
+        if settings.smooth:
+            graph_only, smoothing = smooth_graph(
+                graph_only, windows, scratch, alphas=settings.smooth_alphas, search_tokens=settings.search_tokens,
+                symmetric=settings.activation_symmetric,
+            )
+        split: list[dict] = []
+        split_float: list[str] = []
+        if settings.outlier_channels:
+            graph_only, split_float, split = split_graph(
+                graph_only, windows, scratch, channels=settings.outlier_channels, roles=settings.outlier_roles,
+                skip=set(excluded))
+            excluded += split_float
+        rotation: list[dict] = []
+        rotation_matmuls: list[str] = []
+        if settings.hadamard_roles:
+            graph_only, rotation_matmuls, rotation = rotate_graph(
+                graph_only, scratch, roles=settings.hadamard_roles, skip=set(excluded))
+            excluded += rotation_matmuls
+        # Calibration first, one window at a time (onnxruntime's calibrators hold every window's
+        # outputs); its ranges go to a calibration cache that quantize_static reads instead of
+        # calibrating again.
+        cache = scratch / "calibration.json"
+        ranges = _calibrate(graph_only, windows, settings, set(excluded), scratch)
+        save_tensors_data(tensors_data(ranges), cache)
+        gc.collect()
+        if settings.sensitive_scheme == "blockwise" and names:
+            graph_only = blockwise_int8(graph_only, names, settings.block_size, scratch)
+        quantize_static(
+            graph_only,
+            stage / MODEL_FILE,
+            None,
+            quant_format=getattr(QuantFormat, settings.quant_format),
+            op_types_to_quantize=list(settings.op_types),
+            per_channel=settings.per_channel,
+            activation_type=getattr(QuantType, settings.activation_type),
+            weight_type=getattr(QuantType, settings.weight_type),
+            reduce_range=settings.reduce_range,
+            # the cache holds final ranges whatever the method (qwen_onnx.quantize.activation_ranges.tensors_data)
+            calibrate_method=CalibrationMethod.MinMax,
+            nodes_to_exclude=excluded,
+            use_external_data_format=True,
+            calibration_cache_path=str(cache),
+            extra_options=_static_extra_options(settings),
+        )
+        normalise_external_data(stage, search=[input_dir])
+        embedding = quantize_embedding(stage, plan)
+        copy_side_files(input_dir, stage)
+        write_genai_config(stage)  # onnxruntime-genai runs the folder
+        info = {
+            "kind": "static",
+            "embedding": embedding,
+            "format": settings.quant_format,
+            "settings": asdict(settings),
+            "calibration_text": str(calibration_text),
+            "calibration_tokens": int(windows.size),
+            "calibrated_tensors": len(ranges),
+            "smoothing": smoothing,
+            "outlier_split": split,
+            "hadamard_rotation": rotation,
+            # the model's own weight MatMuls left float (not the attention products, the rotations or
+            # the split's k-channel products)
+            "float_weight_matmuls": [n for n in excluded if n in model_weight_matmuls],
+            "rotation_matmuls": rotation_matmuls,
+            "nodes_excluded": excluded,
+            "sensitive_nodes": sensitive,
+            "sensitive_scheme": settings.sensitive_scheme,
+            "seconds": round(time.time() - started, 1),
+            "library_versions": library_versions(),
+        }
+        write_json(stage / "quantize.json", info)
+    return info
+
+
+def _calibrate(graph_only: Path, windows: np.ndarray, settings: StaticSettings, excluded: set[str],
+               scratch: ScratchFiles) -> dict[str, tuple[float, float]]:
+    """Ranges of the inputs of the weight MatMuls to quantize (and, for QOperator, their outputs),
+    streamed over ``windows`` with ``settings.method``."""
+    graph = onnx.load(str(graph_only), load_external_data=False).graph
+    matmuls = [(node, weight) for node, weight in weight_matmuls(graph) if node.name not in excluded]
+    consumers: dict[str, list[onnx.TensorProto]] = {}
+    for node, weight in matmuls:
+        consumers.setdefault(node.input[0], []).append(weight)
+    names = list(consumers)
+    if settings.quant_format == "QOperator":
+        names += [node.output[0] for node, _ in matmuls]
+
+    def weights(tensor: str) -> Iterator[np.ndarray]:
+        for weight in consumers.get(tensor, []):
+            yield onnx.numpy_helper.to_array(weight).astype(np.float32, copy=False)
+
+    calibrator = StreamingCalibrator(settings.method, symmetric=settings.activation_symmetric,
+                                     search_tokens=settings.search_tokens)
+    return stream_ranges(graph_only, windows, names, calibrator, scratch / "calibrate.onnx", weights=weights)

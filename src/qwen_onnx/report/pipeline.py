@@ -1,0 +1,244 @@
+"""The pipeline table: wall time and peak RSS of every job of the workflow, with the total and the
+critical path, so that a user sees where the time goes.
+
+Sources, per job ``{rule}`` or ``{rule}.{variant}`` of a model:
+
+- ``results/benchmarks/{model}/{job}.tsv``: Snakemake's ``benchmark`` file (columns ``s`` wall
+  seconds, ``cpu_time`` seconds, ``max_rss`` MiB; Snakemake samples the memory every few seconds,
+  so it can miss a short peak);
+- ``results/logs/{model}/{job}.log``: the job's log, whose last line holds the exact peak RSS of
+  the job and of its largest child process (``getrusage``, :mod:`qwen_onnx.snakemake_support`)
+  and whose modification time is the job's end.
+
+The critical path is the longest chain of dependent jobs by wall time (the lower bound of a run
+with unlimited cores). Dependencies come from the variant registry (:mod:`qwen_onnx.settings.variants`):
+a variant's rule depends on its parent's rule, and every per-variant job (inspect, accuracy,
+latency, diff) on its variant's rule.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from qwen_onnx.settings.variants import VARIANTS
+
+_PEAK = re.compile(r"peak RSS of rule \S+: (\d+) MiB \(largest child process: (\d+) MiB\)")
+#: Folder -> the rule that writes it (``hf`` by ``resolve``, each variant by its rule).
+PRODUCER = {"hf": "resolve", **{v.name: v.rule for v in VARIANTS}}
+#: Jobs run once per variant (``{rule}.{variant}``).
+PER_VARIANT = ("inspect", "accuracy", "latency", "diff")
+COLUMNS = ("model", "job", "wall_s", "cpu_s", "peak_rss_mib", "critical")
+#: Idle seconds between jobs that separate two runs (Snakemake starts the next job within seconds).
+RUN_GAP_S = 120.0
+
+
+def _read_benchmark(path: Path) -> dict[str, float]:
+    with path.open(encoding="utf-8") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    if not rows:
+        return {}
+    last = rows[-1]  # one row per repeat; the workflow runs each job once
+    out = {}
+    for key, name in (("s", "wall_s"), ("cpu_time", "cpu_s"), ("max_rss", "benchmark_rss_mib")):
+        try:
+            out[name] = float(last[key])
+        except (KeyError, TypeError, ValueError):
+            pass
+    return out
+
+
+def _read_log_peak(path: Path) -> float | None:
+    """The largest of the job's and its largest child's peak RSS in MiB from the log's last lines."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - 4096))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    found = _PEAK.findall(tail)
+    if not found:
+        return None
+    own, child = found[-1]
+    return float(max(int(own), int(child)))
+
+
+def collect_jobs(results: str | os.PathLike, models: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per finished job of ``models`` (and the run-wide ``machine`` job).
+
+    Args:
+        results: the results folder (``benchmarks/`` and ``logs/`` inside it).
+        models: model short names, in report order.
+
+    Returns:
+        Rows ``{model, job, wall_s, cpu_s, peak_rss_mib, ended}``: ``job`` is ``rule`` or
+        ``rule.variant``; ``model`` is empty for run-wide jobs; ``peak_rss_mib`` the log's exact
+        peak when written, else the benchmark's sampled one; ``ended`` the log's modification time
+        (seconds since the epoch) or None. Jobs without a benchmark file (not run yet, and the
+        report job itself) are absent.
+    """
+    results = Path(results)
+    rows = []
+    for model in ("", *models):
+        bench_dir = results / "benchmarks" / model if model else results / "benchmarks"
+        log_dir = results / "logs" / model if model else results / "logs"
+        if not bench_dir.is_dir():
+            continue
+        for bench in sorted(bench_dir.glob("*.tsv")):
+            job = bench.stem
+            if not model and job == "report":
+                continue
+            figures = _read_benchmark(bench)
+            if "wall_s" not in figures:
+                continue
+            log = log_dir / f"{job}.log"
+            peak = _read_log_peak(log)
+            rows.append({
+                "model": model, "job": job, "wall_s": figures["wall_s"], "cpu_s": figures.get("cpu_s"),
+                "peak_rss_mib": peak if peak is not None else figures.get("benchmark_rss_mib"),
+                "ended": log.stat().st_mtime if log.exists() else None,
+            })
+    return rows
+
+
+def dependencies(job: str, parents: Mapping[str, str] | None = None) -> list[str]:
+    """The jobs of the same model that ``job`` needs finished first.
+
+    Args:
+        job: ``rule`` or ``rule.variant`` (``latency.pytorch`` is PyTorch's latency).
+        parents: folder -> parent folder overrides of the registry (for example
+            ``{"int4": "preprocessed"}`` when ``optimize.quantize_fused`` is false).
+    """
+    parent_of = {v.name: v.parent for v in VARIANTS}
+    parent_of.update(parents or {})
+    rule, _, variant = job.partition(".")
+    quantize_parent = parent_of["int8-dynamic"]
+    if rule in PER_VARIANT:
+        if variant == "pytorch":
+            return ["resolve"]
+        # a benchmark of a folder the registry does not know (a variant since removed, a user's
+        # own rule) has no known producer: its job stands alone on the critical path
+        needs = [PRODUCER[variant]] if variant in PRODUCER else []
+        if rule == "diff":
+            needs.append(PRODUCER["fp32"])
+        if rule == "accuracy":
+            needs += ["resolve", "reference"]
+        return needs
+    if rule == "resolve" or rule == "machine":
+        return []
+    if rule == "sensitivity":
+        return [PRODUCER[quantize_parent]]
+    if rule == "reference":
+        return ["resolve"]
+    if rule == "peers":
+        return ["resolve", *(v.rule for v in VARIANTS)]
+    for v in VARIANTS:
+        if v.rule == rule:
+            needs = [PRODUCER[parent_of[v.name]]] if parent_of[v.name] in PRODUCER else []
+            if rule.startswith("quantize_"):
+                needs.append("sensitivity")
+            return needs
+    return []
+
+
+def critical_path(rows: Iterable[Mapping[str, Any]], parents: Mapping[str, str] | None = None) -> tuple[float, list[str]]:
+    """The longest chain of dependent jobs by wall time, over every model.
+
+    Returns:
+        ``(seconds, jobs)`` with ``jobs`` as ``model/job`` from the first to the last; ``(0, [])``
+        for no rows. Dependencies on jobs that did not run (absent rows) are skipped.
+    """
+    by_key = {(r["model"], r["job"]): r for r in rows}
+    best: dict[tuple[str, str], tuple[float, list[str]]] = {}
+
+    def longest(key: tuple[str, str]) -> tuple[float, list[str]]:
+        if key not in best:
+            model, job = key
+            before = [longest((model, d)) for d in dependencies(job, parents) if (model, d) in by_key]
+            seconds, chain = max(before, default=(0.0, []), key=lambda x: x[0])
+            best[key] = (seconds + float(by_key[key]["wall_s"]), chain + [f"{model}/{job}" if model else job])
+        return best[key]
+
+    return max((longest(k) for k in by_key), default=(0.0, []), key=lambda x: x[0])
+
+
+def latest_run(rows: Iterable[Mapping[str, Any]], gap_s: float = RUN_GAP_S) -> tuple[float | None, int]:
+    """The span of the latest run: first start to last end of the jobs whose intervals chain
+    together (no idle gap over ``gap_s`` seconds) up to the last job to end.
+
+    A results tree holds jobs from several runs (a rerun only redoes stale jobs), so the span of
+    all of them would count the time between runs.
+
+    Returns:
+        ``(seconds, jobs)``; ``(None, 0)`` when no row has an end time.
+    """
+    intervals = sorted((float(r["ended"]) - float(r["wall_s"]), float(r["ended"])) for r in rows
+                       if r.get("ended") is not None)
+    if not intervals:
+        return None, 0
+    start, end, count = intervals[0][0], intervals[0][1], 0
+    for begin, finish in intervals:
+        if begin > end + gap_s:  # idle: a new run starts
+            start, end, count = begin, finish, 0
+        end = max(end, finish)
+        count += 1
+    return end - start, count
+
+
+def pipeline_table(results: str | os.PathLike, models: Sequence[str],
+                   parents: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The pipeline table and its totals.
+
+    Returns:
+        ``rows`` (:data:`COLUMNS`, ``critical`` True for jobs on the critical path),
+        ``total_job_s`` (the sum of wall times: the run's length on one core),
+        ``span_s`` and ``span_jobs`` (the latest run's first start to last end and its number of
+        jobs, from the logs' times, :func:`latest_run`; None when unknown),
+        ``critical_path_s`` and ``critical_path`` (``model/job`` names), ``peak_rss_mib`` (the
+        largest job's).
+    """
+    rows = collect_jobs(results, models)
+    seconds, chain = critical_path(rows, parents)
+    on_path = set(chain)
+    for r in rows:
+        r["critical"] = (f"{r['model']}/{r['job']}" if r["model"] else r["job"]) in on_path
+    span, span_jobs = latest_run(rows)
+    return {
+        "rows": [{k: r[k] for k in COLUMNS} for r in rows],
+        "total_job_s": round(sum(r["wall_s"] for r in rows), 1),
+        "span_s": None if span is None else round(span, 1),
+        "span_jobs": span_jobs,
+        "critical_path_s": round(seconds, 1),
+        "critical_path": chain,
+        "peak_rss_mib": max((r["peak_rss_mib"] or 0 for r in rows), default=0),
+    }
+
+
+def pipeline_markdown(table: Mapping[str, Any]) -> str:
+    """The "Pipeline" section of report.md: one row per job, then the totals."""
+    lines = [
+        "## Pipeline: where the time goes",
+        "",
+        "Wall time and peak RSS of every job (Snakemake's benchmark files; the exact peak from each "
+        "job's log), longest first. **Critical path**: the longest chain of dependent jobs, the run's "
+        "length with unlimited cores; jobs on it are marked.",
+        "",
+        f"- total of job wall times: {table['total_job_s'] / 60:.1f} min (one core, one job at a time)",
+        f"- latest run's span (first job's start to last job's end): "
+        + ("unknown" if table["span_s"] is None
+           else f"{table['span_s'] / 60:.1f} min over {table.get('span_jobs', 0)} jobs"),
+        f"- critical path: {table['critical_path_s'] / 60:.1f} min: " + " → ".join(table["critical_path"]),
+        f"- largest job peak RSS: {table['peak_rss_mib']:.0f} MiB",
+        "",
+        "| model | job | wall s | CPU s | peak RSS MiB | critical path |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in sorted(table["rows"], key=lambda r: -r["wall_s"]):
+        cpu = "" if r["cpu_s"] is None else f"{r['cpu_s']:.0f}"
+        rss = "" if r["peak_rss_mib"] is None else f"{r['peak_rss_mib']:.0f}"
+        lines.append(f"| {r['model']} | {r['job']} | {r['wall_s']:.1f} | {cpu} | {rss} | "
+                     f"{'✓' if r['critical'] else ''} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,161 @@
+"""Published figures, regenerated from a run instead of copied by hand.
+
+``qwen-onnx publish RESULTS`` reads a finished run's ``metrics.json``, ``machine.json`` and
+``report.md`` and writes
+
+- a measurement page (``docs/measurements/DATE-CPU.md``): where, when and at which commit the run
+  ran, then the run's ``report.md`` as it is;
+- the README's measured tables, one per model, between :data:`BEGIN` and :data:`END`: variant,
+  gate, perplexity change, KL divergence, top-1 agreement, size, decode tokens/s, time to first token,
+  and whether the timing round was idle, with a line naming the commit, date, CPU and ISA.
+
+Nothing in the README between the markers is written by hand; a run that lacks a file is refused.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any, Sequence
+
+from qwen_onnx.store.artifacts import read_json, write_text
+from qwen_onnx.errors import QwenOnnxError
+
+BEGIN = "<!-- measured:begin (written by `qwen-onnx publish` from a run; do not edit by hand) -->"
+END = "<!-- measured:end -->"
+
+#: Columns of the README's table: (header, metrics.json key, format).
+COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("variant", "variant", "{}"),
+    ("gate", "gate", "{}"),
+    ("perplexity Δ (%)", "ppl_delta_pct", "{:+.2f}"),
+    ("KL (nats)", "kl_mean", "{:.3g}"),
+    ("top-1 (%)", "top1_pct", "{:.1f}"),
+    ("size (MB)", "bytes_on_disk", "{:.0f}"),
+    ("decode (tok/s)", "decode_tok_s", "{:.1f}"),
+    ("TTFT (ms)", "ttft_ms", "{:.0f}"),
+    ("timing", "timing_load", "{}"),
+)
+
+
+def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
+    value = row.get(key)
+    if key == "gate" and value is None:
+        return "peer"  # llama.cpp and onnxruntime-genai's builder graph: timed, not gated
+    if value is None or value == "":
+        return "–"
+    if key == "bytes_on_disk":
+        value = value / 1e6
+    return fmt.format(value)
+
+
+def run_commit(results_dir: str | os.PathLike) -> str:
+    """The short commit of the git checkout that holds ``results_dir`` (the code the run ran).
+
+    Raises:
+        QwenOnnxError: ``results_dir`` is not inside a git checkout (give ``--commit``).
+    """
+    try:
+        out = subprocess.run(["git", "-C", str(results_dir), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        raise QwenOnnxError(f"{results_dir} is not inside a git checkout; give the run's commit with --commit") from None
+    return out.stdout.strip()
+
+
+def _read_run(results_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
+    missing = [n for n in ("metrics.json", "machine.json", "report.md") if not (results_dir / n).is_file()]
+    if missing:
+        raise QwenOnnxError(f"{results_dir} lacks {', '.join(missing)}: publish reads a finished run's report "
+                            "(run the main command first)")
+    return (read_json(results_dir / "metrics.json"), read_json(results_dir / "machine.json"),
+            (results_dir / "report.md").read_text(encoding="utf-8"))
+
+
+def run_date(results_dir: str | os.PathLike) -> str:
+    """The UTC date the run's report was written, ``YYYY-MM-DD``."""
+    stamp = (Path(results_dir) / "report.md").stat().st_mtime
+    return datetime.datetime.fromtimestamp(stamp, datetime.timezone.utc).strftime("%Y-%m-%d")
+
+
+def machine_line(machine: dict[str, Any]) -> str:
+    """``AMD EPYC, AVX2 (2 cores, 23.5 GiB)`` from ``machine.json``."""
+    return (f"{machine.get('cpu_model', 'unknown CPU')}, {machine.get('isa', 'unknown ISA')} "
+            f"({machine.get('logical_cores', '?')} cores, {machine.get('memory_gib', '?')} GiB)")
+
+
+def measured_tables(rows: Sequence[dict[str, Any]], machine: dict[str, Any], commit: str, date: str,
+                    page: str) -> str:
+    """The README block: a provenance line, then one Markdown table per model (PyTorch and every
+    variant of ``metrics.json``, in its order).
+
+    Args:
+        rows: ``metrics.json``'s rows.
+        machine: ``machine.json``.
+        commit, date: the run's code and day.
+        page: the measurement page's path, relative to the README.
+    """
+    lines = [f"Measured {date} at commit {commit} on {machine_line(machine)} by the main command; the whole "
+             f"report: [{page}]({page}). Timing `idle`: every round of the sitting ran with the machine "
+             "otherwise idle.", ""]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        lines += [f"**{model}**", "", "| " + " | ".join(h for h, _, _ in COLUMNS) + " |",
+                  "|" + "---|" * len(COLUMNS)]
+        for row in (r for r in rows if r["model"] == model):
+            lines.append("| " + " | ".join(_cell(row, key, fmt) for _, key, fmt in COLUMNS) + " |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def replace_block(text: str, block: str, source: str = "README.md") -> str:
+    """``text`` with everything between :data:`BEGIN` and :data:`END` replaced by ``block``.
+
+    Raises:
+        QwenOnnxError: the markers are missing or out of order.
+    """
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise QwenOnnxError(f"{source} has no '{BEGIN}' ... '{END}' block; add the two lines where the tables go")
+    return text[:start + len(BEGIN)] + "\n" + block + text[end:]
+
+
+def measurement_page(report: str, machine: dict[str, Any], commit: str, date: str, command: str) -> str:
+    """The docs/measurements page: provenance, then the run's ``report.md`` (its title dropped)."""
+    body = re.sub(r"\A# [^\n]*\n", "", report).lstrip("\n")
+    return (f"# Measured {date} on {machine_line(machine)}\n\n"
+            f"Generated by `qwen-onnx publish` from the run of `{command}` at commit {commit}; not edited. "
+            f"Below: that run's `results/report.md`.\n\n{body}")
+
+
+def publish(results_dir: str | os.PathLike, *, readme: str | os.PathLike | None, page: str | os.PathLike,
+            commit: str | None = None, command: str = "envs/setup.sh --models --peers && .venv/bin/snakemake --cores 4"
+            ) -> dict[str, str]:
+    """Write the measurement page and the README block from a finished run.
+
+    Args:
+        results_dir: the run's ``results/``.
+        readme: the README to update (its block between the markers), or None.
+        page: the measurement page to write.
+        commit: the run's commit (default: :func:`run_commit` of ``results_dir``).
+        command: the command that made the run, for the page.
+
+    Returns:
+        ``{"page": ..., "readme": ..., "commit": ..., "date": ...}``.
+
+    Raises:
+        QwenOnnxError: a file of the run is missing, or the README has no block.
+    """
+    results_dir, page = Path(results_dir), Path(page)
+    rows, machine, report = _read_run(results_dir)
+    commit = commit or run_commit(results_dir)
+    date = run_date(results_dir)
+    write_text(page, measurement_page(report, machine, commit, date, command))
+    if readme is not None:
+        readme = Path(readme)
+        relative = os.path.relpath(page, readme.parent)
+        text = readme.read_text(encoding="utf-8")
+        write_text(readme, replace_block(text, measured_tables(rows, machine, commit, date, relative), str(readme)))
+    return {"page": str(page), "readme": str(readme) if readme else "", "commit": commit, "date": date}

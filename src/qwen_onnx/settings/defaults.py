@@ -1,0 +1,94 @@
+"""The one source of the default settings shared by the library, the CLI and ``config.yaml``.
+
+The library's keyword defaults and the CLI's argparse defaults read these tables;
+``workflow/schemas/config.schema.yaml`` and ``config.yaml`` state the same values for the workflow
+(``tests/test_defaults.py`` parses both and checks every key here against them), so that
+``qwen-onnx accuracy`` with no options reproduces the report's figures.
+
+Keys are the workflow's config keys of the section of the same name.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any, Mapping
+
+__all__ = ["EVALUATION", "EXPORT", "EXPORTERS", "FLOAT16", "LATENCY", "TFLITE", "TFLITE_CONVERSION", "TFLITE_QUANTIZATIONS", "section"]
+
+#: ``export:`` (the fp32 export). ``exporter``: ``optimum`` (optimum-onnx) or ``torch``
+#: (``torch.onnx.export(dynamo=True)``, which needs ``opset`` 18 or newer); docs/design.md, "Export routes".
+EXPORT: Mapping[str, Any] = MappingProxyType({
+    "exporter": "optimum",
+    "opset": 17,
+})
+#: The allowed values of ``export.exporter``.
+EXPORTERS: tuple[str, ...] = ("optimum", "torch")
+
+#: ``float16:`` (the fp16 variant): op types and node names kept float32, on top of onnxruntime's
+#: ``float16.DEFAULT_OP_BLOCK_LIST``. Pow and ReduceMean (the RMSNorm's variance) and Softmax: chosen
+#: by measuring on the 0.5B (docs/design.md, "fp16"; :mod:`qwen_onnx.convert.float16`).
+FLOAT16: Mapping[str, Any] = MappingProxyType({
+    "blocked_ops": ("Pow", "ReduceMean", "Softmax"),
+    "blocked_nodes": (),
+})
+
+#: ``evaluation:`` (accuracy against PyTorch and its reference stage). ``text`` is the shipped
+#: ``qwen_onnx/data/evaluation.txt`` (the library resolves it with :func:`qwen_onnx.source.text.shipped_text`;
+#: the config names it by its repository path). 6 windows x 255 predicted tokens = 1,530 tokens,
+#: the protocol of every published accuracy figure.
+EVALUATION: Mapping[str, Any] = MappingProxyType({
+    "text": "src/qwen_onnx/data/evaluation.txt",
+    "window": 256,
+    "max_windows": 6,
+    "kv_decode_steps": 16,
+    "generation_tokens": 32,
+})
+
+#: ``latency:`` (prefill and decode timing of every variant and of PyTorch eager).
+LATENCY: Mapping[str, Any] = MappingProxyType({
+    "prompt_lengths": (32, 128, 512),
+    "decode_prompt_tokens": 128,
+    "new_tokens": 64,
+    "warmup": 1,
+    "repeats": 1,
+    "rounds": 3,
+    "threads": 2,
+    "provider": "CPUExecutionProvider",
+    "profile": True,
+})
+
+#: ``tflite:`` (the LiteRT variant through litert-torch, :mod:`qwen_onnx.convert.tflite`). ``prefill_length``
+#: (tokens of the fixed prefill signature) is the evaluation window, so one prefill covers a window;
+#: ``kv_cache_length`` (positions of the fixed KV cache, prompt plus generated tokens) covers the
+#: latency protocol's longest prompt (512) plus ``new_tokens`` (128), as litert-torch's default 1280. ``quantize``:
+#: dynamic-range int8 weights, litert-torch's default. The workflow builds the variant when ``enabled`` and
+#: litert-torch's estimated conversion peak, ``params_billion`` x ``rss_gib_per_billion_params`` GiB, is at most
+#: ``max_rss_gib`` (:func:`qwen_onnx.convert.tflite.tflite_skip_reason`): 26 GiB per billion parameters rounds up the
+#: 12,871 MiB peak RSS of the workflow's convert_tflite job on the 0.5B (0.49 B parameters, litert-torch 0.10,
+#: commit c20bf2a, 2026-12-02; 25.7 GiB per billion), so the 0.5B (13 GiB) converts under 16 GiB and the 1.5B (40 GiB) does not.
+TFLITE: Mapping[str, Any] = MappingProxyType({
+    "enabled": True,
+    "prefill_length": 256,
+    "kv_cache_length": 1280,
+    "quantize": "dynamic_int8",
+    "max_rss_gib": 16,
+    "rss_gib_per_billion_params": 26,
+})
+#: The keys of ``tflite:`` that :func:`qwen_onnx.convert.tflite.convert_tflite` takes (the others decide whether it runs).
+TFLITE_CONVERSION: tuple[str, ...] = ("prefill_length", "kv_cache_length", "quantize")
+#: The allowed values of ``tflite.quantize``: litert-torch's ``QuantizationName`` (its generative
+#: converter offers no full-integer recipe).
+TFLITE_QUANTIZATIONS: tuple[str, ...] = (
+    "dynamic_int8", "weight_only_int8", "fp16", "none", "dynamic_int4_block32", "dynamic_int4_block128",
+)
+
+_SECTIONS = {"export": EXPORT, "float16": FLOAT16, "evaluation": EVALUATION, "latency": LATENCY, "tflite": TFLITE}
+
+
+def section(name: str) -> dict[str, Any]:
+    """A copy of the defaults of config section ``name`` (``export``, ``float16``, ``evaluation``, ``latency``, ``tflite``), lists as lists.
+
+    Raises:
+        KeyError: no defaults are kept here for ``name``.
+    """
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in _SECTIONS[name].items()}

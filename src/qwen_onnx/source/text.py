@@ -1,0 +1,85 @@
+"""Text shipped with the package (calibration and evaluation) and its split into token windows."""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from qwen_onnx.errors import TextError
+
+#: Names of the texts shipped in ``qwen_onnx/data`` (see ``data/SOURCES.md`` for their origin).
+CALIBRATION_TEXT = "calibration.txt"
+EVALUATION_TEXT = "evaluation.txt"
+
+
+def shipped_text(name: str) -> Path:
+    """Path of a text shipped in ``qwen_onnx/data``."""
+    return Path(str(resources.files("qwen_onnx") / "data" / name))
+
+
+#: transformers 4.57.3 to 4.x warns "incorrect regex pattern ... set `fix_mistral_regex=True`" on
+#: loading the tokenizer of any local folder whose config.json was written by those versions
+#: (``PreTrainedTokenizerBase._patch_mistral_regex`` looks at ``transformers_version`` and
+#: ``model_type`` in config.json, not at the tokenizer): a false alarm for Qwen, whose pre-tokenizer
+#: regex is its own, and following it would change Qwen's tokenization ("HelloWorld" becomes two
+#: tokens instead of one with Qwen2.5-Coder's tokenizer). The flag given as False silences the
+#: check and keeps the tokenizer as saved.
+TOKENIZER_KWARGS = {"fix_mistral_regex": False}
+
+
+def load_tokenizer(folder: str | os.PathLike, **kwargs):
+    """``AutoTokenizer.from_pretrained(folder)`` without transformers' false Mistral-regex warning
+    (see :data:`TOKENIZER_KWARGS`); ``kwargs`` go to ``from_pretrained`` (e.g. ``gguf_file``)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder, **{**TOKENIZER_KWARGS, **kwargs})
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """Read a UTF-8 text file.
+
+    Raises:
+        TextError: the file is missing or empty.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise TextError(f"text file {path} does not exist; point the config at an existing UTF-8 file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise TextError(
+            f"text file {path} is not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+            f"convert it, e.g. `iconv -f GB18030 -t UTF-8 {path.name} > {path.stem}.utf8{path.suffix}`"
+        ) from None
+    if not text.strip():
+        raise TextError(f"text file {path} is empty")
+    return text
+
+
+def token_windows(tokenizer, path: str | os.PathLike, length: int, count: int | None = None) -> np.ndarray:
+    """Split the tokenized text at ``path`` into consecutive non-overlapping windows.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer.
+        path: UTF-8 text file.
+        length: tokens per window.
+        count: windows wanted; None for as many as the text holds.
+
+    Returns:
+        int64 [windows, length].
+
+    Raises:
+        TextError: the text holds fewer than ``count`` windows (or none) of ``length`` tokens.
+    """
+    ids = tokenizer(read_text(path), add_special_tokens=False)["input_ids"]
+    available = len(ids) // length
+    wanted = available if count is None else count
+    if available == 0 or wanted > available:
+        raise TextError(
+            f"{path} has {len(ids)} tokens: {available} window(s) of {length} tokens, {wanted or 1} requested; "
+            "lower the sample count or sequence length, or use a longer text"
+        )
+    return np.asarray(ids[: wanted * length], dtype=np.int64).reshape(wanted, length)
