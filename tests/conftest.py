@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 # Never reach for the network in tests: hub look-ups must come from the (empty) cache.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# verify_manifest's stamps (qwen_onnx.store.artifacts.verified_cache_dir) go to a folder of this run, not ~/.cache
+# verify_manifest's stamps (qwen_onnx.store.manifest.verified_cache_dir) go to a folder of this run, not ~/.cache
 if "QWEN_ONNX_VERIFIED_CACHE" not in os.environ:
     import tempfile
 

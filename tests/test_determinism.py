@@ -7,7 +7,7 @@ import os
 import pytest
 
 from child_jobs import BUILD_KINDS, build_variant
-from qwen_onnx.measure.latency import run_in_child
+from qwen_onnx.measure.sitting import run_in_child
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to compare 1 and 2")

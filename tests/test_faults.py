@@ -3,7 +3,7 @@ or damaged external data and an unreadable results folder.
 
 Every staged folder carries ``manifest.json`` (each file's size and sha256, written last); every
 stage opens a variant through ``artifacts.check_external_data``, which checks it. The kills use the
-one test hook, ``artifacts.fault_point`` (``QWEN_ONNX_TEST_PAUSE_AT``): the stage pauses with its
+one test hook, ``staging.fault_point`` (``QWEN_ONNX_TEST_PAUSE_AT``): the stage pauses with its
 partial output on disk and the test kills Snakemake's process group, as a power cut or the OOM
 killer would.
 """
@@ -26,7 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from qwen_onnx.store.artifacts import DATA_FILE, MANIFEST_FILE, MODEL_FILE, read_json, staged_dir, verify_manifest
+from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, read_json
+from qwen_onnx.store.staging import staged_dir
+from qwen_onnx.store.manifest import MANIFEST_FILE, verify_manifest
 from qwen_onnx.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -321,7 +323,7 @@ def _fingerprint(folder: Path, target: str) -> dict:
 
 
 def _kill_in(folder: Path, rule: str, pause_at: str, target: str) -> None:
-    """Run ``rule`` for ``target``, wait until it pauses in :func:`qwen_onnx.store.artifacts.fault_point` with its
+    """Run ``rule`` for ``target``, wait until it pauses in :func:`qwen_onnx.store.staging.fault_point` with its
     partial output on disk, then SIGKILL Snakemake's process group (Snakemake and the job)."""
     from test_workflow import REPO as repo, SNAKEMAKE
 
@@ -389,28 +391,28 @@ def _killed_then_unlocked(killable: Path, rule: str, pause_at: str, target: str,
 
 def test_a_verified_folder_is_not_hashed_again_by_a_later_process_until_a_file_changes(tmp_path, monkeypatch):
     """The stamp of verify_manifest stands for a later process (the in-process memo is cleared here)."""
-    from qwen_onnx.store import artifacts
+    from qwen_onnx.store import manifest
     from qwen_onnx.errors import IntegrityError
 
-    monkeypatch.setenv(artifacts.VERIFIED_CACHE_ENV, str(tmp_path / "stamps"))
+    monkeypatch.setenv(manifest.VERIFIED_CACHE_ENV, str(tmp_path / "stamps"))
     folder = tmp_path / "variant"
     folder.mkdir()
     (folder / "model.onnx").write_bytes(b"graph" * 100)
     (folder / "model.onnx_data").write_bytes(bytes(range(256)) * 40)
-    artifacts.write_manifest(folder)
+    manifest.write_manifest(folder)
     hashed = []
-    real = artifacts._sha256
-    monkeypatch.setattr(artifacts, "_sha256", lambda path: hashed.append(path.name) or real(path))
-    assert artifacts.verify_manifest(folder) is True
+    real = manifest._sha256
+    monkeypatch.setattr(manifest, "_sha256", lambda path: hashed.append(path.name) or real(path))
+    assert manifest.verify_manifest(folder) is True
     assert sorted(hashed) == ["model.onnx", "model.onnx_data"]
     assert len(list((tmp_path / "stamps").iterdir())) == 1
-    artifacts._verified.clear()  # a new process
+    manifest._verified.clear()  # a new process
     hashed.clear()
-    assert artifacts.verify_manifest(folder) is True and hashed == []
+    assert manifest.verify_manifest(folder) is True and hashed == []
     # same size, new bytes and a new mtime: the stamp no longer matches, and the sha256 names the damage
     data = folder / "model.onnx_data"
     data.write_bytes(bytes(reversed(range(256))) * 40)
     os.utime(data, ns=(data.stat().st_atime_ns, data.stat().st_mtime_ns + 1_000_000_000))
-    artifacts._verified.clear()
+    manifest._verified.clear()
     with pytest.raises(IntegrityError, match=r"model.onnx_data does not match the sha256 in manifest.json"):
-        artifacts.verify_manifest(folder)
+        manifest.verify_manifest(folder)

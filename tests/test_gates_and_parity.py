@@ -8,18 +8,12 @@ import pytest
 from onnx import numpy_helper
 
 from qwen_onnx.measure.accuracy import evaluate_accuracy
-from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, save_with_external_data
+from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE
+from qwen_onnx.store.external import save_with_external_data
 from qwen_onnx.errors import GateError
 from qwen_onnx.settings.gates import check_gate, variant_kind
-from qwen_onnx.measure.parity import (
-    chat_prompt_ids,
-    eos_token_ids,
-    kv_cache_parity,
-    matched_prefix,
-    onnx_generate,
-    padded_batch_parity,
-    shipped_prompts,
-)
+from qwen_onnx.measure.parity import chat_prompt_ids, kv_cache_parity, matched_prefix, onnx_generate, padded_batch_parity, shipped_prompts
+from qwen_onnx.source.resolve import eos_token_ids
 from qwen_onnx.run.runtime import OnnxCausalLM
 
 INT8_STATIC_GATE = {"ppl_delta_pct": 2.0, "top1_pct": 93.0, "kl_mean": 0.05}

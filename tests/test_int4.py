@@ -12,10 +12,9 @@ from qwen_onnx.quantize.embeddings import embedding_tied, find_embedding, find_l
 from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.settings.gates import variant_kind
 from qwen_onnx.measure.inspect_graph import inspect_model
-from qwen_onnx.quantize.int4 import ALGORITHMS, Int4Settings, quantize_int4_variant
+from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
 from qwen_onnx.quantize.matmuls import weight_matmul_names
 from qwen_onnx.quantize.int8 import DynamicSettings, quantize_dynamic_variant
-from qwen_onnx.recipes import DEFAULT_RECIPES, select_recipes
 from qwen_onnx.run.runtime import OnnxCausalLM
 
 from tiny_models import build_tiny_qwen
@@ -172,12 +171,9 @@ def test_int8_dynamic_tied_embedding_shared_and_untied_float_option(tied_preproc
     assert abs(saved - VOCAB * HIDDEN * 4) < 1024
 
 
-def test_int4_gate_kind_and_recipes():
+def test_int4_gate_kind():
     assert variant_kind("int4") == "int4" and variant_kind("int4-k_quant") == "int4"
     assert variant_kind("int8-static") == "int8_static" and variant_kind("fp32") == "float"
-    int4 = [r for r in DEFAULT_RECIPES if r.kind == "int4"]
-    assert {r.build_settings().algorithm for r in int4} == set(ALGORITHMS)
-    assert select_recipes("int4-kquant-b32-emb4-sensitive24")[0].needs_sensitivity
 
 
 def test_int4_keeps_the_weights_a_gguf_mix_stored_wider_at_8_bits(tiny_qwen2, tmp_path):

@@ -213,21 +213,3 @@ def test_session_settings_reach_onnxruntime():
         resolve_settings({"spin": 1})
     with pytest.raises(ValueError, match="graph_optimization_level must be one of"):
         session_options(settings={"graph_optimization_level": "max"})
-
-
-def test_compare_decode_runs_every_loop_and_setting(pipeline, texts):
-    from qwen_onnx.errors import QwenOnnxError
-    from qwen_onnx.measure.latency import compare_decode
-
-    result = compare_decode([pipeline["fp32"]], texts["evaluation"], prompt_tokens_count=8, new_tokens=3, rounds=1,
-                            threads=1, loops=("bound", "unbound"),
-                            settings={"default": {}, "no-spin": {"intra_op_spinning": False}})
-    # intra-op spinning is on by default, as in onnxruntime (measured idle, runtime.session_options)
-    runs = [(v["loop"], v["settings_label"], v["session_settings"]["intra_op_spinning"]) for v in result["variants"]]
-    assert runs == [("bound", "default", True), ("bound", "no-spin", False),
-                    ("unbound", "default", True), ("unbound", "no-spin", False)]
-    assert all(len(v["rounds_tok_s"]) == 1 and v["decode_tok_s"] > 0 for v in result["variants"])
-    with pytest.raises(QwenOnnxError, match="loops must be some of"):
-        compare_decode([pipeline["fp32"]], texts["evaluation"], loops=("fast",))
-    with pytest.raises(QwenOnnxError, match="unknown session setting"):
-        compare_decode([pipeline["fp32"]], texts["evaluation"], settings={"x": {"spin": 0}})

@@ -95,40 +95,17 @@ def test_latency_command_line_passes_the_protocol(pipeline, texts, tmp_path):
     assert "profile" not in result and result["decode_loop"] == "unbound"
 
 
-def test_compare_decode_measures_every_variant_in_turns(pipeline, texts, tmp_path):
-    from qwen_onnx.cli import main
-    from qwen_onnx.errors import QwenOnnxError
-    from qwen_onnx.measure.latency import compare_decode
-
-    result = compare_decode([pipeline["fp32"], pipeline["int8-dynamic"]], texts["evaluation"], prompt_tokens_count=8,
-                            new_tokens=4, rounds=3, threads=1, output=tmp_path / "ab.json")
-    first, second = result["variants"]
-    assert len(first["rounds_tok_s"]) == len(second["rounds_tok_s"]) == 3
-    assert first["ratio_to_first"] == 1.0 and first["loop"] == second["loop"] == "bound"
-    assert second["decode_tok_s"] == pytest.approx(float(np.median(second["rounds_tok_s"])))
-    assert second["ratio_to_first"] == pytest.approx(second["decode_tok_s"] / first["decode_tok_s"])
-    assert json.loads((tmp_path / "ab.json").read_text())["rounds"] == 3
-    with pytest.raises(QwenOnnxError, match="^rounds 0 is out of range; give an integer of at least 1$"):
-        compare_decode([pipeline["fp32"]], texts["evaluation"], rounds=0)
-    assert main(["compare-decode", str(pipeline["fp32"]), "--text", str(texts["evaluation"]), "--prompt-tokens", "8",
-                 "--new-tokens", "3", "--rounds", "1", "--threads", "1"]) == 0
 
 
-def test_a_missing_folder_is_named_before_anything_loads(pipeline, texts, tmp_path, capsys):
+def test_a_missing_folder_is_named_before_anything_loads(texts, tmp_path):
     # without the check, the tokenizer takes the path for a hub ID and retries the network
-    from qwen_onnx.cli import main
     from qwen_onnx.errors import ArtifactError
-    from qwen_onnx.measure.latency import compare_decode
 
     missing = tmp_path / "nope"
-    with pytest.raises(ArtifactError, match="no ONNX model at .*nope"):
-        compare_decode([pipeline["fp32"], missing], texts["evaluation"])
     with pytest.raises(ArtifactError, match="no ONNX model at .*nope"):
         measure_latency(missing, texts["evaluation"])
     with pytest.raises(ArtifactError, match="no Hugging Face folder at .*nope"):
         measure_torch_latency(missing, texts["evaluation"])
-    assert main(["compare-decode", str(missing), str(pipeline["fp32"])]) == 2
-    assert "no ONNX model at" in capsys.readouterr().err
 
 
 def test_pytorch_latency_uses_the_same_protocol(pipeline, texts):

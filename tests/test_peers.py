@@ -224,7 +224,8 @@ def test_peers_command_line(pipeline, texts, tmp_path, capsys, monkeypatch):
 def test_latency_reports_take_their_figures_from_the_sitting(peers_run, pipeline, texts, tmp_path):
     """A variant's latency report is its row of the sitting plus its profile; PyTorch's has no profile."""
     from qwen_onnx.errors import ArtifactError
-    from qwen_onnx.measure.latency import latency_from_sitting, percentile, profile_variant
+    from qwen_onnx.measure.latency import latency_from_sitting, percentile
+    from qwen_onnx.measure.profile import profile_variant
 
     result, work, _ = peers_run
     rows = _by_peer(result)

@@ -8,7 +8,8 @@ import textwrap
 import pytest
 
 from qwen_onnx.errors import ArchitectureError, PartError, SourceError
-from qwen_onnx.source.resolve import EMBEDDED, GgufParts, concatenate_parts, parse_source, resolve
+from qwen_onnx.source.resolve import parse_source, resolve
+from qwen_onnx.source.gguf_file import EMBEDDED, GgufParts, concatenate_parts
 
 
 def make_part_packages(root, prefix, chunks):

@@ -10,16 +10,7 @@ import pytest
 
 from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.quantize.matmuls import node_role
-from qwen_onnx.quantize.sensitivity import (
-    analyse_sensitivity,
-    choose_float_nodes,
-    fake_quant_activation,
-    fake_quant_blockwise,
-    fake_quant_weight,
-    node_sensitivity,
-    percentile_range_of,
-    sqnr_db,
-)
+from qwen_onnx.quantize.sensitivity import analyse_sensitivity, choose_float_nodes, fake_quant_activation, fake_quant_blockwise, fake_quant_weight, node_sensitivity, percentile_range_of, sqnr_db
 
 
 def test_fake_quant_weight_per_channel_scales_each_output_column():

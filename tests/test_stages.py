@@ -8,17 +8,13 @@ import onnx
 import pytest
 
 from qwen_onnx.measure.accuracy import load_torch_model, torch_logits
-from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, check_external_data, staged_dir
+from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, check_external_data
+from qwen_onnx.store.staging import staged_dir
 from qwen_onnx.errors import ArtifactError, QwenOnnxError
 from qwen_onnx.convert.export import export_onnx
 from qwen_onnx.quantize.calibration import TextCalibrationReader
 from qwen_onnx.measure.inspect_graph import inspect_model
-from qwen_onnx.quantize.int8 import (
-    DynamicSettings,
-    StaticSettings,
-    quantize_dynamic_variant,
-    quantize_static_variant,
-)
+from qwen_onnx.quantize.int8 import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
 from qwen_onnx.run.runtime import OnnxCausalLM
 
 VARIANTS = ("fp32", "preprocessed", "int8-dynamic", "int8-static", "optimized")

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from qwen_onnx.store.artifacts import MANIFEST_FILE, verify_manifest
+from qwen_onnx.store.manifest import MANIFEST_FILE, verify_manifest
 from qwen_onnx.errors import ArchitectureError, OptionError
-from qwen_onnx.convert.tflite import SIGNATURES_FILE, TFLITE_FILE, TfliteCausalLM, convert_tflite
+from qwen_onnx.convert.tflite import convert_tflite
+from qwen_onnx.run.tflite import TfliteCausalLM
+from qwen_onnx.store.artifacts import SIGNATURES_FILE, TFLITE_FILE
 
 #: The cache holds the accuracy stage's longest chat prompt on the tiny tokenizer (105 tokens) plus its generation.
 PREFILL, KV = 8, 128
@@ -326,7 +328,7 @@ def test_tflite_latency_refuses_prompts_past_the_cache(converted, texts):
 
 
 def test_inspect_names_the_signatures_ops_and_quantized_weights(converted):
-    from qwen_onnx.convert.tflite import inspect_tflite, inspect_tflite_markdown
+    from qwen_onnx.measure.inspect_tflite import inspect_tflite, inspect_tflite_markdown
 
     info = inspect_tflite(converted["dynamic_int8"][0])
     assert info["format"] == "tflite" and info["quantize"] == "dynamic_int8"
@@ -353,7 +355,7 @@ def test_cli_inspect_reads_a_tflite_folder_as_the_workflow_does(converted, tmp_p
     """`qwen-onnx inspect` on a tflite folder used to fail (it read model.onnx only) while the
     workflow's inspect read it; both now go through inspect_graph.inspect_variant."""
     from qwen_onnx.cli import main
-    from qwen_onnx.convert.tflite import inspect_tflite
+    from qwen_onnx.measure.inspect_tflite import inspect_tflite
 
     folder = converted["dynamic_int8"][0]
     assert main(["inspect", str(folder), "--json", str(tmp_path / "i.json"), "--markdown", str(tmp_path / "i.md")]) == 0
@@ -385,7 +387,7 @@ def test_report_has_tflite_rows_and_a_line_per_skipped_model(accuracy, latency, 
 
     from qwen_onnx.store.artifacts import write_json
     from qwen_onnx.report.build import build_report
-    from qwen_onnx.convert.tflite import inspect_tflite
+    from qwen_onnx.measure.inspect_tflite import inspect_tflite
 
     files = {"inspect": [], "accuracy": [], "latency": [], "pytorch": []}
     for model in ("tiny", "big"):

@@ -100,25 +100,6 @@ def _sensitivity(a):
     return None
 
 
-def _recipes(a):
-    from .recipes import recipes_markdown, run_recipes, select_recipes
-
-    recipes = select_recipes(a.only)
-    if a.list:
-        for recipe in recipes:
-            print(f"{recipe.name}\t{recipe.description}")
-        return None
-    if a.input is None or a.work_dir is None:
-        raise QwenOnnxError("recipes needs PREPROCESSED_DIR and --work-dir (or --list to see the recipes)")
-    rows = run_recipes(
-        a.input, a.work_dir, recipes, calibration_text=a.calibration_text, evaluation_text=a.evaluation_text,
-        sensitivity=a.sensitivity, windows=a.windows, window_tokens=a.window_tokens, threads=a.threads,
-        prompt_tokens=a.prompt_tokens, decode_tokens=a.decode_tokens, keep=a.keep, force=a.force,
-        markdown=f"{a.work_dir}/recipes.md",
-    )
-    print(recipes_markdown(rows), end="")
-    return None
-
 
 def _optimize(a):
     from qwen_onnx.convert.optimize import optimize_variant
@@ -235,7 +216,7 @@ def _reference(a):
 
 def _latency(a):
     from qwen_onnx.measure.latency import measure_latency, measure_tflite_latency
-    from qwen_onnx.convert.tflite import is_tflite_folder
+    from qwen_onnx.run.tflite import is_tflite_folder
 
     if is_tflite_folder(a.variant):
         return measure_tflite_latency(
@@ -248,17 +229,11 @@ def _latency(a):
     )
 
 
-def _compare_decode(a):
-    from qwen_onnx.measure.latency import compare_decode
-
-    return compare_decode(a.variants, a.text, prompt_tokens_count=a.prompt_tokens, new_tokens=a.new_tokens,
-                          rounds=a.rounds, threads=a.threads, loops=a.loops, output=a.output)
-
 
 def _peers(a):
     from .errors import OptionError
     from qwen_onnx.measure.peers import peers_markdown, run_peers
-    from qwen_onnx.convert.tflite import is_tflite_folder
+    from qwen_onnx.run.tflite import is_tflite_folder
 
     tflite = [v for v in a.variants if is_tflite_folder(v)]
     if len(tflite) > 1:
@@ -431,25 +406,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2)
     p.set_defaults(func=_sensitivity)
 
-    p = sub.add_parser("recipes", help="benchmark INT8 recipes: accuracy against fp32, MB, decode and prefill speed")
-    p.add_argument("input", nargs="?", default=None, metavar="PREPROCESSED_DIR", help="pre-processed variant folder")
-    p.add_argument("--work-dir", default=None,
-                   help="folder of recipes.jsonl, recipes.md, the fp32 reference logits and the variants")
-    p.add_argument("--sensitivity", default=None,
-                   help="sensitivity report JSON (qwen-onnx sensitivity), needed by the sensitive-MatMul recipes")
-    p.add_argument("--only", default=None, metavar="NAME,NAME", help="run only these recipes (see --list)")
-    p.add_argument("--list", action="store_true", help="print the recipe names and descriptions, then stop")
-    p.add_argument("--calibration-text", default=str(shipped_text(CALIBRATION_TEXT)))
-    p.add_argument("--evaluation-text", default=str(shipped_text(EVALUATION_TEXT)))
-    p.add_argument("--windows", type=int, default=4, help="evaluation windows")
-    p.add_argument("--window-tokens", type=int, default=256, help="tokens per evaluation window")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--prompt-tokens", type=int, default=128, help="prompt of the prefill and decode timings")
-    p.add_argument("--decode-tokens", type=int, default=48, help="timed greedy decode steps")
-    p.add_argument("--keep", action="store_true", help="keep each variant folder after measuring it")
-    p.add_argument("--force", action="store_true", help="measure again the recipes already in recipes.jsonl")
-    p.set_defaults(func=_recipes)
-
     p = sub.add_parser("optimize", help="fused decoder graph (GroupQueryAttention) or transformer fusions + ORT_ENABLE_ALL")
     p.add_argument("input", help="builder: the resolved Hugging Face folder; transformers: the fp32 variant folder")
     p.add_argument("-o", "--output", required=True)
@@ -541,18 +497,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=LATENCY["repeats"])
     p.add_argument("-o", "--output", default=None)
     p.set_defaults(func=_latency)
-
-    p = sub.add_parser("compare-decode", help="decode tokens/s of several variants measured in turns (A/B)")
-    p.add_argument("variants", nargs="+", help="variant folders; the first is the baseline")
-    p.add_argument("--text", default=str(shipped_text(EVALUATION_TEXT)))
-    p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--loops", nargs="+", choices=["bound", "unbound"], default=["bound"],
-                   help="decode loops to compare (every variant runs each)")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("-o", "--output", default=None)
-    p.set_defaults(func=_compare_decode)
 
     p = sub.add_parser("peers", help="our variants against PyTorch, llama.cpp and onnxruntime-genai's INT4 builder")
     p.add_argument("hf_dir", help="the resolved Hugging Face folder (results/MODEL/hf)")

@@ -27,18 +27,12 @@ from pathlib import Path
 
 import onnx
 
-from qwen_onnx.store.artifacts import (
-    reads_variant,
-    DATA_FILE,
-    MODEL_FILE,
-    copy_side_files,
-    library_versions,
-    model_path,
-    ort_optimize_to_file,
-    staged_dir,
-    verify_manifest,
-    write_json,
-)
+from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, copy_side_files, model_path, write_json
+from qwen_onnx.store.hub_cache import reads_variant
+from qwen_onnx.store.external import ort_optimize_to_file
+from qwen_onnx.store.staging import staged_dir
+from qwen_onnx.store.provenance import library_versions
+from qwen_onnx.store.manifest import verify_manifest
 from qwen_onnx.settings.defaults import EXPORT, EXPORTERS
 from qwen_onnx.errors import ArtifactError, OptionError
 from qwen_onnx.store.external import consolidate_external_data, external_locations, has_large_inline_tensor, lazy_model
@@ -95,7 +89,7 @@ def export_onnx(
     hf_dir = Path(hf_dir)
     if not (hf_dir / "config.json").is_file():
         raise ArtifactError(f"{hf_dir} has no config.json: run the resolve stage first")
-    verify_manifest(hf_dir)  # the resolved folder is whole (see artifacts.write_manifest)
+    verify_manifest(hf_dir)  # the resolved folder is whole (see manifest.write_manifest)
     started = time.time()
     # the exporter's scratch lives inside the staged folder: a killed export leaves one folder to sweep
     with staged_dir(output_dir) as stage, tempfile.TemporaryDirectory(prefix="qwen-onnx-export-", dir=stage) as scratch:

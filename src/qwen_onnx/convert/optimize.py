@@ -49,20 +49,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from qwen_onnx.store.artifacts import (
-    DATA_FILE,
-    MODEL_FILE,
-    all_tensors,
-    copy_side_files,
-    library_versions,
-    package_version,
-    model_path,
-    reads_variant,
-    ort_optimize_to_file,
-    staged_dir,
-    verify_manifest,
-    write_json,
-)
+from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, all_tensors, copy_side_files, model_path, write_json
+from qwen_onnx.store.hub_cache import reads_variant
+from qwen_onnx.store.external import ort_optimize_to_file
+from qwen_onnx.store.staging import staged_dir
+from qwen_onnx.store.provenance import library_versions, package_version
+from qwen_onnx.store.manifest import verify_manifest
 from qwen_onnx.errors import ArtifactError
 from qwen_onnx.store.external import lazy_model
 from qwen_onnx.settings.qwen_config import check_config, layer_windows
@@ -343,7 +335,7 @@ def _builder_optimize(hf_dir: Path, output_dir: Path, *, left_padding: bool) -> 
     if not (hf_dir / "config.json").is_file():
         # create_model takes any other string for a hub ID: never let it reach the hub
         raise ArtifactError(f"{hf_dir} has no config.json: the builder method needs the resolved Hugging Face folder")
-    verify_manifest(hf_dir)  # the resolved folder is whole (see artifacts.write_manifest)
+    verify_manifest(hf_dir)  # the resolved folder is whole (see manifest.write_manifest)
     check_config(json.loads((hf_dir / "config.json").read_text()), str(hf_dir))
     started = time.time()
     with (

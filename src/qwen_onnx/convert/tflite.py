@@ -31,19 +31,20 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
-import numpy as np
 
-from qwen_onnx.store.artifacts import copy_side_files, library_versions, package_version, read_json, staged_dir, verify_manifest, write_json
+from qwen_onnx.store.artifacts import copy_side_files, read_json, write_json
+from qwen_onnx.store.staging import staged_dir
+from qwen_onnx.store.provenance import library_versions, package_version
+from qwen_onnx.store.manifest import verify_manifest
 from qwen_onnx.settings.defaults import TFLITE, TFLITE_QUANTIZATIONS
 from qwen_onnx.errors import ArchitectureError, ArtifactError, ExportError, OptionError
+from qwen_onnx.store.artifacts import SIGNATURES_FILE, TFLITE_FILE
+from qwen_onnx.run.tflite import DECODE_SIGNATURE, _require_litert, describe_signatures, prefill_signature
 
 log = logging.getLogger(__name__)
 
-TFLITE_FILE = "model.tflite"
-SIGNATURES_FILE = "tflite.json"
-DECODE_SIGNATURE = "decode"
 #: ``config.model_type`` values :func:`convert_tflite` converts (Qwen1.5, Qwen2 and Qwen2.5 are
 #: ``qwen2``; Qwen3 adds RMSNorm on the query and key heads, as litert-torch's ``qwen3.py`` example).
 TFLITE_MODEL_TYPES = ("qwen2", "qwen3")
@@ -51,24 +52,6 @@ TFLITE_MODEL_TYPES = ("qwen2", "qwen3")
 _NOT_OFFERED = {
     "full_int8": "litert-torch's generative converter has no full-integer (int8 activations) recipe",
 }
-
-
-def prefill_signature(prefill_length: int) -> str:
-    """The name litert-torch gives the prefill signature of one fixed length: ``prefill_<length>``."""
-    return f"prefill_{prefill_length}"
-
-
-def is_tflite_folder(folder: str | os.PathLike) -> bool:
-    """Whether ``folder`` is a tflite variant folder (it holds ``tflite.json``, written last but the manifest).
-
-    Raises:
-        ArtifactError: ``folder`` or a folder above it cannot be read by this process (one line
-            naming it, its owner and mode, and the fix; :func:`qwen_onnx.store.artifacts.require_readable`).
-    """
-    from qwen_onnx.store.artifacts import require_readable
-
-    require_readable(folder)
-    return (Path(folder) / SIGNATURES_FILE).is_file()
 
 
 def conversion_rss_gib(params_billion: float,
@@ -220,62 +203,6 @@ def litert_model_config(config: dict, kv_cache_length: int):
     return model_config, names
 
 
-def _require_litert(converter: bool = True) -> None:
-    """ai-edge-litert (the interpreter) and, to convert, litert-torch are importable.
-
-    Raises:
-        ExportError: one is missing (the message names the install command).
-    """
-    try:
-        import ai_edge_litert.interpreter  # noqa: F401
-
-        if converter:
-            import litert_torch  # noqa: F401
-    except ImportError as exc:
-        raise ExportError(
-            f"the tflite variant needs litert-torch and ai-edge-litert ({exc}); install them with "
-            "`pip install -r envs/tflite.txt` (envs/setup.sh does)") from exc
-
-
-#: Named axes of litert-torch's signature tensors, by name (``kv_cache_k_0`` ... by its prefix).
-TENSOR_AXES = {
-    "tokens": ("batch_size", "sequence_length"),
-    "input_pos": ("sequence_length",),
-    "logits": ("batch_size", "sequence_length", "vocab"),
-    "kv_cache_": ("batch_size", "kv_cache_length", "kv_heads", "head_dim"),
-}
-
-
-def _axes(name: str, rank: int) -> list[str] | None:
-    axes = TENSOR_AXES.get(name) or TENSOR_AXES.get("kv_cache_" if name.startswith("kv_cache_") else "")
-    return list(axes) if axes and len(axes) == rank else None
-
-
-def _tensor_table(details: dict) -> dict[str, dict]:
-    return {name: {"shape": [int(d) for d in d_["shape"]], "axes": _axes(name, len(d_["shape"])),
-                   "dtype": np.dtype(d_["dtype"]).name}
-            for name, d_ in sorted(details.items())}
-
-
-def describe_signatures(tflite_path: str | os.PathLike) -> dict[str, dict]:
-    """Every signature of a ``.tflite`` file with its input and output tensors, read by the LiteRT interpreter.
-
-    Returns:
-        ``{signature: {"inputs": {name: {"shape": [1, 8], "axes": ["batch_size", "sequence_length"],
-        "dtype": "int32"}}, "outputs": {...}}}`` (axes from :data:`TENSOR_AXES`, ``None`` for a
-        tensor it does not name).
-    """
-    from ai_edge_litert.interpreter import Interpreter
-
-    interpreter = Interpreter(model_path=str(tflite_path), num_threads=1)
-    table = {}
-    for name in interpreter.get_signature_list():
-        runner = interpreter.get_signature_runner(name)
-        table[name] = {"inputs": _tensor_table(runner.get_input_details()),
-                       "outputs": _tensor_table(runner.get_output_details())}
-    return table
-
-
 def convert_tflite(
     hf_dir: str | os.PathLike,
     output_dir: str | os.PathLike,
@@ -302,7 +229,7 @@ def convert_tflite(
     Args:
         hf_dir: Hugging Face folder (config.json, safetensors, tokenizer).
         output_dir: folder to create (replaced if present), written through
-            :func:`qwen_onnx.store.artifacts.staged_dir`.
+            :func:`qwen_onnx.store.staging.staged_dir`.
         prefill_length: tokens of the prefill signature (fixed).
         kv_cache_length: positions of the KV cache (fixed): prompt plus generated tokens.
         quantize: one of :data:`qwen_onnx.settings.defaults.TFLITE_QUANTIZATIONS`.
@@ -379,323 +306,6 @@ def convert_tflite(
     return info
 
 
-class TfliteCausalLM:
-    """Runs a folder written by :func:`convert_tflite` with the LiteRT interpreter, batch 1.
-
-    Holds the KV cache between calls: :meth:`prefill` starts a sequence at position 0,
-    :meth:`decode` extends it one token at a time. ``position`` counts the tokens already in the
-    cache; a sequence holds at most ``kv_cache_length`` tokens.
-
-    Args:
-        folder: the tflite variant folder (``model.tflite`` + ``tflite.json``).
-        threads: the interpreter's ``num_threads`` (CPU threads, as the ONNX sessions' intra-op threads).
-
-    Raises:
-        OptionError: ``threads`` below 1.
-        ArtifactError: the folder has no ``model.tflite`` or ``tflite.json``.
-        IntegrityError: a file differs from the folder's manifest.
-        ExportError: ai-edge-litert is not installed.
-    """
-
-    def __init__(self, folder: str | os.PathLike, threads: int = 1):
-        from qwen_onnx.settings.options import check_option
-
-        folder = Path(folder)
-        for name in (TFLITE_FILE, SIGNATURES_FILE):
-            if not (folder / name).is_file():
-                raise ArtifactError(f"{folder} has no {name}: run `qwen-onnx tflite` to write the folder")
-        check_option("threads", threads)
-        verify_manifest(folder)
-        _require_litert(converter=False)
-        from ai_edge_litert.interpreter import Interpreter
-
-        self.folder = folder
-        self.info = read_json(folder / SIGNATURES_FILE)
-        self.prefill_length: int = self.info["prefill_length"]
-        self.kv_cache_length: int = self.info["kv_cache_length"]
-        self.threads = threads
-        self._interpreter = Interpreter(model_path=str(folder / TFLITE_FILE), num_threads=threads)
-        self._prefill = self._interpreter.get_signature_runner(self.info["prefill_signature"])
-        self._decode = self._interpreter.get_signature_runner(self.info["decode_signature"])
-        inputs = self.info["signatures"][self.info["decode_signature"]]["inputs"]
-        self._kv_names = [n for n in inputs if n.startswith("kv_cache_")]
-        self._kv_empty = {n: np.zeros(inputs[n]["shape"], dtype=inputs[n]["dtype"]) for n in self._kv_names}
-        self.vocab_size: int = self.info["signatures"][self.info["decode_signature"]]["outputs"]["logits"]["shape"][-1]
-        self._kv: dict[str, np.ndarray] = dict(self._kv_empty)
-        self.position = 0
-
-    def _keep_kv(self, outputs: dict) -> np.ndarray:
-        self._kv = {n: outputs[n] for n in self._kv_names}
-        return outputs["logits"]
-
-    def prefill(self, ids: Iterable[int]) -> np.ndarray:
-        """Start a sequence with the prompt ``ids`` and return the logits of every prompt position.
-
-        Runs the fixed-length prefill signature over chunks of ``prefill_length`` tokens: a short
-        last chunk is padded with token 0 at the following positions (their cache rows are
-        overwritten by the next decode steps and never attended to before), or, when the prompt is at
-        least ``prefill_length`` long, moved back to end at the last token (its overlap recomputes
-        cache rows already there from the same context).
-
-        Args:
-            ids: prompt token ids, 1 to ``kv_cache_length`` of them.
-
-        Returns:
-            float32 [sequence_length, vocab]: logits of every prompt position.
-
-        Raises:
-            OptionError: an empty prompt or one longer than ``kv_cache_length``.
-        """
-        ids = np.asarray(list(ids), dtype=np.int32)
-        n, length = len(ids), self.prefill_length
-        if not 1 <= n <= self.kv_cache_length:
-            raise OptionError(f"a prompt of {n} tokens does not fit this tflite model; give 1 to "
-                              f"{self.kv_cache_length} tokens (its kv_cache_length)")
-        self._kv = dict(self._kv_empty)
-        logits = np.empty((n, self.vocab_size), dtype=np.float32)
-        start = 0
-        while start < n:
-            if start + length > n and n >= length:
-                start = n - length
-            end = min(start + length, n)
-            tokens = np.zeros((1, length), dtype=np.int32)  # [batch=1, prefill_length]
-            tokens[0, : end - start] = ids[start:end]
-            # [prefill_length]; never past the cache: n < length starts at 0, else the last chunk ends at n
-            positions = np.arange(start, start + length, dtype=np.int32)
-            out = self._keep_kv(self._prefill(tokens=tokens, input_pos=positions, **self._kv))  # [1, L, vocab]
-            logits[start:end] = out[0, : end - start]
-            start = end
-        self.position = n
-        return logits
-
-    def decode(self, token: int, position: int | None = None) -> np.ndarray:
-        """Feed one token at ``position`` (default: the next one) and return its logits.
-
-        Returns:
-            float32 [vocab]: the logits predicting the token after ``token``.
-
-        Raises:
-            OptionError: ``position`` outside 0 to ``kv_cache_length - 1``.
-        """
-        position = self.position if position is None else position
-        if not 0 <= position < self.kv_cache_length:
-            raise OptionError(f"decode position {position} is outside the KV cache; this tflite model holds "
-                              f"positions 0 to {self.kv_cache_length - 1} (its kv_cache_length)")
-        out = self._keep_kv(self._decode(tokens=np.array([[token]], dtype=np.int32),  # [batch=1, 1]
-                                         input_pos=np.array([position], dtype=np.int32), **self._kv))
-        self.position = position + 1
-        return out[0, 0]
-
-    def generate(self, ids: Iterable[int], max_new_tokens: int, eos_token_ids: Iterable[int] = ()) -> list[int]:
-        """Greedy generation: the prompt's prefill, then up to ``max_new_tokens`` argmax tokens.
-
-        Stops early at a token of ``eos_token_ids`` (included) or when the KV cache is full.
-
-        Returns:
-            The new token ids (without the prompt).
-        """
-        eos = set(eos_token_ids)
-        logits = self.prefill(ids)[-1]
-        new: list[int] = []
-        while len(new) < max_new_tokens:
-            token = int(np.argmax(logits))
-            new.append(token)
-            if token in eos or self.position >= self.kv_cache_length:
-                break
-            logits = self.decode(token)
-        return new
-
-
-def read_tflite_info(folder: str | os.PathLike) -> dict:
-    """``folder/tflite.json`` (see :func:`convert_tflite`'s return value).
-
-    Raises:
-        ArtifactError: the folder has no ``tflite.json``.
-    """
-    path = Path(folder) / SIGNATURES_FILE
-    if not path.is_file():
-        raise ArtifactError(f"{folder} has no {SIGNATURES_FILE}: run `qwen-onnx tflite` to write the folder")
-    return read_json(path)
-
-
 # --- reading the flatbuffer (inspection, weight bytes) ---------------------------------------------
 
-#: Ops that read one row of a table per token (the embedding lookup).
-_LOOKUP_OPS = ("EMBEDDING_LOOKUP", "GATHER")
 
-
-def _enum_names(enum_class) -> dict[int, str]:
-    return {v: k for k, v in vars(enum_class).items() if not k.startswith("_") and isinstance(v, int)}
-
-
-def read_tflite_graph(tflite_path: str | os.PathLike) -> dict[str, Any]:
-    """The structure of a ``.tflite`` file read from its flatbuffer (memory-mapped; no interpreter, no tensors allocated).
-
-    Uses the LiteRT flatbuffer schema shipped with ai-edge-litert (``ai_edge_litert.schema_py_generated``).
-
-    Returns:
-        ``subgraphs``: per signature (its key, else ``subgraph_<i>``) ``ops`` (op-type histogram, most
-        common first) and ``nodes`` (operator count); ``constant_tensors`` (distinct weight buffers),
-        ``constant_bytes`` and ``constant_bytes_per_dtype`` (bytes of those buffers by tensor type,
-        e.g. ``{"int8": 311296, "float32": 1024}``), ``constant_tensors_per_dtype`` (their count); ``embedding`` (the table an ``EMBEDDING_LOOKUP``
-        or ``GATHER`` reads: ``shape`` [vocab, hidden], ``dtype``, ``bytes``, ``row_bytes``, and
-        ``shared`` when another op, the tied lm_head, reads the same buffer), or None when no such table is found.
-
-    Raises:
-        ArtifactError: the file is missing or not a TFLite flatbuffer.
-    """
-    import mmap
-
-    from ai_edge_litert import schema_py_generated as schema
-
-    path = Path(tflite_path)
-    if not path.is_file():
-        raise ArtifactError(f"no TFLite file at {path}: run `qwen-onnx tflite` to write the folder")
-    op_names = _enum_names(schema.BuiltinOperator)
-    type_names = {k: v.lower() for k, v in _enum_names(schema.TensorType).items()}
-    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        if data[4:8] != b"TFL3":
-            raise ArtifactError(f"{path} is not a TFLite flatbuffer (no TFL3 identifier); delete the folder and "
-                                "rerun the stage that wrote it")
-        model = schema.Model.GetRootAs(data, 0)
-        codes = []
-        for i in range(model.OperatorCodesLength()):
-            code = model.OperatorCodes(i)
-            codes.append(op_names.get(max(code.BuiltinCode(), code.DeprecatedBuiltinCode()), "CUSTOM"))
-
-        def buffer_bytes(index: int) -> int:
-            buffer = model.Buffers(index)
-            return int(buffer.Size()) if buffer.Offset() > 1 else int(buffer.DataLength())
-
-        names = {model.SignatureDefs(i).SubgraphIndex(): model.SignatureDefs(i).SignatureKey().decode()
-                 for i in range(model.SignatureDefsLength())}
-        subgraphs: dict[str, dict[str, Any]] = {}
-        constant: dict[int, str] = {}  # buffer -> tensor type
-        readers: dict[int, set[str]] = {}  # constant buffer -> op types reading it
-        lookup: dict[int, tuple[list[int], str]] = {}  # table buffer -> (shape, dtype)
-        for g in range(model.SubgraphsLength()):
-            graph = model.Subgraphs(g)
-            tensors = [graph.Tensors(t) for t in range(graph.TensorsLength())]
-            for tensor in tensors:
-                if tensor.Buffer() > 0 and buffer_bytes(tensor.Buffer()) > 0:
-                    constant[tensor.Buffer()] = type_names.get(tensor.Type(), str(tensor.Type()))
-            ops = []
-            for o in range(graph.OperatorsLength()):
-                op = graph.Operators(o)
-                name = codes[op.OpcodeIndex()]
-                ops.append(name)
-                inputs = [int(i) for i in op.InputsAsNumpy()] if op.InputsLength() else []
-                for position, index in enumerate(inputs):
-                    if index < 0 or tensors[index].Buffer() not in constant:
-                        continue
-                    buffer = tensors[index].Buffer()
-                    readers.setdefault(buffer, set()).add(name)
-                    if name in _LOOKUP_OPS and tensors[index].ShapeLength() == 2 and \
-                            (name == "GATHER" and position == 0 or name == "EMBEDDING_LOOKUP" and position == 1):
-                        lookup[buffer] = ([int(d) for d in tensors[index].ShapeAsNumpy()], constant[buffer])
-            histogram = {}
-            for name in sorted(set(ops), key=lambda n: (-ops.count(n), n)):
-                histogram[name] = ops.count(name)
-            subgraphs[names.get(g, f"subgraph_{g}")] = {"nodes": len(ops), "ops": histogram}
-        per_dtype: dict[str, int] = {}
-        count_per_dtype: dict[str, int] = {}
-        for buffer, dtype in constant.items():
-            per_dtype[dtype] = per_dtype.get(dtype, 0) + buffer_bytes(buffer)
-            count_per_dtype[dtype] = count_per_dtype.get(dtype, 0) + 1
-        embedding = None
-        if lookup:
-            buffer, (shape, dtype) = max(lookup.items(), key=lambda item: buffer_bytes(item[0]))
-            size = buffer_bytes(buffer)
-            embedding = {"shape": shape, "dtype": dtype, "bytes": size, "row_bytes": size // max(shape[0], 1),
-                         "shared": bool(readers[buffer] - set(_LOOKUP_OPS))}
-        return {"subgraphs": subgraphs, "constant_tensors": len(constant), "constant_bytes": sum(per_dtype.values()),
-                "constant_bytes_per_dtype": dict(sorted(per_dtype.items(), key=lambda kv: -kv[1])),
-                "constant_tensors_per_dtype": dict(sorted(count_per_dtype.items(), key=lambda kv: -kv[1])),
-                "embedding": embedding}
-
-
-def tflite_weight_bytes_per_token(folder: str | os.PathLike) -> tuple[int, str]:
-    """Bytes read to decode one token from a tflite folder, and how they were counted.
-
-    The ``model.tflite`` bytes minus its embedding table plus one row of it (a lookup reads one
-    row per token), as :func:`qwen_onnx.measure.inspect_graph.decode_weight_bytes` counts ONNX graphs; the
-    whole file when the table is not found or is also the (tied) lm_head's weight, which reads all of it.
-
-    Returns:
-        ``(bytes, note)``.
-    """
-    path = Path(folder) / TFLITE_FILE
-    total = path.stat().st_size
-    embedding = read_tflite_graph(path)["embedding"]
-    if embedding is None:
-        return total, "the model.tflite bytes (no embedding lookup table found)"
-    if embedding["shared"]:
-        return total, "the model.tflite bytes (the embedding table is also the tied lm_head's weight)"
-    return (total - embedding["bytes"] + embedding["row_bytes"],
-            f"the model.tflite bytes minus the {embedding['dtype']} embedding table {embedding['shape']} "
-            f"({embedding['bytes']} bytes) plus one row")
-
-
-def inspect_tflite(folder: str | os.PathLike) -> dict[str, Any]:
-    """The ``inspect`` stage's summary of a tflite folder (the ONNX variants' is :func:`qwen_onnx.measure.inspect_graph.inspect_model`).
-
-    Returns:
-        ``format`` (``tflite``), ``path``; ``signatures`` as ``tflite.json`` records them (per
-        signature its input and output tensors with ``shape``, ``dtype`` and named ``axes``, e.g.
-        ``logits`` float32 [batch_size=1, sequence_length, vocab]); ``prefill_length``,
-        ``kv_cache_length`` (tokens), ``quantize`` (the litert-torch recipe); ``subgraphs`` (per
-        signature, op-type histogram and operator count), ``other_subgraphs`` (the composite ops'
-        decompositions), ``nodes`` (the prefill signature's operator count) and ``op_types`` (its
-        histogram); ``quant_ops`` (``{"int8 weights": count}``: weight buffers stored int8, int4 or float16), ``initializers`` (``count``,
-        ``bytes``, ``bytes_per_dtype`` of the weight buffers); ``embedding`` (see
-        :func:`read_tflite_graph`); ``bytes_on_disk`` (``model.tflite``, bytes); ``opsets`` ({}: a
-        TFLite file has none); ``litert_torch_version``.
-
-    Raises:
-        ArtifactError: the folder has no ``tflite.json`` or ``model.tflite``.
-    """
-    folder = Path(folder)
-    info = read_tflite_info(folder)
-    graph = read_tflite_graph(folder / TFLITE_FILE)
-    prefill = graph["subgraphs"].get(info["prefill_signature"]) or next(iter(graph["subgraphs"].values()))
-    quantized = {dtype: n for dtype, n in graph["constant_tensors_per_dtype"].items() if dtype in ("int8", "int4", "float16")}
-    signatures = {name: ops for name, ops in graph["subgraphs"].items() if name in info["signatures"]}
-    return {
-        "format": "tflite",
-        "path": str(folder / TFLITE_FILE),
-        "quantize": info["quantize"],
-        "prefill_length": info["prefill_length"],
-        "kv_cache_length": info["kv_cache_length"],
-        "signatures": info["signatures"],
-        "subgraphs": signatures,
-        "other_subgraphs": len(graph["subgraphs"]) - len(signatures),  # decompositions of composite ops (RMSNorm, SDPA)
-        "nodes": prefill["nodes"],
-        "op_types": prefill["ops"],
-        "quant_ops": {f"{dtype} weights": n for dtype, n in quantized.items()},
-        "initializers": {"count": graph["constant_tensors"], "bytes": graph["constant_bytes"],
-                         "bytes_per_dtype": graph["constant_bytes_per_dtype"]},
-        "embedding": graph["embedding"],
-        "bytes_on_disk": (folder / TFLITE_FILE).stat().st_size,
-        "opsets": {},
-        "litert_torch_version": info.get("litert_torch_version"),
-    }
-
-
-def inspect_tflite_markdown(info: Mapping[str, Any]) -> str:
-    """:func:`inspect_tflite`'s summary as Markdown: the signatures' tensors, the ops, the bytes."""
-    lines = [f"# {info['path']}", "",
-             f"LiteRT (TFLite) through litert-torch {info.get('litert_torch_version')}; quantization "
-             f"`{info['quantize']}`; prefill {info['prefill_length']} tokens, KV cache {info['kv_cache_length']} "
-             f"positions; {info['bytes_on_disk']:,} bytes on disk, weight buffers "
-             + ", ".join(f"{d} {b:,} bytes" for d, b in info["initializers"]["bytes_per_dtype"].items()) + ".", ""]
-    for name, signature in info["signatures"].items():
-        lines += [f"## Signature `{name}`", "", "| | tensor | dtype | shape | axes |", "|---|---|---|---|---|"]
-        for side in ("inputs", "outputs"):
-            for tensor, d in signature[side].items():
-                lines.append(f"| {side[:-1]} | `{tensor}` | {d['dtype']} | {d['shape']} | "
-                             f"{', '.join(d['axes']) if d.get('axes') else '–'} |")
-        ops = info["subgraphs"].get(name, {})
-        if ops:
-            lines += ["", f"{ops['nodes']} operators: " + ", ".join(f"{k} {v}" for k, v in ops["ops"].items())]
-        lines.append("")
-    return "\n".join(lines)

@@ -40,11 +40,12 @@ import time
 from pathlib import Path
 
 from qwen_onnx.errors import ExportError, OptionError
+from qwen_onnx.settings.defaults import TORCH_EXPORT_MIN_OPSET
 
 log = logging.getLogger(__name__)
 
-#: The oldest opset the route writes (torch.onnx's exporter emits opset 18; see the module doc).
-MIN_OPSET = 18
+#: The oldest opset the route writes (:data:`qwen_onnx.settings.defaults.TORCH_EXPORT_MIN_OPSET`).
+MIN_OPSET = TORCH_EXPORT_MIN_OPSET
 #: The oldest torch whose ``torch.onnx.export`` takes ``dynamo=True`` with ``dynamic_shapes``.
 MIN_TORCH = (2, 6)
 

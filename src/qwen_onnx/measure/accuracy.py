@@ -15,7 +15,7 @@ KV-cache parity, and greedy generation against PyTorch on fixed chat prompts. Ga
 (:mod:`qwen_onnx.settings.gates`) mark the variant PASS or FAIL.
 
 A tflite folder (:mod:`qwen_onnx.convert.tflite`, detected by its ``tflite.json``) takes the same path
-through :class:`TfliteVariant`, which gives :class:`qwen_onnx.convert.tflite.TfliteCausalLM` the two calls
+through :class:`TfliteVariant`, which gives :class:`qwen_onnx.run.tflite.TfliteCausalLM` the two calls
 the loop and the parity checks make: each window is one prefill (in chunks when the window is
 longer than the prefill signature), the KV-cache check prefills ``window[:-k]`` and decodes ``k``
 steps, generation is the runner's greedy loop. Padded-batch parity is not applicable (LiteRT's
@@ -34,7 +34,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from qwen_onnx.settings import defaults
-from qwen_onnx.store.artifacts import library_versions, model_path, write_json
+from qwen_onnx.store.artifacts import model_path, write_json
+from qwen_onnx.store.provenance import library_versions
 from qwen_onnx.errors import GateError, OptionError
 from qwen_onnx.settings.gates import check_gate, gate_margins
 from qwen_onnx.measure.metrics import AccuracyAccumulator
@@ -43,7 +44,7 @@ from qwen_onnx.settings.options import check_options
 from qwen_onnx.measure.parity import generation_parity, kv_cache_parity, padded_batch_parity
 from qwen_onnx.measure.reference import load_torch_model, read_reference, torch_logits, write_reference  # noqa: F401 (re-exported)
 from qwen_onnx.run.runtime import SHARED_CORES_SETTINGS, OnnxCausalLM
-from qwen_onnx.convert.tflite import TfliteCausalLM, is_tflite_folder
+from qwen_onnx.run.tflite import TfliteCausalLM, is_tflite_folder
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ TFLITE_NOT_APPLICABLE = ("padded_batch_max_abs_diff", "padded_batch_top1_pct", "
 
 
 class TfliteVariant:
-    """A :class:`~qwen_onnx.convert.tflite.TfliteCausalLM` behind the two calls of
+    """A :class:`~qwen_onnx.run.tflite.TfliteCausalLM` behind the two calls of
     :class:`~qwen_onnx.run.runtime.OnnxCausalLM` that the accuracy loop and
     :func:`qwen_onnx.measure.parity.kv_cache_parity` / :func:`~qwen_onnx.measure.parity.generation_parity` make.
 

@@ -310,7 +310,7 @@ def architecture(graph: onnx.GraphProto) -> dict[str, Any]:
 
 def inspect_variant(path: str | os.PathLike) -> tuple[dict[str, Any], str]:
     """The inspection report of any variant, the one entry of the CLI and the workflow: a LiteRT
-    folder through :func:`qwen_onnx.convert.tflite.inspect_tflite`, anything else through
+    folder through :func:`qwen_onnx.measure.inspect_tflite.inspect_tflite`, anything else through
     :func:`inspect_model`.
 
     Args:
@@ -319,7 +319,8 @@ def inspect_variant(path: str | os.PathLike) -> tuple[dict[str, Any], str]:
     Returns:
         ``(info, markdown)``: the JSON report and its Markdown rendering.
     """
-    from qwen_onnx.convert.tflite import inspect_tflite, inspect_tflite_markdown, is_tflite_folder
+    from qwen_onnx.measure.inspect_tflite import inspect_tflite, inspect_tflite_markdown
+    from qwen_onnx.run.tflite import is_tflite_folder
 
     if os.path.isdir(path) and is_tflite_folder(path):
         info = inspect_tflite(path)

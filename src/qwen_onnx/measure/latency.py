@@ -30,29 +30,25 @@ reads one row per token).
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import logging
 import os
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from qwen_onnx.settings import defaults
-from qwen_onnx.store.artifacts import MODEL_FILE, folder_bytes, library_versions, model_path, package_version, read_json, write_json
+from qwen_onnx.store.artifacts import MODEL_FILE, folder_bytes, model_path, read_json, write_json
+from qwen_onnx.store.provenance import library_versions, package_version
 from qwen_onnx.errors import ArtifactError
 from qwen_onnx.measure.inspect_graph import decode_weight_bytes, load_graph
 from qwen_onnx.run.machine import peak_rss_mib  # noqa: F401 (re-exported: peers and the tests read it here)
 from qwen_onnx.settings.options import check_options
-from qwen_onnx.measure.profiling import summarise_trace
-from qwen_onnx.run.machine import load_between, load_snapshot, measure_load
 from qwen_onnx.run.runtime import LOOPS, SHARED_CORES_SETTINGS, OnnxCausalLM, resolve_settings
 from qwen_onnx.source.text import read_text
+from qwen_onnx.measure.profiling import profile_ops
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +255,7 @@ def measure_tflite_latency(
     """Time a tflite variant (:mod:`qwen_onnx.convert.tflite`) with the LiteRT interpreter, by the module's protocol.
 
     The same prompts and :func:`_protocol` as :func:`measure_latency`, run by
-    :class:`qwen_onnx.convert.tflite.TfliteCausalLM` at ``threads`` (the interpreter's ``num_threads``).
+    :class:`qwen_onnx.run.tflite.TfliteCausalLM` at ``threads`` (the interpreter's ``num_threads``).
     The prefill signature has a fixed length L (``prefill_length``): a prompt of n tokens costs
     ceil(n / L) calls of L tokens each, so a prompt shorter than L pays for L
     (``prefill_signature_calls_{n}`` records the count per prompt length). Decode feeds the KV
@@ -269,7 +265,7 @@ def measure_tflite_latency(
         The keys of :func:`measure_latency` (``load_s``: the interpreter's creation with the
         manifest check, s; ``prefill_ms_p50_{n}``/``prefill_ms_p90_{n}``, ``ttft_ms`` (ms),
         ``decode_tok_s``, ``peak_rss_mib`` (MiB), ``bytes_on_disk`` (``model.tflite``, bytes),
-        ``weight_bytes_per_token`` (bytes, :func:`qwen_onnx.convert.tflite.tflite_weight_bytes_per_token`,
+        ``weight_bytes_per_token`` (bytes, :func:`qwen_onnx.measure.inspect_tflite.tflite_weight_bytes_per_token`,
         with ``weight_bytes_per_token_note``)); ``runtime`` ``litert``, ``provider``,
         ``profile`` None with ``profile_note``; ``prefill_length``, ``kv_cache_length``,
         ``tflite_quantize``, ``prefill_signature_calls_{n}`` and ``prefill_note``.
@@ -282,7 +278,8 @@ def measure_tflite_latency(
     """
     from qwen_onnx.errors import OptionError
     from qwen_onnx.source.text import load_tokenizer
-    from qwen_onnx.convert.tflite import TfliteCausalLM, read_tflite_info, tflite_weight_bytes_per_token
+    from qwen_onnx.measure.inspect_tflite import tflite_weight_bytes_per_token
+    from qwen_onnx.run.tflite import TfliteCausalLM, read_tflite_info
 
     check_options(prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens, new_tokens=new_tokens,
                   threads=threads, warmup=warmup, repeats=repeats)
@@ -352,252 +349,6 @@ def median_decode_step(
     steps: list[float] = []
     model.greedy(prompt, new_tokens, timings=steps, loop=loop)
     return statistics.median(steps)
-
-
-def _decode_tok_s(variant_dir: str, prompt: np.ndarray, new_tokens: int, threads: int, provider: str,
-                  loop: str = "bound", settings: Mapping[str, Any] | None = None) -> float:
-    """One fresh session: one over :func:`median_decode_step`."""
-    model = OnnxCausalLM(variant_dir, threads=threads, provider=provider, settings=settings)
-    return 1.0 / median_decode_step(model, prompt, new_tokens, loop=loop)
-
-
-@contextlib.contextmanager
-def _main_script_hidden() -> Iterator[None]:
-    """Keep ``spawn`` children from re-running the parent's main script.
-
-    A ``spawn`` child imports the parent's ``__main__`` from its ``__file__`` when the parent was
-    started as a script (Snakemake's ``script:`` wrappers are), which would run the wrapper again
-    in every child. The measured functions live in this package, so the children do not need it.
-    """
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None) if getattr(main, "__spec__", None) is None else None
-    if path is None:
-        yield
-        return
-    del main.__file__
-    try:
-        yield
-    finally:
-        main.__file__ = path
-
-
-def exit_cause(returncode: int | None) -> str:
-    """A child's exit status in words: ``killed by SIGILL (illegal instruction: built for an
-    instruction set this CPU lacks)`` for -4, ``exit status 1`` for 1 (``subprocess``'s and
-    ``multiprocessing``'s convention: minus the signal number for a child killed by a signal)."""
-    import signal
-
-    if returncode is None or returncode >= 0:
-        return f"exit status {returncode}"
-    try:
-        name = signal.Signals(-returncode).name
-    except ValueError:
-        name = f"signal {-returncode}"
-    causes = {"SIGILL": "illegal instruction: built for an instruction set this CPU lacks",
-              "SIGSEGV": "segmentation fault", "SIGBUS": "bus error",
-              "SIGKILL": "killed from outside, often the kernel's out-of-memory killer",
-              "SIGABRT": "aborted by the library"}
-    return f"killed by {name}" + (f" ({causes[name]})" if name in causes else "")
-
-
-class ChildCrashed(RuntimeError):
-    """A measuring child process died without returning (a signal or ``os._exit``)."""
-
-
-def _child_main(connection, function, args, kwargs) -> None:
-    from qwen_onnx.quiet import quiet_third_party
-
-    quiet_third_party()
-    try:
-        result = ("ok", function(*args, **kwargs))
-    except BaseException as exc:  # noqa: BLE001 - sent to the parent, which raises it
-        result = ("error", f"{type(exc).__name__}: {exc}")
-    connection.send(result)
-    connection.close()
-
-
-def run_in_child(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``function(*args, **kwargs)`` in a new ``spawn`` process; its return value.
-
-    Raises:
-        ChildCrashed: the child died by a signal or exited without a result (the message says
-            which signal and its usual cause, :func:`exit_cause`).
-        RuntimeError: the child's call raised (its type and message).
-    """
-    import multiprocessing
-
-    context = multiprocessing.get_context("spawn")
-    receive, send = context.Pipe(duplex=False)
-    with _main_script_hidden():
-        child = context.Process(target=_child_main, args=(send, function, args, kwargs))
-        child.start()
-    send.close()
-    try:
-        status, value = receive.recv()
-    except EOFError:
-        child.join()
-        raise ChildCrashed(exit_cause(child.exitcode)) from None
-    finally:
-        receive.close()
-    child.join()
-    if status == "error":
-        raise RuntimeError(value)
-    return value
-
-
-def interleaved_rounds(
-    jobs: Sequence[tuple[str, Callable[..., Any], tuple]],
-    rounds: int,
-    failures: dict[int, str] | None = None,
-    loads: list[list[dict[str, Any]]] | None = None,
-) -> list[list[Any]]:
-    """Run each job once per round, every call in a fresh process, the order rotating each round.
-
-    Round ``r`` runs the jobs in the order ``r, r + 1, ...`` (modulo their count), so a slow spell
-    of a shared machine falls on every job alike; each call runs alone in a new ``spawn`` process,
-    so no measurement shares a process (allocator, thread pools, caches) with another.
-
-    The other load on the machine is measured for every call (:func:`qwen_onnx.run.machine.measure_load`
-    for 1 s before it, :func:`qwen_onnx.run.machine.load_between` while it runs). A function with a
-    ``cores_busy`` parameter is told whether the cores were busy just before its call (the ONNX
-    rows then turn intra-op spinning off, :data:`qwen_onnx.run.runtime.SHARED_CORES_SETTINGS`).
-
-    Args:
-        jobs: ``(label, function, args)``; ``function(*args)`` runs in the child and returns a
-            picklable figure. Functions must be importable (module level).
-        rounds: how many times each job runs.
-        failures: if given, a job whose call raises (a child killed by a signal included, with the
-            signal's name, :func:`exit_cause`) is dropped from later rounds and its error recorded
-            here under its index, instead of the error propagating.
-        loads: if given, filled per job (in the given order) with one record per completed call:
-            ``round`` (1-based), ``before`` and ``during`` (:func:`qwen_onnx.run.machine.load_between`),
-            ``busy`` (either was) and ``cores_busy_setting`` (what the function was told).
-
-    Returns:
-        Per job (in the given order) its figures, one per round it completed.
-    """
-    per_round: list[list[Any]] = [[] for _ in jobs]
-    if loads is not None:
-        loads[:] = [[] for _ in jobs]
-    for r in range(rounds):
-        for k in range(len(jobs)):
-            i = (r + k) % len(jobs)
-            if failures is not None and i in failures:
-                continue
-            label, function, args = jobs[i]
-            before = measure_load()
-            kwargs = {"cores_busy": before["busy"]} if "cores_busy" in inspect.signature(function).parameters else {}
-            start = load_snapshot()
-            try:
-                figures = run_in_child(function, *args, **kwargs)
-            except (ChildCrashed, RuntimeError) as exc:
-                if failures is None:
-                    raise
-                failures[i] = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ChildCrashed) else f"the process was {exc}"
-                log.warning("round %d: %s failed: %s", r + 1, label, failures[i])
-                continue
-            during = load_between(start, load_snapshot())
-            per_round[i].append(figures)
-            if loads is not None:
-                loads[i].append({"round": r + 1, "before": before, "during": during,
-                                 "busy": before["busy"] or during["busy"], "cores_busy_setting": kwargs.get("cores_busy")})
-            log.info("round %d: %s done%s", r + 1, label,
-                     f" beside other load ({during['others_cores']} cores, steal {during['steal_pct']}%)"
-                     if before["busy"] or during["busy"] else "")
-    return per_round
-
-
-def compare_decode(
-    variant_dirs: Sequence[str | os.PathLike],
-    text_path: str | os.PathLike,
-    *,
-    prompt_tokens_count: int = 128,
-    new_tokens: int = 64,
-    rounds: int = 5,
-    threads: int = 2,
-    provider: str = "CPUExecutionProvider",
-    loops: Sequence[str] = ("bound",),
-    settings: Mapping[str, Mapping[str, Any]] | None = None,
-    output: str | os.PathLike | None = None,
-) -> dict[str, Any]:
-    """Decode speed of several ONNX variants measured in turns, for a fair A/B on a noisy machine.
-
-    The contestants are every variant x decode loop (``loops``) x named session settings
-    (``settings``: label -> overrides of :func:`qwen_onnx.run.runtime.session_options`; default one
-    entry ``default`` with none), in that order.
-
-    Each round measures every variant once, the order rotating by one each round, so a slow spell
-    of a shared machine falls on all variants alike. Each measurement runs in a fresh process
-    (``spawn``): one session, an untimed warm-up decode, then ``new_tokens`` greedy tokens with the
-    KV cache after the same ``prompt_tokens_count``-token prompt. Sessions sharing one process are
-    not comparable: there, the first session created decoded 12% slower than a second session of
-    the same model (measured on Qwen2.5-Coder-0.5B, onnxruntime 1.32). A round's figure is one
-    over the median step time; a variant's figure is the median of its rounds.
-
-    Args:
-        variant_dirs: ONNX variant folders; the first contestant is the baseline of ``ratio_to_first``.
-        text_path: UTF-8 text whose first tokens are the prompt.
-        rounds: timed rounds (at least 1).
-        loops: decode loops, ``bound`` and/or ``unbound``.
-
-    Returns:
-        ``variants``: per contestant (in the order above) ``path``, ``loop``, ``settings_label``,
-        ``session_settings`` (resolved), ``decode_tok_s`` (median of the rounds), ``rounds_tok_s``
-        (one figure per round), ``ratio_to_first``; and the settings of the run.
-
-    Raises:
-        QwenOnnxError: no variant, fewer than one round or fewer than two new tokens, an unknown
-            loop or session setting.
-        ArtifactError: a variant folder without a model (raised from the measuring process).
-    """
-    from qwen_onnx.source.text import load_tokenizer
-
-    from qwen_onnx.errors import QwenOnnxError
-
-    if not variant_dirs:
-        raise QwenOnnxError("no variant folder given; name at least one")
-    check_options(prompt_tokens=prompt_tokens_count, new_tokens=new_tokens, rounds=rounds, threads=threads)
-    settings = dict(settings) if settings else {"default": {}}
-    try:
-        resolved = {label: resolve_settings(overrides) for label, overrides in settings.items()}
-    except ValueError as error:
-        raise QwenOnnxError(str(error)) from error
-    if not loops or any(loop not in LOOPS for loop in loops):
-        raise QwenOnnxError(f"loops must be some of {LOOPS}, got {list(loops)}")
-    contestants = [(os.fspath(d), loop, label) for d in variant_dirs for loop in loops for label in settings]
-    for variant_dir in variant_dirs:  # every folder checked before anything is measured
-        model_path(variant_dir)
-    prompt = prompt_tokens(load_tokenizer(variant_dirs[0]), text_path, prompt_tokens_count)
-    jobs = [(f"{path} ({loop} loop, {label})", _decode_tok_s, (path, prompt, new_tokens, threads, provider, loop, settings[label]))
-            for path, loop, label in contestants]
-    per_round = interleaved_rounds(jobs, rounds)
-    medians = [statistics.median(v) for v in per_round]
-    result = {
-        "variants": [
-            {"path": path, "loop": loop, "settings_label": label, "session_settings": resolved[label],
-             "decode_tok_s": m, "rounds_tok_s": v, "ratio_to_first": m / medians[0]}
-            for (path, loop, label), m, v in zip(contestants, medians, per_round)
-        ],
-        "prompt_tokens": prompt_tokens_count, "new_tokens": new_tokens, "rounds": rounds, "threads": threads,
-        "provider": provider, "process_per_measurement": True, "library_versions": library_versions(),
-    }
-    if output is not None:
-        write_json(output, result)
-    return result
-
-
-def profile_ops(variant_dir, prompt: np.ndarray, threads: int, provider: str, decode_steps: int = 16,
-                loop: str = "bound", settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Per-op-type share of ONNX Runtime kernel time over one prefill and ``decode_steps`` decode steps."""
-    with tempfile.TemporaryDirectory(prefix="qwen-onnx-profile-") as scratch:
-        model = OnnxCausalLM(variant_dir, threads=threads, provider=provider,
-                             profile_prefix=str(Path(scratch) / "ort"), settings=settings)
-        model.greedy(prompt, decode_steps + 1, loop=loop)
-        trace = model.session.end_profiling()
-        summary = summarise_trace(trace, top=12)
-        del model
-    summary.update({"prompt_tokens": int(prompt.shape[0]), "decode_steps": decode_steps})
-    return summary
 
 
 def torch_weight_bytes_per_token(model) -> int:
@@ -673,42 +424,6 @@ def measure_torch_latency(
         **_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats),
         "library_versions": library_versions(),
     })
-    if output is not None:
-        write_json(output, result)
-    return result
-
-
-def profile_variant(
-    variant_dir: str | os.PathLike,
-    text_path: str | os.PathLike,
-    *,
-    decode_prompt_tokens: int = defaults.LATENCY["decode_prompt_tokens"],
-    threads: int = defaults.LATENCY["threads"],
-    provider: str = defaults.LATENCY["provider"],
-    output: str | os.PathLike | None = None,
-) -> dict[str, Any]:
-    """ONNX Runtime's time per op type on one variant (:func:`profile_ops`: one profiled session, a
-    prefill of the text's first ``decode_prompt_tokens`` tokens and 16 decode steps), with the
-    bytes a decode step reads (``weight_bytes_per_token``) and on disk (``bytes_on_disk``).
-
-    Raises:
-        ArtifactError: the model or its external data is missing.
-        TextError: the text is shorter than ``decode_prompt_tokens`` tokens.
-    """
-    from qwen_onnx.source.text import load_tokenizer
-
-    check_options(decode_prompt_tokens=decode_prompt_tokens, threads=threads)
-    model_path(variant_dir)
-    prompt = prompt_tokens(load_tokenizer(variant_dir), text_path, decode_prompt_tokens)
-    result = {
-        "variant_dir": os.fspath(variant_dir),
-        "profile": profile_ops(variant_dir, prompt, threads, provider),
-        "bytes_on_disk": folder_bytes(variant_dir),
-        "weight_bytes_per_token": decode_weight_bytes(load_graph(Path(variant_dir) / MODEL_FILE)),
-        "threads": threads,
-        "provider": provider,
-        "library_versions": library_versions(),
-    }
     if output is not None:
         write_json(output, result)
     return result

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence
@@ -44,17 +43,6 @@ def chat_prompt_ids(tokenizer, prompts: Sequence[str]) -> list[np.ndarray]:
             ids = ids["input_ids"]
         out.append(np.asarray(ids, dtype=np.int64).reshape(-1))
     return out
-
-
-def eos_token_ids(folder: str | os.PathLike) -> list[int]:
-    """Every end-of-sequence id in ``generation_config.json`` (a list or a single id), else ``config.json``'s."""
-    for name in ("generation_config.json", "config.json"):
-        path = Path(folder) / name
-        if path.is_file():
-            value = json.loads(path.read_text()).get("eos_token_id")
-            if value is not None:
-                return [int(v) for v in (value if isinstance(value, list) else [value])]
-    return []
 
 
 def padded_batch_parity(model: OnnxCausalLM, prompts: Sequence[np.ndarray], pad_id: int) -> dict[str, Any]:

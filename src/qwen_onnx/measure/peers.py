@@ -25,7 +25,7 @@ Peers (each row is one way to run the same checkpoint on this CPU):
 - ``genai-builder-int4-ort``: the same graph run by our :class:`~qwen_onnx.run.runtime.OnnxCausalLM`
   (separates the graph from the runtime loop).
 
-Protocol: every measurement runs alone in a fresh process (:func:`qwen_onnx.measure.latency.interleaved_rounds`),
+Protocol: every measurement runs alone in a fresh process (:func:`qwen_onnx.measure.sitting.interleaved_rounds`),
 each round measures every peer once with the order rotating, and a figure is the median of the
 rounds. Inside a process the protocol is :mod:`qwen_onnx.measure.latency`'s for every peer: the same
 prompt (the first tokens of the evaluation text, Hugging Face tokenizer ids, fed as ids to every
@@ -56,12 +56,15 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from qwen_onnx.settings import defaults
-from qwen_onnx.store.artifacts import folder_bytes, library_versions, package_version, read_json, staged_dir, write_json, write_text
+from qwen_onnx.store.artifacts import folder_bytes, read_json, write_json, write_text
+from qwen_onnx.store.staging import staged_dir
+from qwen_onnx.store.provenance import library_versions, package_version
 from qwen_onnx.errors import ArtifactError, PartError, QwenOnnxError, SourceError
 from qwen_onnx.source.resolve import source_gguf
 from qwen_onnx.run.machine import ggml_missing_features, int8_kernel, isa_name, measure_load
 from qwen_onnx.run.runtime import SHARED_CORES_SETTINGS
-from qwen_onnx.measure.latency import _protocol, exit_cause, interleaved_rounds, measure_latency_of_tokens, measure_torch_latency, peak_rss_mib, prompt_tokens
+from qwen_onnx.measure.latency import _protocol, measure_latency_of_tokens, measure_torch_latency, peak_rss_mib, prompt_tokens
+from qwen_onnx.measure.sitting import exit_cause, interleaved_rounds
 
 log = logging.getLogger(__name__)
 
@@ -442,7 +445,7 @@ def run_peers(
     for folder in variant_dirs:
         model_path(folder)
     if tflite_dir is not None:
-        from qwen_onnx.convert.tflite import read_tflite_info
+        from qwen_onnx.run.tflite import read_tflite_info
 
         read_tflite_info(tflite_dir)  # a missing folder is named before anything is measured
     settings = {"prompt_lengths": list(prompt_lengths), "decode_prompt_tokens": decode_prompt_tokens,

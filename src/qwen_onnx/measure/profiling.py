@@ -11,7 +11,13 @@ from __future__ import annotations
 import collections
 import json
 import os
-from typing import Any
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from qwen_onnx.run.runtime import OnnxCausalLM
 
 
 def summarise_trace(path: str | os.PathLike, top: int | None = None) -> dict[str, Any]:
@@ -46,3 +52,18 @@ def summarise_trace(path: str | os.PathLike, top: int | None = None) -> dict[str
             "calls": sum(o["calls"] for o in rest),
         }]
     return {"total_ms": total / 1000.0, "ops": ops}
+
+
+def profile_ops(variant_dir, prompt: np.ndarray, threads: int, provider: str, decode_steps: int = 16,
+                loop: str = "bound", settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Per-op-type share of ONNX Runtime kernel time over one prefill and ``decode_steps`` decode steps."""
+    with tempfile.TemporaryDirectory(prefix="qwen-onnx-profile-") as scratch:
+        model = OnnxCausalLM(variant_dir, threads=threads, provider=provider,
+                             profile_prefix=str(Path(scratch) / "ort"), settings=settings)
+        model.greedy(prompt, decode_steps + 1, loop=loop)
+        trace = model.session.end_profiling()
+        summary = summarise_trace(trace, top=12)
+        del model
+    summary.update({"prompt_tokens": int(prompt.shape[0]), "decode_steps": decode_steps})
+    return summary
+

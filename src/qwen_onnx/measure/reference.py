@@ -40,10 +40,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from qwen_onnx.settings import defaults
-from qwen_onnx.store.artifacts import copy_side_files, library_versions, staged_dir, verify_manifest, write_json
+from qwen_onnx.store.artifacts import copy_side_files, write_json
+from qwen_onnx.store.staging import staged_dir
+from qwen_onnx.store.provenance import library_versions
+from qwen_onnx.store.manifest import verify_manifest
 from qwen_onnx.errors import ArtifactError
 from qwen_onnx.settings.options import check_options
-from qwen_onnx.measure.parity import chat_prompt_ids, eos_token_ids, shipped_prompts
+from qwen_onnx.measure.parity import chat_prompt_ids, shipped_prompts
+from qwen_onnx.source.resolve import eos_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +269,7 @@ def read_reference(folder: str | os.PathLike) -> Reference:
         ArtifactError: ``reference.json`` is missing (the folder is incomplete or not a reference),
             or a file's shape disagrees with it.
         IntegrityError: a file listed in the folder's ``manifest.json`` is missing, truncated or
-            changed (:func:`qwen_onnx.store.artifacts.verify_manifest`).
+            changed (:func:`qwen_onnx.store.manifest.verify_manifest`).
     """
     folder = Path(folder)
     index = folder / REFERENCE_JSON

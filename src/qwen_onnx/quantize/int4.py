@@ -6,7 +6,7 @@ the weight [K, N] stored as uint8 [N, K / block_size, blob] with one scale (and,
 algorithms, one zero point) per ``block_size`` inputs of each output column. ``accuracy_level`` 4
 makes onnxruntime quantize the activation to INT8 per token and block at run time and accumulate
 in integers, the fastest CPU path (onnxruntime docs, ``MatMulNBits``). The lm_head, the MatMuls
-whose GGUF source weights were wider than 4 bits (:mod:`qwen_onnx.source.source_precision`) and those
+whose GGUF source weights were wider than 4 bits (:mod:`qwen_onnx.quantize.source_precision`) and those
 chosen from the sensitivity report can stay at 8 bits; the embedding ``Gather`` becomes
 ``GatherBlockQuantized`` (:mod:`qwen_onnx.quantize.embeddings`), sharing the lm_head's weight on tied models.
 
@@ -42,7 +42,9 @@ from typing import Any, Mapping, Sequence
 
 import onnx
 
-from qwen_onnx.store.artifacts import MODEL_FILE, copy_side_files, library_versions, model_path, read_json, staged_dir, write_json
+from qwen_onnx.store.artifacts import MODEL_FILE, copy_side_files, model_path, read_json, write_json
+from qwen_onnx.store.staging import staged_dir
+from qwen_onnx.store.provenance import library_versions
 from qwen_onnx.convert.genai_config import write_genai_config
 from qwen_onnx.quantize.embeddings import (EmbeddingPlan, check_block_size, embedding_tied, find_lm_head, fitting_block_size,
                          quantize_embedding)
@@ -100,7 +102,7 @@ class Int4Settings(_SensitiveSettings):
         sensitive_scheme: what those get: ``blockwise`` (8-bit MatMulNBits, default) or ``float``.
         source_bits: MatMuls whose GGUF source weight held at least this many bits per weight stay
             8-bit (6: Q6_K and Q8_0, the tensors llama.cpp's Q4_K_M mix keeps wider;
-            :mod:`qwen_onnx.source.source_precision`); 0 turns it off; no effect for float sources.
+            :mod:`qwen_onnx.quantize.source_precision`); 0 turns it off; no effect for float sources.
         nodes_to_exclude: MatMul node names kept float.
         calibration_samples, calibration_sequence_length: ``gptq``: calibration windows and tokens
             per window.
@@ -262,7 +264,7 @@ def int4_pass(graph_only: Path, settings: Int4Settings, keep: Sequence[str], scr
 
 def source_nodes(graph: onnx.GraphProto, min_bits: float, source: str | os.PathLike | Mapping[str, Any] | None,
                  num_layers: int, scratch_dir: Path) -> list[dict[str, Any]]:
-    """The MatMuls :func:`qwen_onnx.source.source_precision.source_precise_nodes` keeps 8-bit, or [] when
+    """The MatMuls :func:`qwen_onnx.quantize.source_precision.source_precise_nodes` keeps 8-bit, or [] when
     ``min_bits`` is 0 or the source is not a GGUF.
 
     The weight types come from ``source.json``'s ``weight_types``; a GGUF source resolved before
@@ -271,7 +273,7 @@ def source_nodes(graph: onnx.GraphProto, min_bits: float, source: str | os.PathL
     Raises:
         QwenOnnxError: a GGUF source without ``weight_types`` that can no longer be read.
     """
-    from qwen_onnx.source.source_precision import source_precise_nodes
+    from qwen_onnx.quantize.source_precision import source_precise_nodes
 
     if not min_bits:
         return []
@@ -293,7 +295,7 @@ def _read_weight_types(info: Mapping[str, Any], num_layers: int, scratch_dir: Pa
     import tempfile
 
     from qwen_onnx.source.resolve import source_gguf
-    from qwen_onnx.source.source_precision import gguf_weight_types
+    from qwen_onnx.source.gguf_file import gguf_weight_types
 
     with tempfile.TemporaryDirectory(prefix="qwen-onnx-gguf-", dir=scratch_dir) as scratch:
         path, note = source_gguf(info.get("source"), scratch)

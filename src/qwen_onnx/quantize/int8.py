@@ -33,16 +33,10 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 import onnx
 
-from qwen_onnx.store.artifacts import (
-    MODEL_FILE,
-    copy_side_files,
-    library_versions,
-    model_path,
-    read_json,
-    reads_variant,
-    staged_dir,
-    write_json,
-)
+from qwen_onnx.store.artifacts import MODEL_FILE, copy_side_files, model_path, read_json, write_json
+from qwen_onnx.store.hub_cache import reads_variant
+from qwen_onnx.store.staging import staged_dir
+from qwen_onnx.store.provenance import library_versions
 from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.quantize.embeddings import EmbeddingPlan, embedding_tied, quantize_embedding
 from qwen_onnx.convert.export import normalise_external_data

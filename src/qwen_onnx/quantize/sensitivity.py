@@ -48,7 +48,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from qwen_onnx.store.artifacts import library_versions, model_path, reads_variant, write_json, write_text
+from qwen_onnx.store.artifacts import model_path, write_json, write_text
+from qwen_onnx.store.hub_cache import reads_variant
+from qwen_onnx.store.provenance import library_versions
 from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.quantize.calibration import TextCalibrationReader
 from qwen_onnx.store.external import lazy_model

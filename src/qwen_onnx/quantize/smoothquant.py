@@ -463,7 +463,8 @@ def smooth_variant(input_dir: str | os.PathLike, output_dir: str | os.PathLike, 
     """
     import shutil
 
-    from qwen_onnx.store.artifacts import MODEL_FILE, copy_side_files, model_path, staged_dir, write_json
+    from qwen_onnx.store.artifacts import MODEL_FILE, copy_side_files, model_path, write_json
+    from qwen_onnx.store.staging import staged_dir
     from qwen_onnx.convert.export import normalise_external_data
     from qwen_onnx.store.external import lazy_model
     from qwen_onnx.source.text import load_tokenizer, token_windows

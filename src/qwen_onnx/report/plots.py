@@ -268,8 +268,8 @@ def plot_prefill(rows: Sequence[dict[str, Any]], lengths: Sequence[int], path: s
 
 def _save(fig, path: str | os.PathLike) -> None:
     """Save ``fig`` as PNG at ``path`` through ``<path>.partial-PID@HOST~`` and a rename (never a
-    half-written image; see :func:`qwen_onnx.store.artifacts.sweep_tree`)."""
-    from qwen_onnx.store.artifacts import owner_tag
+    half-written image; see :func:`qwen_onnx.store.staging.sweep_tree`)."""
+    from qwen_onnx.store.staging import owner_tag
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 import numpy as np
 import psutil
 
-from qwen_onnx.store.artifacts import library_versions
+from qwen_onnx.store.provenance import library_versions
 
 
 def peak_rss_mib() -> float:

@@ -106,7 +106,7 @@ def session_options(
 
     Defaults: onnxruntime's own. Measured on Qwen2.5-Coder-0.5B (onnxruntime 1.32, 2 threads, 3
     interleaved rounds, each measurement in a fresh process, 128-token prompt then 64 greedy tokens,
-    IO-bound loop, :func:`qwen_onnx.measure.latency.compare_decode`), the best setting depends on whether
+    IO-bound loop, :func:`qwen_onnx.measure.compare_decode.compare_decode`), the best setting depends on whether
     the cores are free. Idle 2-core VM (load average under 1.5; commit 447740e, 2026-12-01), decode tok/s with
     intra-op spinning on over off:
 

@@ -23,6 +23,8 @@ EXPORT: Mapping[str, Any] = MappingProxyType({
 })
 #: The allowed values of ``export.exporter``.
 EXPORTERS: tuple[str, ...] = ("optimum", "torch")
+#: The oldest opset the torch route writes (torch.onnx\'s exporter emits opset 18; :mod:`qwen_onnx.convert.torch_export`).
+TORCH_EXPORT_MIN_OPSET = 18
 
 #: ``float16:`` (the fp16 variant): op types and node names kept float32, on top of onnxruntime's
 #: ``float16.DEFAULT_OP_BLOCK_LIST``. Pow and ReduceMean (the RMSNorm's variance) and Softmax: chosen

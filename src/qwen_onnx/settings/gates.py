@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from qwen_onnx.settings.defaults import TFLITE
 from qwen_onnx.settings.variants import VARIANTS
+from qwen_onnx.store.artifacts import SIGNATURES_FILE
 
 #: Figures where a larger value is worse.
 LOWER_IS_BETTER = frozenset(
@@ -106,7 +107,6 @@ def variant_kind(variant: str, tflite_quantize: str = TFLITE["quantize"]) -> str
 def folder_gate_kind(folder: str | os.PathLike) -> str:
     """Gate kind of a variant folder: a tflite folder's from the quantization in its ``tflite.json``,
     any other's from its name (:func:`variant_kind`)."""
-    from qwen_onnx.convert.tflite import SIGNATURES_FILE
 
     path = Path(folder)
     if (path / SIGNATURES_FILE).is_file():

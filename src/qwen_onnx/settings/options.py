@@ -239,10 +239,9 @@ def _check_tflite_lengths(config: dict[str, Any]) -> None:
 
 
 def _check_export_route(config: dict[str, Any]) -> None:
-    """A known exporter; the torch exporter needs opset 18 or newer (:data:`qwen_onnx.convert.torch_export.MIN_OPSET`), for
+    """A known exporter; the torch exporter needs opset 18 or newer (:data:`qwen_onnx.settings.defaults.TORCH_EXPORT_MIN_OPSET`), for
     every model once its own ``export`` section is merged over the global one."""
-    from qwen_onnx.settings.defaults import EXPORT, EXPORTERS
-    from qwen_onnx.convert.torch_export import MIN_OPSET
+    from qwen_onnx.settings.defaults import EXPORT, EXPORTERS, TORCH_EXPORT_MIN_OPSET as MIN_OPSET
 
     shared = config.get("export") or {}
     for name, model in (config.get("models") or {}).items():

@@ -24,7 +24,8 @@ from typing import Iterator, Sequence
 import numpy as np
 import onnx
 
-from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, all_tensors, owner_tag, sweep_stale
+from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, all_tensors
+from qwen_onnx.store.staging import owner_tag, sweep_stale
 from qwen_onnx.errors import ArtifactError
 
 log = logging.getLogger(__name__)
@@ -207,3 +208,42 @@ class DataWriter:
 
     def close(self) -> None:
         self._file.close()
+
+
+def ort_optimize_to_file(
+    source: str | os.PathLike, output: str | os.PathLike, level: str, provider: str = "CPUExecutionProvider"
+) -> None:
+    """Let ONNX Runtime optimize ``source`` at ``level`` (``ORT_ENABLE_BASIC``/``ORT_ENABLE_ALL``) and
+    save the result at ``output`` through ``optimized_model_filepath``, tensors of 1 KiB or more in
+    ``model.onnx_data`` beside it (session config ``session.optimized_model_external_initializers_*``,
+    https://onnxruntime.ai/docs/performance/model-optimizations/graph-optimizations.html)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    options.optimized_model_filepath = str(output)
+    options.add_session_config_entry("session.optimized_model_external_initializers_file_name", DATA_FILE)
+    options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    options.log_severity_level = 3
+    ort.InferenceSession(str(source), options, providers=[provider])
+
+def save_with_external_data(proto: onnx.ModelProto, path: str | os.PathLike) -> None:
+    """Save ``proto`` at ``path`` with every initializer in one external data file ``model.onnx_data``.
+
+    Tensors under 1 KiB stay inline (ONNX Runtime must read shape-like constants such as
+    ``Unsqueeze`` axes from the graph itself); every weight goes to the external file, so a tiny
+    test model has the same layout as the real ones past protobuf's 2 GiB limit.
+    """
+    path = Path(path)
+    data = path.parent / DATA_FILE
+    if data.exists():
+        data.unlink()
+    onnx.save_model(
+        proto,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=DATA_FILE,
+        size_threshold=1024,
+        convert_attribute=False,
+    )

@@ -25,6 +25,7 @@ within one table. Accuracy figures are deterministic.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import gc
 import hashlib
@@ -33,6 +34,7 @@ import logging
 import os
 import shutil
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +42,11 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from qwen_onnx.store.artifacts import folder_bytes, library_versions
-from .errors import QwenOnnxError
+from qwen_onnx.store.artifacts import folder_bytes
+from qwen_onnx.store.provenance import library_versions
+from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.quiet import quiet_third_party
+from qwen_onnx.source.text import CALIBRATION_TEXT, EVALUATION_TEXT, shipped_text
 from qwen_onnx.measure.metrics import AccuracyAccumulator
 from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
 from qwen_onnx.quantize.hadamard import DEFAULT_ROLES as HADAMARD_ROLES
@@ -643,3 +648,63 @@ def recipes_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
             f"{r['top1_pct']:.1f} | {r['mb']:.0f} | {r['decode_tok_s']:.1f} | {r['prefill_ms']:.0f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="benchmark INT8 recipes: accuracy against fp32, MB, decode and prefill speed")
+    p.add_argument("input", nargs="?", default=None, metavar="PREPROCESSED_DIR", help="pre-processed variant folder")
+    p.add_argument("--work-dir", default=None,
+                   help="folder of recipes.jsonl, recipes.md, the fp32 reference logits and the variants")
+    p.add_argument("--sensitivity", default=None,
+                   help="sensitivity report JSON (qwen-onnx sensitivity), needed by the sensitive-MatMul recipes")
+    p.add_argument("--only", default=None, metavar="NAME,NAME", help="run only these recipes (see --list)")
+    p.add_argument("--list", action="store_true", help="print the recipe names and descriptions, then stop")
+    p.add_argument("--calibration-text", default=str(shipped_text(CALIBRATION_TEXT)))
+    p.add_argument("--evaluation-text", default=str(shipped_text(EVALUATION_TEXT)))
+    p.add_argument("--windows", type=int, default=4, help="evaluation windows")
+    p.add_argument("--window-tokens", type=int, default=256, help="tokens per evaluation window")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--prompt-tokens", type=int, default=128, help="prompt of the prefill and decode timings")
+    p.add_argument("--decode-tokens", type=int, default=48, help="timed greedy decode steps")
+    p.add_argument("--keep", action="store_true", help="keep each variant folder after measuring it")
+    p.add_argument("--force", action="store_true", help="measure again the recipes already in recipes.jsonl")
+    return p
+
+
+def run(a: argparse.Namespace) -> None:
+    """The ``recipes`` command: list, or measure the selected recipes into ``--work-dir``."""
+    recipes = select_recipes(a.only)
+    if a.list:
+        for recipe in recipes:
+            print(f"{recipe.name}\t{recipe.description}")
+        return None
+    if a.input is None or a.work_dir is None:
+        raise QwenOnnxError("recipes needs PREPROCESSED_DIR and --work-dir (or --list to see the recipes)")
+    rows = run_recipes(
+        a.input, a.work_dir, recipes, calibration_text=a.calibration_text, evaluation_text=a.evaluation_text,
+        sensitivity=a.sensitivity, windows=a.windows, window_tokens=a.window_tokens, threads=a.threads,
+        prompt_tokens=a.prompt_tokens, decode_tokens=a.decode_tokens, keep=a.keep, force=a.force,
+        markdown=f"{a.work_dir}/recipes.md",
+    )
+    print(recipes_markdown(rows), end="")
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``python -m lab.recipes --help`` from the repository root; 2 and one line on bad input."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    quiet_third_party()
+    try:
+        result = run(args)
+    except QwenOnnxError as exc:
+        print(f"lab.recipes: {exc}", file=sys.stderr)
+        return 2
+    if result is not None:
+        print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""The INT8 recipe benchmark on the tiny Qwen2: rows, exactness of the fp32 row, resume, errors, CLI."""
+"""The INT8 recipe benchmark (lab/recipes.py) on the tiny Qwen2: rows, exactness of the fp32 row, resume, errors, CLI."""
 
 from __future__ import annotations
 
@@ -10,17 +10,10 @@ import shutil
 import numpy as np
 import pytest
 
-from qwen_onnx import recipes as recipes_module
-from qwen_onnx.cli import main
+import lab.recipes as recipes_module
+from lab.recipes import main
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.recipes import (
-    DEFAULT_RECIPES,
-    ROWS_FILE,
-    read_rows,
-    recipes_markdown,
-    run_recipes,
-    select_recipes,
-)
+from lab.recipes import DEFAULT_RECIPES, ROWS_FILE, read_rows, recipes_markdown, run_recipes, select_recipes
 from qwen_onnx.quantize.sensitivity import analyse_sensitivity
 
 NAMES = ("dynamic-blockwise-b32", "dynamic-sensitive8-float", "static-minmax")
@@ -176,18 +169,18 @@ def test_recipe_errors_come_before_any_work(pipeline, texts, tmp_path):
 
 
 def test_cli_lists_resumes_and_names_unknown_recipes(benchmark, pipeline, texts, tmp_path, capsys):
-    assert main(["recipes", "--list"]) == 0
+    assert main(["--list"]) == 0
     listed = capsys.readouterr().out.splitlines()
     assert [line.split("\t")[0] for line in listed] == [r.name for r in DEFAULT_RECIPES]
-    assert main(["recipes", "--list", "--only", "static-nope"]) == 2
+    assert main(["--list", "--only", "static-nope"]) == 2
     assert "known recipes: dynamic-per-tensor" in capsys.readouterr().err
-    assert main(["recipes", str(pipeline["preprocessed"])]) == 2
+    assert main([str(pipeline["preprocessed"])]) == 2
     assert "needs PREPROCESSED_DIR and --work-dir" in capsys.readouterr().err
 
     work = tmp_path / "work"
     shutil.copytree(benchmark["work"], work)
     (work / "recipes.md").unlink()
-    argv = ["recipes", str(pipeline["preprocessed"]), "--work-dir", str(work), "--only", ",".join(NAMES),
+    argv = [str(pipeline["preprocessed"]), "--work-dir", str(work), "--only", ",".join(NAMES),
             "--sensitivity", str(benchmark["sensitivity"]), "--calibration-text", str(texts["calibration"]),
             "--evaluation-text", str(texts["evaluation"]), "--windows", "1", "--window-tokens", "32",
             "--threads", "1", "--prompt-tokens", "16", "--decode-tokens", "4"]
@@ -196,3 +189,19 @@ def test_cli_lists_resumes_and_names_unknown_recipes(benchmark, pipeline, texts,
     assert printed == (work / "recipes.md").read_text() == recipes_markdown(benchmark["rows"])
     assert len(read_rows(work / ROWS_FILE)) == 1 + len(NAMES)
     assert json.loads((work / ROWS_FILE).read_text().splitlines()[0])["name"] == "fp32"
+
+
+def test_int4_recipes_cover_every_algorithm():
+    from qwen_onnx.quantize.int4 import ALGORITHMS
+
+    int4 = [r for r in DEFAULT_RECIPES if r.kind == "int4"]
+    assert {r.build_settings().algorithm for r in int4} == set(ALGORITHMS)
+    assert select_recipes("int4-kquant-b32-emb4-sensitive24")[0].needs_sensitivity
+
+
+def test_out_of_range_windows_are_refused_in_one_line(pipeline, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([str(pipeline["preprocessed"]), "--work-dir", str(out), "--windows", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == "lab.recipes: windows 0 is out of range; give an integer of at least 1"
+    assert "Traceback" not in err and not out.exists()

@@ -16,12 +16,12 @@ GGUF with gguf-py's ``get_tensor_name_map`` (the table transformers' GGUF loader
 
 from __future__ import annotations
 
-import os
 from typing import Any, Mapping
 
 import onnx
 
 from qwen_onnx.quantize.matmuls import node_role, weight_matmuls
+from qwen_onnx.source.gguf_file import FLOAT_TYPES, bits_per_weight
 
 #: Hugging Face parameter names behind each weight-MatMul role of layer ``{i}`` (a fused graph's
 #: packed ``qkv_proj`` reads three).
@@ -32,54 +32,6 @@ ROLE_PARAMETERS = {
     **{r: (f"model.layers.{{i}}.mlp.{r}.weight",) for r in ("gate_proj", "up_proj", "down_proj")},
     "lm_head": ("lm_head.weight",),
 }
-
-
-#: GGML types that are not quantized.
-FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
-
-
-def bits_per_weight(type_name: str) -> float:
-    """Stored bits per weight of a GGML type (``"Q6_K"`` -> 6.5625), from gguf-py's ``GGML_QUANT_SIZES``.
-
-    Raises:
-        KeyError: ``type_name`` is not a ``gguf.GGMLQuantizationType``.
-    """
-    import gguf
-
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
-    return size * 8 / block
-
-
-def gguf_weight_types(path: str | os.PathLike, num_layers: int) -> dict[str, str]:
-    """Hugging Face parameter name -> GGML type name of every 2-D tensor of the GGUF at ``path``.
-
-    Args:
-        path: a GGUF file (read through gguf-py's memory-mapped ``GGUFReader``; no tensor is loaded).
-        num_layers: the decoder layers (``config.num_hidden_layers``), for the name map.
-
-    Returns:
-        For example ``{"model.layers.0.self_attn.v_proj.weight": "Q8_0", "lm_head.weight": "Q8_0"}``;
-        tensors without a Hugging Face name (none in a Qwen GGUF) are left out, and a tied model's
-        ``output.weight``, absent from the file, has no entry.
-    """
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
-    arch_field = reader.fields["general.architecture"]
-    arch = bytes(arch_field.parts[arch_field.data[0]]).decode()
-    arch_id = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
-    by_gguf = {t.name: t.tensor_type.name for t in reader.tensors if len(t.shape) == 2}
-    name_map = gguf.get_tensor_name_map(arch_id, num_layers)
-    hf_names = [f"model.layers.{i}.{m}.weight" for i in range(num_layers)
-                for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                          "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
-    hf_names += ["model.embed_tokens.weight", "lm_head.weight"]
-    types = {}
-    for hf in hf_names:
-        gguf_name = name_map.get_name(hf, try_suffixes=(".weight",))
-        if gguf_name in by_gguf:
-            types[hf] = by_gguf[gguf_name]
-    return types
 
 
 def source_precise_nodes(graph: onnx.GraphProto, types: Mapping[str, str], min_bits: float) -> list[dict[str, Any]]:
