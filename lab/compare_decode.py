@@ -16,7 +16,8 @@ from qwen_onnx.source.text import EVALUATION_TEXT, shipped_text
 from qwen_onnx.store.artifacts import model_path, write_json
 from qwen_onnx.store.provenance import library_versions
 from qwen_onnx.settings.options import check_options
-from qwen_onnx.run.runtime import LOOPS, OnnxCausalLM, resolve_settings
+from qwen_onnx.run.runtime import LOOPS, OnnxCausalLM
+from qwen_onnx.run.session import resolve_settings
 from qwen_onnx.measure.latency import median_decode_step, prompt_tokens
 from qwen_onnx.measure.sitting import interleaved_rounds
 
@@ -43,7 +44,7 @@ def compare_decode(
     """Decode speed of several ONNX variants measured in turns, for a fair A/B on a noisy machine.
 
     The contestants are every variant x decode loop (``loops``) x named session settings
-    (``settings``: label -> overrides of :func:`qwen_onnx.run.runtime.session_options`; default one
+    (``settings``: label -> overrides of :func:`qwen_onnx.run.session.session_options`; default one
     entry ``default`` with none), in that order.
 
     Each round measures every variant once, the order rotating by one each round, so a slow spell

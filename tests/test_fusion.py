@@ -211,7 +211,7 @@ def test_builder_method_needs_a_hugging_face_folder(tmp_path):
 def test_report_graph_row_lists_the_fused_ops(fused, tmp_path):
     from qwen_onnx.store.artifacts import write_json
     from qwen_onnx.measure.inspect_graph import inspect_model
-    from qwen_onnx.report.build import graph_rows
+    from qwen_onnx.report.rows import graph_rows
 
     family, _, folder, _ = fused
     write_json(tmp_path / "inspect.json", inspect_model(folder))

@@ -198,7 +198,7 @@ def test_onnxruntime_genai_generates_our_tokens(name, pipeline, qwen3_fp32, qwen
 
 
 def test_session_settings_reach_onnxruntime():
-    from qwen_onnx.run.runtime import DEFAULT_SETTINGS, resolve_settings, session_options
+    from qwen_onnx.run.session import DEFAULT_SETTINGS, resolve_settings, session_options
 
     options = session_options(1, settings={"intra_op_spinning": False, "inter_op_spinning": True,
                                            "dynamic_block_base": 4, "graph_optimization_level": "basic",

@@ -8,10 +8,12 @@ import onnx
 import pytest
 
 from qwen_onnx.measure.inspect_graph import decode_weight_bytes, initializer_bytes
-from qwen_onnx.measure.latency import measure_latency, measure_torch_latency, percentile
+from qwen_onnx.measure.latency import measure_latency, percentile
+from qwen_onnx.measure.latency_torch import measure_torch_latency
 from qwen_onnx.run.machine import memory_bandwidth_gb_s
 from qwen_onnx.measure.profiling import summarise_trace
-from qwen_onnx.report.build import build_report, columns
+from qwen_onnx.report.build import build_report
+from qwen_onnx.report.tables import columns
 
 VOCAB, HIDDEN = 384, 64
 SMALL = dict(prompt_lengths=(8, 16), decode_prompt_tokens=16, new_tokens=5, threads=1, warmup=0, repeats=3)
@@ -178,7 +180,7 @@ def test_report_rows_ratios_roofline_and_gates(tmp_path):
 
 
 def test_protocol_warms_decode_up_with_a_short_run_then_times_full_runs():
-    from qwen_onnx.measure.latency import DECODE_WARMUP_TOKENS, _protocol
+    from qwen_onnx.measure.latency import DECODE_WARMUP_TOKENS, timing_protocol
 
     calls = []
 
@@ -190,11 +192,11 @@ def test_protocol_warms_decode_up_with_a_short_run_then_times_full_runs():
         steps.extend([0.01] * (count - 1))  # 100 tok/s
         return 0.05
 
-    result = _protocol(prefill, generate, np.arange(64), [8, 32], 32, 40, 2, 3)
+    result = timing_protocol(prefill, generate, np.arange(64), [8, 32], 32, 40, 2, 3)
     assert DECODE_WARMUP_TOKENS == 16
     assert calls == [("prefill", 8)] * 5 + [("prefill", 32)] * 5 + [("generate", 32, 16)] * 2 + [("generate", 32, 40)] * 3
     assert result["decode_tok_s"] == pytest.approx(100.0) and result["ttft_ms"] == pytest.approx(50.0)
     # fewer new tokens than the warm-up length: the warm-up decodes new_tokens
     calls.clear()
-    _protocol(prefill, generate, np.arange(64), [8], 8, 4, 1, 1)
+    timing_protocol(prefill, generate, np.arange(64), [8], 8, 4, 1, 1)
     assert calls[2:] == [("generate", 8, 4), ("generate", 8, 4)]

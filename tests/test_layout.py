@@ -1,25 +1,54 @@
-"""The package's layout: no import cycle between its modules (one direction of dependency each)."""
+"""The package's layering: every module imports only its own layer and the layers below (docs/architecture.md),
+with no import cycle."""
 
 import ast
 from pathlib import Path
+
+import pytest
 
 import qwen_onnx
 
 PACKAGE = Path(qwen_onnx.__file__).parent
 
+#: The layers from the bottom up: a module may import from its own layer and the ones before it. ``errors`` and
+#: ``quiet`` are the base every layer uses; ``cli`` and ``snakemake_support`` sit on top.
+LAYERS = ("errors", "quiet", "store", "settings", "run", "source", "convert", "quantize", "measure", "report", "cli",
+          "snakemake_support")
 
-def _imports(path: Path) -> set[str]:
-    """Sibling modules a module imports, at top level or inside functions (``from .x import ...``)."""
+
+def _rank(module: str) -> int:
+    """Layer index of ``qwen_onnx.<layer>[.<module>]``; the base modules share rank 0."""
+    layer = module.split(".")[1]
+    if layer not in LAYERS:
+        raise AssertionError(f"{module} is in no layer: add its folder to LAYERS and docs/architecture.md")
+    return 0 if layer in ("errors", "quiet") else LAYERS.index(layer)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(source: str) -> set[str]:
+    """``qwen_onnx`` modules a module imports, at top level or inside functions."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            if node.module:
-                found.add(node.module.split(".")[0])
-            else:
-                found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("qwen_onnx."):
-            found.add(node.module.split(".")[1])
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            raise AssertionError("relative import: write qwen_onnx.<layer>.<module>")
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("qwen_onnx."):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("qwen_onnx."))
     return found
+
+
+def _upward(modules: dict[str, str]) -> list[str]:
+    """``"importer -> imported"`` for every import of a higher layer."""
+    for name in modules:
+        if name != "qwen_onnx":
+            _rank(name)
+    return [f"{name} -> {target}" for name, source in sorted(modules.items()) for target in sorted(_imports(source))
+            if name != "qwen_onnx" and _rank(target) > _rank(name)]
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -40,15 +69,29 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
-def test_cycle_finder_sees_a_cycle():
+def _package() -> dict[str, str]:
+    return {_module_name(p): p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py")}
+
+
+def test_the_layer_check_sees_an_upward_import_and_a_cycle():
+    assert _upward({"qwen_onnx.store.staging": "from qwen_onnx.measure.latency import prompt_tokens\n",
+                    "qwen_onnx.report.build": "from qwen_onnx.store.staging import staged_dir\n"}) == [
+        "qwen_onnx.store.staging -> qwen_onnx.measure.latency"]
+    assert _upward({"qwen_onnx.run.session": "def f():\n    import qwen_onnx.cli.parser\n"}) == [
+        "qwen_onnx.run.session -> qwen_onnx.cli.parser"]
+    with pytest.raises(AssertionError, match="qwen_onnx.lab.x is in no layer"):
+        _upward({"qwen_onnx.lab.x": ""})
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
+def test_no_module_imports_a_higher_layer():
+    assert _upward(_package()) == []
+
+
 def test_no_import_cycle_between_modules():
-    modules = {p.stem: p for p in PACKAGE.glob("*.py")}
-    graph = {name: {m for m in _imports(path) if m in modules and m != name} for name, path in modules.items()}
-    assert graph["quantize"] >= {"activation_ranges", "smoothquant", "matmuls", "blockwise", "sensitivity"}
+    modules = _package()
+    graph = {name: {m for m in _imports(source) if m in modules and m != name} for name, source in modules.items()}
     assert _cycles(graph) == []
 
 

@@ -9,8 +9,10 @@ import statistics
 
 import pytest
 
-from qwen_onnx.measure import peers
-from qwen_onnx.measure.peers import GENAI, GENAI_ORT, LLAMA_CPP, build_genai_int4, run_peers
+from qwen_onnx.measure import peers, peers_table
+from qwen_onnx.measure.peers import run_peers
+from qwen_onnx.measure.peers_table import GENAI, GENAI_ORT, LLAMA_CPP
+from qwen_onnx.convert.genai_builder import build_genai_int4
 from qwen_onnx.source.resolve import source_gguf
 
 SMALL = dict(prompt_lengths=(8, 16), decode_prompt_tokens=8, new_tokens=5, threads=1, warmup=1, repeats=1)
@@ -172,13 +174,14 @@ def test_a_failed_build_is_recorded_and_its_row_skipped(pipeline, texts, tmp_pat
     monkeypatch.setattr(peers, "_installed", lambda module: module == "onnxruntime_genai")
     result = run_peers(hf, [], texts["evaluation"], pytorch=False, work_dir=tmp_path / "work", rounds=1, **SMALL)
     rows = _by_peer(result)
-    assert rows[GENAI]["skipped"] == rows[GENAI_ORT]["skipped"] == peers._one_line(f"builder failed: {record['error']}")
+    assert rows[GENAI]["skipped"] == rows[GENAI_ORT]["skipped"] == peers_table.one_line(f"builder failed: {record['error']}")
 
 
 def test_report_has_the_peers_section_and_metrics_rows(peers_run, tmp_path):
     from test_latency_and_report import _fake_reports
 
-    from qwen_onnx.report.build import build_report, columns
+    from qwen_onnx.report.build import build_report
+    from qwen_onnx.report.tables import columns
 
     result, work, _ = peers_run
     variants = ["fp32", "int8-static"]

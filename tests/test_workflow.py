@@ -98,7 +98,7 @@ def test_full_run_writes_every_artifact(finished_run):
     assert json.loads((results / "tiny" / "reports" / "tflite.latency.json").read_text())["profile"] is None
     with open(results / "metrics.csv", newline="") as f:
         rows_read = list(csv.DictReader(f))
-    from qwen_onnx.report.build import PEER_VARIANTS
+    from qwen_onnx.report.rows import PEER_VARIANTS
 
     # every speed figure comes from each model's one timing sitting (the peers stage)
     assert {r["measured_by"] for r in rows_read} == {"peers"}

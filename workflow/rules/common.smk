@@ -9,7 +9,7 @@ import yaml
 from snakemake.utils import validate
 
 import qwen_onnx
-import qwen_onnx.store.artifacts
+import qwen_onnx.store.staging
 import qwen_onnx.settings.options
 import qwen_onnx.settings.variants
 from qwen_onnx.settings.gates import DEFAULT_GATES, variant_kind
@@ -41,7 +41,7 @@ RESULTS = config.get("results", "results")
 onstart:
     # temporary files of jobs killed in an earlier run (SIGKILL, OOM killer, power cut) go first;
     # here, not at parse time, so that -n, --lint and every cluster job's own parse write nothing
-    qwen_onnx.store.artifacts.sweep_tree(RESULTS)
+    qwen_onnx.store.staging.sweep_tree(RESULTS)
 
 
 VARIANTS = list(

@@ -1,5 +1,5 @@
 """Snakemake wrapper: ONNX Runtime's time per op type on one variant."""
-from qwen_onnx.measure.latency import profile_variant
+from qwen_onnx.measure.profile import profile_variant
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):

@@ -40,14 +40,12 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
 from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, all_tensors, copy_side_files, model_path, write_json
 from qwen_onnx.store.hub_cache import reads_variant
@@ -59,6 +57,7 @@ from qwen_onnx.errors import ArtifactError
 from qwen_onnx.store.external import lazy_model
 from qwen_onnx.settings.qwen_config import check_config, layer_windows
 from qwen_onnx.convert.tied import store_tied_once
+from qwen_onnx.convert.gqa_edits import left_padding_support, set_layer_windows, set_rotary_caches
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +75,7 @@ FUSED_OPS = (
     "MatMulNBits",
 )
 
-#: Additive bias on the attention scores of padded key positions. Finite (not -inf) so that a padding
-#: query row, whose keys are all padding, softmaxes to a uniform row instead of NaN; large enough
-#: that exp(bias) underflows to exactly 0 in float32 next to any real score.
-PAD_BIAS = -1.0e9
 
-# GroupQueryAttention input slots (com.microsoft contrib op spec, onnxruntime ContribOperators.md)
-_GQA_SEQLENS_K, _GQA_TOTAL_SEQUENCE, _GQA_ATTENTION_BIAS = 5, 6, 10
 
 
 def _op_histogram(path: Path) -> collections.Counter:
@@ -105,215 +98,6 @@ def fused_op_counts(graph: onnx.GraphProto) -> dict[str, int]:
         1 for n in attention if any(a.name == "do_rotary" and a.i == 1 for a in n.attribute)
     )
     return counts
-
-
-def _remove_dead_nodes(graph: onnx.GraphProto) -> int:
-    """Drop nodes none of whose outputs is read; returns how many were dropped."""
-    dropped = 0
-    while True:
-        used = {name for n in graph.node for name in n.input} | {o.name for o in graph.output}
-        dead = [n for n in graph.node if not any(o in used for o in n.output if o)]
-        if not dead:
-            return dropped
-        for n in dead:
-            graph.node.remove(n)
-        dropped += len(dead)
-
-
-def left_padding_support(model: onnx.ModelProto) -> int:
-    """Make the builder's ``GroupQueryAttention`` graph exact for left-padded batches as well as
-    right-padded ones (onnxruntime-genai's), in place.
-
-    For each row whose first ``attention_mask`` column is 0 (left padding), every attention node's
-    ``seqlens_k`` (the builder's ``ReduceSum(attention_mask) - 1``) becomes ``total_sequence_length
-    - 1``, int32 [batch], and its ``attention_bias`` float [batch, 1, sequence, total_sequence] row
-    ``(attention_mask - 1) * 1e9`` (0 for real tokens, :data:`PAD_BIAS` for padding). Every other
-    row (no padding, or right padding: onnxruntime-genai writes each new token at ``seqlens_k``, over
-    the padding) keeps the builder's ``seqlens_k`` and a zero bias. For a batch without padding both
-    inputs are what the builder's graph computes.
-
-    Returns:
-        The number of attention nodes rewritten.
-
-    Raises:
-        ArtifactError: the graph has no ``input_ids`` or ``attention_mask`` input, or an attention node already has
-            an ``attention_bias`` or no ``total_sequence_length``.
-    """
-    graph = model.graph
-    names = {i.name for i in graph.input}
-    if not {"attention_mask", "input_ids"} <= names:
-        raise ArtifactError(
-            f"left padding support needs input_ids and attention_mask graph inputs, got {sorted(names)}"
-        )
-    attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
-    if not attention:
-        return 0
-    total = attention[0].input[_GQA_TOTAL_SEQUENCE]
-    native = attention[0].input[_GQA_SEQLENS_K]
-    for n in attention:
-        if len(n.input) > _GQA_ATTENTION_BIAS and n.input[_GQA_ATTENTION_BIAS]:
-            raise ArtifactError(f"{n.name} already has an attention_bias input")
-        if n.input[_GQA_TOTAL_SEQUENCE] != total or not total:
-            raise ArtifactError(f"{n.name}: expected one shared total_sequence_length input, got {n.input}")
-        if n.input[_GQA_SEQLENS_K] != native or not native:
-            raise ArtifactError(f"{n.name}: expected one shared seqlens_k input, got {n.input}")
-    past = next((i for i in graph.input if i.name.startswith("past_key_values.")), None)
-    bias_type = past.type.tensor_type.elem_type if past is not None else TensorProto.FLOAT
-    bias_dtype = helper.tensor_dtype_to_np_dtype(bias_type)
-    prefix = "/qwen_onnx/left_padding"
-    graph.initializer.extend(
-        [
-            numpy_helper.from_array(np.array([0], dtype=np.int64), f"{prefix}/zero_1d"),
-            numpy_helper.from_array(np.array([1], dtype=np.int64), f"{prefix}/one_1d"),
-            numpy_helper.from_array(np.array([1, 2], dtype=np.int64), f"{prefix}/axes_1_2"),
-            numpy_helper.from_array(np.array(1, dtype=np.int32), f"{prefix}/one_i32"),
-            numpy_helper.from_array(np.array(1, dtype=bias_dtype), f"{prefix}/one"),
-            numpy_helper.from_array(np.array(-PAD_BIAS, dtype=bias_dtype), f"{prefix}/pad_bias"),
-            numpy_helper.from_array(np.array(0, dtype=np.int64), f"{prefix}/zero_i64"),
-            numpy_helper.from_array(np.array(0, dtype=np.int64), f"{prefix}/zero"),
-        ]
-    )
-    seqlens, bias = f"{prefix}/seqlens_k", f"{prefix}/attention_bias"
-    nodes = [
-        # batch: Shape(attention_mask)[0:1], int64 [1]
-        helper.make_node("Shape", ["attention_mask"], [f"{prefix}/mask_shape"], name=f"{prefix}/Shape"),
-        helper.make_node(
-            "Gather",
-            [f"{prefix}/mask_shape", f"{prefix}/zero_1d"],
-            [f"{prefix}/batch"],
-            name=f"{prefix}/Gather",
-            axis=0,
-        ),
-        # left: bool [batch], the row's first column is padding
-        helper.make_node("Gather", ["attention_mask", f"{prefix}/zero_i64"], [f"{prefix}/first_column"],
-                         name=f"{prefix}/Gather_first", axis=1),
-        helper.make_node("Equal", [f"{prefix}/first_column", f"{prefix}/zero"], [f"{prefix}/left"],
-                         name=f"{prefix}/Equal_left"),
-        # seqlens_k = total_sequence_length - 1 on left-padded rows, the builder's elsewhere: int32 [batch]
-        helper.make_node("Sub", [total, f"{prefix}/one_i32"], [f"{prefix}/total_minus_1"], name=f"{prefix}/Sub_total"),
-        helper.make_node("Expand", [f"{prefix}/total_minus_1", f"{prefix}/batch"], [f"{prefix}/seqlens_left"],
-                         name=f"{prefix}/Expand"),
-        helper.make_node("Where", [f"{prefix}/left", f"{prefix}/seqlens_left", native], [seqlens],
-                         name=f"{prefix}/Where_seqlens"),
-        # attention_bias = (mask - 1) * 1e9 on left-padded rows, 0 elsewhere: [batch, total] ->
-        # [batch, 1, 1, total] -> [batch, 1, sequence, total] (the kernel wants the sequence axis in full)
-        helper.make_node("Cast", ["attention_mask"], [f"{prefix}/mask_float"], name=f"{prefix}/Cast", to=bias_type),
-        helper.make_node(
-            "Sub", [f"{prefix}/mask_float", f"{prefix}/one"], [f"{prefix}/mask_minus_1"], name=f"{prefix}/Sub_mask"
-        ),
-        helper.make_node(
-            "Mul", [f"{prefix}/mask_minus_1", f"{prefix}/pad_bias"], [f"{prefix}/bias_all"], name=f"{prefix}/Mul"
-        ),
-        helper.make_node("Unsqueeze", [f"{prefix}/left", f"{prefix}/one_1d"], [f"{prefix}/left_2d"],
-                         name=f"{prefix}/Unsqueeze_left"),
-        helper.make_node("Cast", [f"{prefix}/left_2d"], [f"{prefix}/left_float"], name=f"{prefix}/Cast_left",
-                         to=bias_type),
-        helper.make_node(
-            "Mul", [f"{prefix}/bias_all", f"{prefix}/left_float"], [f"{prefix}/bias_2d"], name=f"{prefix}/Mul_left"
-        ),
-        helper.make_node(
-            "Unsqueeze", [f"{prefix}/bias_2d", f"{prefix}/axes_1_2"], [f"{prefix}/bias_4d"], name=f"{prefix}/Unsqueeze"
-        ),
-        helper.make_node("Shape", ["input_ids"], [f"{prefix}/ids_shape"], name=f"{prefix}/Shape_ids"),
-        helper.make_node(
-            "Gather",
-            [f"{prefix}/ids_shape", f"{prefix}/one_1d"],
-            [f"{prefix}/sequence"],
-            name=f"{prefix}/Gather_seq",
-            axis=0,
-        ),
-        helper.make_node(
-            "Concat",
-            [f"{prefix}/one_1d", f"{prefix}/one_1d", f"{prefix}/sequence", f"{prefix}/one_1d"],
-            [f"{prefix}/bias_shape"],
-            name=f"{prefix}/Concat",
-            axis=0,
-        ),
-        helper.make_node("Expand", [f"{prefix}/bias_4d", f"{prefix}/bias_shape"], [bias], name=f"{prefix}/Expand_bias"),
-    ]
-    first = list(graph.node).index(attention[0])
-    for offset, node in enumerate(nodes):
-        graph.node.insert(first + offset, node)
-    for n in attention:
-        inputs = list(n.input) + [""] * max(0, _GQA_ATTENTION_BIAS + 1 - len(n.input))
-        inputs[_GQA_SEQLENS_K] = seqlens
-        inputs[_GQA_ATTENTION_BIAS] = bias
-        del n.input[:]
-        n.input.extend(inputs)
-    dropped = _remove_dead_nodes(graph)
-    log.info(
-        "left padding: %d attention nodes take seqlens_k = total - 1 and attention_bias on left-padded rows; "
-        "%d nodes dropped",
-        len(attention),
-        dropped,
-    )
-    return len(attention)
-
-
-def set_layer_windows(model: onnx.ModelProto, windows: list[int]) -> list[int]:
-    """Give each layer's ``GroupQueryAttention`` node its own ``local_window_size``, in place.
-
-    onnxruntime-genai's builder (0.13) puts ``config.sliding_window`` on every layer, ignoring
-    ``use_sliding_window``, ``max_window_layers`` and ``layer_types`` (onnxruntime-genai#2490): a Qwen2
-    with only its later layers windowed then windows all of them.
-
-    Args:
-        windows: :func:`qwen_onnx.settings.qwen_config.layer_windows`, one per layer.
-
-    Returns:
-        The windows set, in layer order.
-
-    Raises:
-        ArtifactError: the graph's attention nodes are not one per layer.
-    """
-    attention = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
-    if len(attention) != len(windows):
-        raise ArtifactError(f"{len(attention)} GroupQueryAttention nodes for {len(windows)} layers")
-    for node, window in zip(attention, windows):
-        attrs = [a for a in node.attribute if a.name != "local_window_size"]
-        del node.attribute[:]
-        node.attribute.extend([*attrs, helper.make_attribute("local_window_size", window)])
-    return windows
-
-
-def set_rotary_caches(model: onnx.ModelProto, config: dict, data_file: Path) -> int | None:
-    """Replace the builder's ``cos_cache`` and ``sin_cache`` by transformers' own for a config with a
-    static ``rope_scaling``, over :func:`~qwen_onnx.settings.qwen_config.context_length` positions, in place.
-
-    The builder (0.13) sizes the caches to ``max_position_embeddings``, so a scaled model failed past
-    its original context (``cos_cache dimension 0 shall not be less than total_sequence_length``).
-    The new tensors are appended to ``data_file``, the graph's external data.
-
-    Returns:
-        The positions the caches now cover, or None (no ``rope_scaling``: the builder's caches kept).
-
-    Raises:
-        ArtifactError: the graph has no ``cos_cache``/``sin_cache`` of the expected width.
-    """
-    from qwen_onnx.settings.qwen_config import context_length, rope_type, rotary_caches
-
-    if rope_type(config) == "default":
-        return None
-    length = context_length(config)
-    cos, sin = rotary_caches(config, length)
-    tensors = {t.name: t for t in model.graph.initializer if t.name in ("cos_cache", "sin_cache")}
-    if set(tensors) != {"cos_cache", "sin_cache"} or list(tensors["cos_cache"].dims)[1:] != [cos.shape[1]]:
-        raise ArtifactError(f"the builder graph has no cos_cache/sin_cache [positions, {cos.shape[1]}] to replace")
-    with open(data_file, "ab") as out:
-        for name, values in (("cos_cache", cos), ("sin_cache", sin)):
-            offset = out.tell()
-            out.write(values.tobytes())
-            tensor = tensors[name]
-            tensor.ClearField("raw_data")
-            del tensor.dims[:]
-            tensor.dims.extend(values.shape)
-            tensor.data_type = TensorProto.FLOAT
-            del tensor.external_data[:]
-            tensor.data_location = TensorProto.EXTERNAL
-            for key, value in (("location", data_file.name), ("offset", str(offset)), ("length", str(values.nbytes))):
-                entry = tensor.external_data.add()
-                entry.key, entry.value = key, value
-    return length
 
 
 def _relocate_external_data(model: onnx.ModelProto, location: str) -> int:

@@ -41,7 +41,7 @@ from qwen_onnx.store.manifest import verify_manifest
 from qwen_onnx.settings.defaults import TFLITE, TFLITE_QUANTIZATIONS
 from qwen_onnx.errors import ArchitectureError, ArtifactError, ExportError, OptionError
 from qwen_onnx.store.artifacts import SIGNATURES_FILE, TFLITE_FILE
-from qwen_onnx.run.tflite import DECODE_SIGNATURE, _require_litert, describe_signatures, prefill_signature
+from qwen_onnx.run.tflite import DECODE_SIGNATURE, require_litert, describe_signatures, prefill_signature
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,7 @@ def convert_tflite(
     hf_dir = Path(hf_dir)
     config = _hf_config(hf_dir)
     check_tflite_config(config, str(hf_dir / "config.json"))
-    _require_litert()
+    require_litert()
     verify_manifest(hf_dir)
 
     from litert_torch.generative.utilities import converter, model_builder

@@ -43,7 +43,8 @@ from qwen_onnx.run.machine import machine_isa
 from qwen_onnx.settings.options import check_options
 from qwen_onnx.measure.parity import generation_parity, kv_cache_parity, padded_batch_parity
 from qwen_onnx.measure.reference import load_torch_model, read_reference, torch_logits, write_reference  # noqa: F401 (re-exported)
-from qwen_onnx.run.runtime import SHARED_CORES_SETTINGS, OnnxCausalLM
+from qwen_onnx.run.runtime import OnnxCausalLM
+from qwen_onnx.run.session import SHARED_CORES_SETTINGS
 from qwen_onnx.run.tflite import TfliteCausalLM, is_tflite_folder
 
 log = logging.getLogger(__name__)
@@ -191,7 +192,7 @@ def accuracy_from_reference(
                  "padded_batch": PADDED_BATCH_NOT_APPLICABLE,
                  "gate_limits_not_applicable": {k: limits.pop(k) for k in TFLITE_NOT_APPLICABLE if k in limits}}
     else:
-        # accuracy jobs share the cores with other jobs: spinning threads would slow them (runtime.session_options)
+        # accuracy jobs share the cores with other jobs: spinning threads would slow them (session.session_options)
         settings = {**SHARED_CORES_SETTINGS, **({"graph_optimization_level": "disable"} if emulate_integer else {})}
         variant = OnnxCausalLM(variant_dir, threads=threads, settings=settings)
         extra = {"integer_kernels": "emulated: graph optimizations off, QDQ computed in float" if emulate_integer

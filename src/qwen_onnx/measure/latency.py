@@ -46,7 +46,8 @@ from qwen_onnx.errors import ArtifactError
 from qwen_onnx.measure.inspect_graph import decode_weight_bytes, load_graph
 from qwen_onnx.run.machine import peak_rss_mib  # noqa: F401 (re-exported: peers and the tests read it here)
 from qwen_onnx.settings.options import check_options
-from qwen_onnx.run.runtime import LOOPS, SHARED_CORES_SETTINGS, OnnxCausalLM, resolve_settings
+from qwen_onnx.run.runtime import LOOPS, OnnxCausalLM
+from qwen_onnx.run.session import SHARED_CORES_SETTINGS, resolve_settings
 from qwen_onnx.source.text import read_text
 from qwen_onnx.measure.profiling import profile_ops
 
@@ -88,7 +89,7 @@ def _time(fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
     return out
 
 
-def _protocol(
+def timing_protocol(
     prefill: Callable[[np.ndarray], Any],
     generate: Callable[[np.ndarray, int, list[float]], float],
     tokens: np.ndarray,
@@ -120,7 +121,7 @@ def _protocol(
     return result
 
 
-def _settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats) -> dict[str, Any]:
+def timing_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats) -> dict[str, Any]:
     return {
         "prompt_lengths": list(prompt_lengths),
         "decode_prompt_tokens": decode_prompt_tokens,
@@ -150,7 +151,7 @@ def measure_latency(
     """Time an ONNX variant (see the module docstring for the protocol).
 
     ``loop`` is the decode loop (``bound`` or ``unbound``, :meth:`OnnxCausalLM.greedy`);
-    ``settings`` override the session settings (:func:`qwen_onnx.run.runtime.session_options`).
+    ``settings`` override the session settings (:func:`qwen_onnx.run.session.session_options`).
 
     Returns:
         ``load_s``; ``prefill_ms_p50_{n}`` / ``prefill_ms_p90_{n}`` per prompt length; ``ttft_ms``;
@@ -218,7 +219,7 @@ def measure_latency_of_tokens(
                               "decode_loop": loop, "session_settings": resolved,
                               "kv_share_buffer": model.decoder.share_buffer if loop == "bound" else False,
                               "load_s": model.load_seconds}
-    result.update(_protocol(lambda ids: model.forward(ids.reshape(1, -1)), generate, tokens, prompt_lengths,
+    result.update(timing_protocol(lambda ids: model.forward(ids.reshape(1, -1)), generate, tokens, prompt_lengths,
                             decode_prompt_tokens, new_tokens, warmup, repeats))
     del model
     if profile:
@@ -228,7 +229,7 @@ def measure_latency_of_tokens(
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "bytes_on_disk": folder_bytes(variant_dir),
         "weight_bytes_per_token": decode_weight_bytes(load_graph(Path(variant_dir) / MODEL_FILE)),
-        **_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats),
+        **timing_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats),
         "library_versions": library_versions(),
     })
     log.info("load %.2f s, TTFT %.1f ms, decode %.2f tokens/s", result["load_s"], result["ttft_ms"], result["decode_tok_s"])
@@ -254,7 +255,7 @@ def measure_tflite_latency(
 ) -> dict[str, Any]:
     """Time a tflite variant (:mod:`qwen_onnx.convert.tflite`) with the LiteRT interpreter, by the module's protocol.
 
-    The same prompts and :func:`_protocol` as :func:`measure_latency`, run by
+    The same prompts and :func:`timing_protocol` as :func:`measure_latency`, run by
     :class:`qwen_onnx.run.tflite.TfliteCausalLM` at ``threads`` (the interpreter's ``num_threads``).
     The prefill signature has a fixed length L (``prefill_length``): a prompt of n tokens costs
     ceil(n / L) calls of L tokens each, so a prompt shorter than L pays for L
@@ -309,7 +310,7 @@ def measure_tflite_latency(
 
     result: dict[str, Any] = {"variant_dir": os.fspath(variant_dir), "runtime": "litert",
                               "provider": "LiteRT interpreter (CPU)", "load_s": load_s}
-    result.update(_protocol(lm.prefill, generate, tokens, prompt_lengths, decode_prompt_tokens, new_tokens, warmup,
+    result.update(timing_protocol(lm.prefill, generate, tokens, prompt_lengths, decode_prompt_tokens, new_tokens, warmup,
                             repeats))
     del lm
     weight_bytes, weight_note = tflite_weight_bytes_per_token(variant_dir)
@@ -328,7 +329,7 @@ def measure_tflite_latency(
         "prefill_note": (f"the prefill signature has a fixed length of {length} tokens: a prompt of n tokens costs "
                          f"ceil(n / {length}) calls of {length} tokens, so a prompt shorter than {length} pays for "
                          f"{length} (calls per prompt length: {', '.join(f'{n}: {c}' for n, c in calls.items())})"),
-        **_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats),
+        **timing_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats),
         "library_versions": {**library_versions(), "ai-edge-litert": package_version("ai-edge-litert"),
                              "litert-torch": info.get("litert_torch_version")},
     })
@@ -349,84 +350,6 @@ def median_decode_step(
     steps: list[float] = []
     model.greedy(prompt, new_tokens, timings=steps, loop=loop)
     return statistics.median(steps)
-
-
-def torch_weight_bytes_per_token(model) -> int:
-    """Bytes of parameters read per decoded token by a PyTorch causal LM (embedding as one row)."""
-    embedding = model.get_input_embeddings().weight
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    row = embedding.shape[1] * embedding.element_size()
-    return int(total - embedding.numel() * embedding.element_size() + row)
-
-
-def measure_torch_latency(
-    hf_dir: str | os.PathLike,
-    text_path: str | os.PathLike,
-    *,
-    prompt_lengths: Sequence[int] = (32, 128, 512),
-    decode_prompt_tokens: int = 128,
-    new_tokens: int = 128,
-    threads: int = 2,
-    warmup: int = 1,
-    repeats: int = 3,
-    output: str | os.PathLike | None = None,
-) -> dict[str, Any]:
-    """Time PyTorch eager fp32 (the baseline every ratio in the report divides by), same protocol.
-
-    Returns:
-        The same keys as :func:`measure_latency` (no ``profile``), ``runtime`` = ``pytorch``.
-
-    Raises:
-        ArtifactError: ``hf_dir`` is not a Hugging Face folder (no ``config.json``).
-    """
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from qwen_onnx.source.text import load_tokenizer
-
-    check_options(prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens, new_tokens=new_tokens,
-                  threads=threads, warmup=warmup, repeats=repeats)
-    if not Path(hf_dir, "config.json").is_file():
-        raise ArtifactError(f"no Hugging Face folder at {hf_dir} (config.json missing): run the resolve stage first")
-    torch.set_num_threads(int(threads))
-    tokenizer = load_tokenizer(hf_dir)
-    tokens = prompt_tokens(tokenizer, text_path, max([*prompt_lengths, decode_prompt_tokens]))
-    started = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
-    load_s = time.perf_counter() - started
-
-    def prefill(ids):
-        with torch.inference_mode():
-            return model(input_ids=torch.from_numpy(ids.reshape(1, -1)), use_cache=True)
-
-    def generate(prompt, count, steps):
-        with torch.inference_mode():
-            begin = time.perf_counter()
-            out = model(input_ids=torch.from_numpy(prompt.reshape(1, -1)), use_cache=True)
-            token = out.logits[:, -1].argmax(-1, keepdim=True)
-            ttft = time.perf_counter() - begin
-            past = out.past_key_values
-            for _ in range(count - 1):
-                step = time.perf_counter()
-                out = model(input_ids=token, past_key_values=past, use_cache=True)
-                past = out.past_key_values
-                token = out.logits[:, -1].argmax(-1, keepdim=True)
-                steps.append(time.perf_counter() - step)
-        return ttft
-
-    result: dict[str, Any] = {"variant_dir": os.fspath(hf_dir), "runtime": "pytorch", "provider": "torch-eager-cpu",
-                              "load_s": load_s}
-    result.update(_protocol(prefill, generate, tokens, prompt_lengths, decode_prompt_tokens, new_tokens, warmup, repeats))
-    result.update({
-        "peak_rss_mib": round(peak_rss_mib(), 1),
-        "bytes_on_disk": sum(p.stat().st_size for p in Path(hf_dir).glob("*.safetensors")),
-        "weight_bytes_per_token": torch_weight_bytes_per_token(model),
-        **_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats),
-        "library_versions": library_versions(),
-    })
-    if output is not None:
-        write_json(output, result)
-    return result
 
 
 def latency_from_sitting(

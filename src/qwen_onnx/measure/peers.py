@@ -9,7 +9,7 @@ one sitting.
 Peers (each row is one way to run the same checkpoint on this CPU):
 
 - ``pytorch``: PyTorch eager fp32 on the resolved Hugging Face folder
-  (:func:`qwen_onnx.measure.latency.measure_torch_latency`);
+  (:func:`qwen_onnx.measure.latency_torch.measure_torch_latency`);
 - our variant folders (``fp32``, ``int8-dynamic``, ...): ONNX Runtime through
   :class:`qwen_onnx.run.runtime.OnnxCausalLM` (:func:`qwen_onnx.measure.latency.measure_latency_of_tokens`, no
   profile; the children get the prompt ids, so none loads a tokenizer);
@@ -44,8 +44,6 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,30 +55,25 @@ import numpy as np
 
 from qwen_onnx.settings import defaults
 from qwen_onnx.store.artifacts import folder_bytes, read_json, write_json, write_text
-from qwen_onnx.store.staging import staged_dir
 from qwen_onnx.store.provenance import library_versions, package_version
-from qwen_onnx.errors import ArtifactError, PartError, QwenOnnxError, SourceError
+from qwen_onnx.errors import ArtifactError, QwenOnnxError
 from qwen_onnx.source.resolve import source_gguf
 from qwen_onnx.run.machine import ggml_missing_features, int8_kernel, isa_name, measure_load
-from qwen_onnx.run.runtime import SHARED_CORES_SETTINGS
-from qwen_onnx.measure.latency import _protocol, measure_latency_of_tokens, measure_torch_latency, peak_rss_mib, prompt_tokens
+from qwen_onnx.run.session import SHARED_CORES_SETTINGS
+from qwen_onnx.measure.latency import timing_protocol, measure_latency_of_tokens, peak_rss_mib, prompt_tokens
+from qwen_onnx.measure.latency_torch import measure_torch_latency
 from qwen_onnx.measure.sitting import exit_cause, interleaved_rounds
+from qwen_onnx.convert.genai_builder import build_genai_int4
+from qwen_onnx.measure.peers_table import _median_row, one_line, add_peer_ratios, peers_markdown
+from qwen_onnx.measure.peers_table import GENAI, GENAI_ORT, LLAMA_CPP
 
 log = logging.getLogger(__name__)
 
-LLAMA_CPP = "llama.cpp"
-GENAI = "genai-builder-int4"
-GENAI_ORT = "genai-builder-int4-ort"
-#: The peers the ratios divide by: the faster decoder of these two is the reference.
-REFERENCE_PEERS = (LLAMA_CPP, GENAI)
 
 #: Where ``envs/setup.sh --peers`` records the CMAKE_ARGS it built llama-cpp-python with
 #: (:func:`qwen_onnx.run.machine.ggml_cmake_args` of the CPU at setup, or ``LLAMA_CMAKE_ARGS``).
 LLAMA_CPP_STAMP = "llama-cpp-cmake-args"
 INSTALL_HINT = "envs/setup.sh --peers"
-#: The builder's command line as a user types it (INPUT and OUTPUT filled in); ``hf_token=false``
-#: only stops it from looking for a Hugging Face login, it changes nothing in the graph.
-BUILDER_ARGS = ("-p", "int4", "-e", "cpu", "--extra_options", "hf_token=false")
 
 #: Figures per row (prefill_ms_{n} for each prompt length come in between).
 FIGURES = ("decode_tok_s", "ttft_ms", "peak_rss_mib", "bytes_on_disk", "load_s")
@@ -117,7 +110,7 @@ def _measure_pytorch(hf_dir: str, text: str, s: dict) -> dict[str, Any]:
 
 def _measure_onnx(folder: str, tokens: np.ndarray, s: dict, cores_busy: bool = False) -> dict[str, Any]:
     """One ONNX row's figures; intra-op spinning off when the cores were busy just before
-    (:data:`qwen_onnx.run.runtime.SHARED_CORES_SETTINGS`: spinning threads lose up to 3x beside one
+    (:data:`qwen_onnx.run.session.SHARED_CORES_SETTINGS`: spinning threads lose up to 3x beside one
     busy process), onnxruntime's default (on) when they were free."""
     settings = SHARED_CORES_SETTINGS if cores_busy else None
     result = measure_latency_of_tokens(folder, tokens, profile=False, settings=settings, **s)
@@ -166,7 +159,7 @@ def _measure_llama_cpp(gguf: str, tokens: np.ndarray, s: dict) -> dict[str, Any]
             steps.append(time.perf_counter() - step)
         return ttft
 
-    result = _protocol(prefill, generate, tokens, s["prompt_lengths"], s["decode_prompt_tokens"], s["new_tokens"],
+    result = timing_protocol(prefill, generate, tokens, s["prompt_lengths"], s["decode_prompt_tokens"], s["new_tokens"],
                        s["warmup"], s["repeats"])
     result["load_s"] = load_s
     return _figures(result, s["prompt_lengths"])
@@ -216,7 +209,7 @@ def _measure_genai(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
             steps.append(time.perf_counter() - step)
         return ttft
 
-    result = _protocol(prefill, generate, tokens, s["prompt_lengths"], s["decode_prompt_tokens"], s["new_tokens"],
+    result = timing_protocol(prefill, generate, tokens, s["prompt_lengths"], s["decode_prompt_tokens"], s["new_tokens"],
                        s["warmup"], s["repeats"])
     result["load_s"] = load_s
     return _figures(result, s["prompt_lengths"])
@@ -234,71 +227,6 @@ def source_of(hf_dir: str | os.PathLike) -> Any:
     if not path.is_file():
         raise ArtifactError(f"no source.json in {hf_dir}: run the resolve stage first, or pass the source")
     return read_json(path)["source"]
-
-
-def build_genai_int4(hf_dir: str | os.PathLike, output_dir: str | os.PathLike, *, keep_failure: bool = False) -> dict[str, Any]:
-    """onnxruntime-genai's model builder INT4 CPU graph of ``hf_dir``, cached at ``output_dir``.
-
-    Runs ``python -m onnxruntime_genai.models.builder -i HF -o OUT -p int4 -e cpu`` (the builder's
-    CPU defaults: MatMulNBits 4-bit RTN, block 32, accuracy_level 4; GroupQueryAttention) offline
-    (``HF_HUB_OFFLINE=1``) through a staged folder. ``output_dir/builder.json`` records the
-    command, the builder version and the Hugging Face weights it read; a folder whose record
-    matches is reused. In the workflow the ``genai_builder`` rule builds it and the timing sitting
-    (:func:`run_peers`) finds it built.
-
-    Args:
-        keep_failure: a failed build still writes ``output_dir`` (``builder.json`` with ``error``,
-            ``builder.log``) and returns the record, so that a workflow job completes and the
-            sitting reports the row as skipped with the builder's message; a rerun with the same
-            weights and builder version reads the failure instead of building again.
-
-    Returns:
-        The record (``command``, ``onnxruntime_genai``, ``hf`` size/mtime of the weights,
-        ``seconds``; ``error`` when the build failed and ``keep_failure`` is set).
-
-    Raises:
-        QwenOnnxError: the builder failed, now or in the recorded build (the message ends with its
-            last output lines), and ``keep_failure`` is not set.
-    """
-    hf_dir, output_dir = Path(hf_dir), Path(output_dir)
-    weights = sorted(hf_dir.glob("*.safetensors"))
-    stamp = {
-        "command": ["python", "-m", "onnxruntime_genai.models.builder", "-i", "HF", "-o", "OUT", *BUILDER_ARGS],
-        "onnxruntime_genai": package_version("onnxruntime-genai"),
-        "hf": [{"name": p.name, "bytes": p.stat().st_size, "mtime": int(p.stat().st_mtime)} for p in weights],
-    }
-    record_path = output_dir / "builder.json"
-    if record_path.is_file():
-        record = read_json(record_path)
-        if {k: record.get(k) for k in stamp} == stamp:
-            if "error" in record:
-                if keep_failure:
-                    return record
-                raise QwenOnnxError(record["error"])
-            if (output_dir / "model.onnx").is_file():
-                log.info("reusing the genai builder's INT4 graph in %s", output_dir)
-                return record
-    started = time.time()
-    with staged_dir(output_dir) as stage, tempfile.TemporaryDirectory(prefix="qwen-onnx-builder-") as cache:
-        command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir.resolve()), "-o",
-                   str(stage), "-c", cache, *BUILDER_ARGS]
-        log.info("building the genai INT4 graph: %s", " ".join(command))
-        done = subprocess.run(command, capture_output=True, text=True, cwd=cache,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        (stage / "builder.log").write_text(done.stdout + done.stderr, encoding="utf-8")
-        record = {**stamp, "seconds": round(time.time() - started, 1)}
-        if done.returncode != 0:
-            tail = " / ".join((done.stdout + done.stderr).strip().splitlines()[-5:])
-            error = f"onnxruntime-genai's builder failed on {hf_dir} (status {done.returncode}): {tail}"
-            if not keep_failure:
-                raise QwenOnnxError(error)
-            log.warning("%s", error)
-            record["error"] = error
-            for path in stage.iterdir():  # a failed build's partial graph is not a graph to measure
-                if path.name != "builder.log":
-                    shutil.rmtree(path) if path.is_dir() else path.unlink()
-        write_json(stage / "builder.json", record)
-    return record
 
 
 def llama_cpp_config() -> dict[str, Any]:
@@ -321,60 +249,6 @@ def llama_cpp_config() -> dict[str, Any]:
 
 
 # --- the stage ---------------------------------------------------------------------------------
-
-def _one_line(note: str | None) -> str | None:
-    """A note on one line (it goes into table cells)."""
-    return " ".join(note.split()) if note is not None else None
-
-
-def _median_row(figures: list[dict[str, Any]], loads: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Medians over the rounds measured with the machine otherwise idle (every round when each one
-    was busy), with the load of each round and what the medians are over (``load_note``)."""
-    loads = loads or [{"busy": False} for _ in figures]
-    clean = [f for f, load in zip(figures, loads) if not load["busy"]]
-    used = clean or figures
-    keys = [k for k, v in used[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    row = {k: statistics.median(f[k] for f in used) for k in keys}
-    row["rounds_decode_tok_s"] = [f["decode_tok_s"] for f in figures]
-    row["rounds_busy"] = [load["round"] for load in loads if load["busy"]]
-    row["rounds_load"] = [{"round": load.get("round"), "busy": load["busy"],
-                           "others_cores": load.get("during", {}).get("others_cores"),
-                           "steal_pct": load.get("during", {}).get("steal_pct"),
-                           "load_1m": load.get("during", {}).get("load_1m"),
-                           "others_cores_before": load.get("before", {}).get("others_cores")} for load in loads]
-    if "intra_op_spinning" in used[0]:
-        row["intra_op_spinning"] = [f["intra_op_spinning"] for f in figures]
-    busiest = max((load.get("during", {}).get("others_cores") or 0.0 for load in loads), default=0.0)
-    row["load_note"] = ("idle" if not row["rounds_busy"] else
-                        f"BUSY: every round ran beside other load (up to {busiest:.2f} cores)" if not clean else
-                        f"median of {len(clean)} idle rounds; round(s) {', '.join(map(str, row['rounds_busy']))} "
-                        f"ran beside other load and are left out")
-    row["busy"] = not clean
-    row["per_round"] = list(figures)
-    return row
-
-
-def add_peer_ratios(rows: list[dict[str, Any]], prompt_lengths: Sequence[int]) -> str | None:
-    """Fill ``{figure}_vs_peer`` in every measured row from the fastest reference peer.
-
-    Returns:
-        The reference peer's name (the faster decoder of :data:`REFERENCE_PEERS` that was
-        measured), or None when neither was (the ratios stay None).
-    """
-    measured = [r for r in rows if r["peer"] in REFERENCE_PEERS and r.get("decode_tok_s")]
-    if not measured:
-        return None
-    reference = max(measured, key=lambda r: r["decode_tok_s"])
-    for row in rows:
-        for figure in ratio_figures(prompt_lengths):
-            value, ref = row.get(figure), reference.get(figure)
-            row[f"{figure}_vs_peer"] = value / ref if value is not None and ref else None
-    return reference["peer"]
-
-
-def ratio_figures(prompt_lengths: Sequence[int]) -> list[str]:
-    """The figures that get a ``_vs_peer`` ratio."""
-    return ["decode_tok_s", *[f"prefill_ms_{n}" for n in prompt_lengths], "ttft_ms", "peak_rss_mib", "bytes_on_disk"]
 
 
 def run_peers(
@@ -458,7 +332,7 @@ def run_peers(
 
     def add(peer: str, runtime: str, path: str | None, bytes_on_disk: int | None, job=None, skipped=None, **config):
         rows.append({"peer": peer, "runtime": runtime, "path": path, "bytes_on_disk": bytes_on_disk,
-                     "skipped": _one_line(skipped), "config": config})
+                     "skipped": one_line(skipped), "config": config})
         if job is not None:
             jobs.append((peer, *job))
         else:
@@ -534,7 +408,7 @@ def run_peers(
     measured = [r for r in rows if r["skipped"] is None]
     for i, (row, figures) in enumerate(zip(measured, per_job)):
         if i in failures:
-            row["skipped"] = _one_line(f"failed while measuring: {failures[i]}")
+            row["skipped"] = one_line(f"failed while measuring: {failures[i]}")
             if row["peer"] == LLAMA_CPP:
                 row["skipped"] += f" (rebuild llama-cpp-python for this CPU: {INSTALL_HINT})"
             continue
@@ -564,51 +438,3 @@ def run_peers(
     return result
 
 
-def peer_columns(prompt_lengths: Sequence[int]) -> list[str]:
-    """Columns of the peers table: figures, then their ratios to the fastest peer."""
-    figures = ["decode_tok_s", *[f"prefill_ms_{n}" for n in prompt_lengths], "ttft_ms", "peak_rss_mib", "bytes_on_disk"]
-    return ["peer", "runtime", *figures, *[f"{f}_vs_peer" for f in ratio_figures(prompt_lengths)], "load_note",
-            "skipped"]
-
-
-def _cell(value: Any, column: str) -> str:
-    if value is None:
-        return "–"
-    if column == "bytes_on_disk":
-        return f"{value / 1e6:.1f} MB"
-    if column.endswith("_vs_peer"):
-        return f"{value:.2f}×"
-    if isinstance(value, float):
-        return f"{value:.2f}" if abs(value) < 1000 else f"{value:.0f}"
-    return str(value).replace("|", "/").replace("\n", " ")
-
-
-def peers_markdown(result: Mapping[str, Any]) -> str:
-    """The peers table and its notes as Markdown."""
-    columns = peer_columns(result["prompt_lengths"])
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(r.get(c), c) for c in columns) + " |" for r in result["rows"]]
-    return "\n".join([*peers_notes(result), "", *lines, ""]) + "\n"
-
-
-def peers_notes(result: Mapping[str, Any]) -> list[str]:
-    """One-line notes under the peers table: protocol, reference, llama.cpp configuration."""
-    ref = result.get("reference")
-    notes = [
-        f"Median of {result['rounds']} interleaved rounds, each measurement in a fresh process; "
-        f"{result['threads']} threads; decode: {result['new_tokens']} greedy tokens after a "
-        f"{result['decode_prompt_tokens']}-token prompt; prefill ms per prompt length; peak RSS in MiB. "
-        + (f"Ratios (`*_vs_peer`) divide by {ref}, the fastest peer." if ref else
-           "No peer (llama.cpp, genai-builder-int4) was measured: no ratios."),
-    ]
-    if result.get("isa"):
-        notes.append(f"Measured on {result['isa']} (onnxruntime's INT8 kernel: {result.get('int8_kernel')}); "
-                     f"machine load: {result.get('machine_note')} (idle before the sitting: "
-                     f"{(result.get('load_before') or {}).get('others_cores')} cores used by other processes).")
-    for row in result["rows"]:
-        if row["peer"] == LLAMA_CPP and not row.get("skipped"):
-            c = row["config"]
-            notes.append(f"llama.cpp: llama-cpp-python {c.get('version')}, built by envs/setup.sh with "
-                         f"CMAKE_ARGS=\"{c.get('setup_cmake_args')}\" (never AMX: its weight repacking crashes); "
-                         f"n_ctx {c.get('n_ctx')}, n_batch {c.get('n_batch')}; ggml: {c.get('system_info', '').strip()}")
-    return notes

@@ -107,7 +107,7 @@ def interleaved_rounds(
     The other load on the machine is measured for every call (:func:`qwen_onnx.run.machine.measure_load`
     for 1 s before it, :func:`qwen_onnx.run.machine.load_between` while it runs). A function with a
     ``cores_busy`` parameter is told whether the cores were busy just before its call (the ONNX
-    rows then turn intra-op spinning off, :data:`qwen_onnx.run.runtime.SHARED_CORES_SETTINGS`).
+    rows then turn intra-op spinning off, :data:`qwen_onnx.run.session.SHARED_CORES_SETTINGS`).
 
     Args:
         jobs: ``(label, function, args)``; ``function(*args)`` runs in the child and returns a

@@ -83,7 +83,7 @@ def capture_session(proto: onnx.ModelProto, tensor_names: Sequence[str], path: P
     ``path`` (beside the weights; graph optimizations off so that every named tensor exists)."""
     import onnxruntime as ort
 
-    from qwen_onnx.run.runtime import session_options
+    from qwen_onnx.run.session import session_options
 
     capture = onnx.ModelProto()
     capture.CopyFrom(proto)

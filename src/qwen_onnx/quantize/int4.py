@@ -55,7 +55,7 @@ from qwen_onnx.store.external import ScratchFiles
 from qwen_onnx.quantize.kquant import activation_importance, kquant_int_pass, matmul_nbits_node
 from qwen_onnx.quantize.blockwise import blockwise_int8
 from qwen_onnx.quantize.matmuls import weight_matmul_names
-from qwen_onnx.quantize.int8 import _SensitiveSettings, lazy_quantization, sensitive_nodes
+from qwen_onnx.quantize.common import SensitiveSettings, lazy_quantization, sensitive_nodes
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ SYMMETRIC_DEFAULT = {"default": True, "rtn": True, "gptq": True, "k_quant_int": 
 
 
 @dataclass
-class Int4Settings(_SensitiveSettings):
+class Int4Settings(SensitiveSettings):
     """Settings of the ``int4`` variant.
 
     Attributes:
@@ -330,7 +330,7 @@ def quantize_int4_variant(
     become 8-bit MatMulNBits (:func:`qwen_onnx.quantize.blockwise.blockwise_int8`); every other weight
     MatMul 4-bit with ``settings.algorithm``; then the embedding table
     (:func:`qwen_onnx.quantize.embeddings.quantize_embedding`, shared with the lm_head when tied). Weights
-    are read one at a time from ``input_dir`` (:func:`qwen_onnx.quantize.int8.lazy_quantization`).
+    are read one at a time from ``input_dir`` (:func:`qwen_onnx.quantize.common.lazy_quantization`).
 
     Args:
         sensitivity: the sensitivity report (JSON path or dict) of ``input_dir``, needed when

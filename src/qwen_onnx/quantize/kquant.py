@@ -243,7 +243,7 @@ def kquant_int_pass(
 ) -> Path:
     """Turn the MatMuls ``names`` of ``graph_only`` into 4-bit MatMulNBits with :func:`quantize_blocks`.
 
-    Runs inside :func:`qwen_onnx.quantize.int8.lazy_quantization`: weights are read one at a time from
+    Runs inside :func:`qwen_onnx.quantize.common.lazy_quantization`: weights are read one at a time from
     the model's folder, and the new weights go to a scratch data file there.
 
     Args:

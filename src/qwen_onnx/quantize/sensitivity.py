@@ -233,7 +233,7 @@ def capture_activations(
     """
     import onnxruntime as ort
 
-    from qwen_onnx.run.runtime import session_options
+    from qwen_onnx.run.session import session_options
 
     names = list(dict.fromkeys(tensor_names))
     model_dir = Path(model_dir).resolve()

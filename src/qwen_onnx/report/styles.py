@@ -1,7 +1,7 @@
 """One colour and marker per variant, the same in every plot and in the HTML tables.
 
 The fixed table :data:`STYLES` covers the reference ``pytorch``, every variant of the registry
-(:mod:`qwen_onnx.settings.variants`) and the measured peers (:data:`qwen_onnx.report.build.PEER_VARIANTS`). Any
+(:mod:`qwen_onnx.settings.variants`) and the measured peers (:data:`qwen_onnx.report.rows.PEER_VARIANTS`). Any
 other name (a variant added to the registry later) gets a style from
 :data:`FALLBACK_COLOURS` x :data:`FALLBACK_MARKERS` chosen by a hash of its name, so it is stable
 from run to run and never equal to a fixed one (:func:`variant_styles`). No matplotlib here: the

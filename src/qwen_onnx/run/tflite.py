@@ -30,7 +30,7 @@ def is_tflite_folder(folder: str | os.PathLike) -> bool:
     require_readable(folder)
     return (Path(folder) / SIGNATURES_FILE).is_file()
 
-def _require_litert(converter: bool = True) -> None:
+def require_litert(converter: bool = True) -> None:
     """ai-edge-litert (the interpreter) and, to convert, litert-torch are importable.
 
     Raises:
@@ -108,7 +108,7 @@ class TfliteCausalLM:
                 raise ArtifactError(f"{folder} has no {name}: run `qwen-onnx tflite` to write the folder")
         check_option("threads", threads)
         verify_manifest(folder)
-        _require_litert(converter=False)
+        require_litert(converter=False)
         from ai_edge_litert.interpreter import Interpreter
 
         self.folder = folder

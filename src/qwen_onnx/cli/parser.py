@@ -11,241 +11,14 @@ import json
 import logging
 import sys
 
-from .errors import QwenOnnxError
+from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.settings.defaults import EVALUATION, EXPORT, FLOAT16, LATENCY, TFLITE, TFLITE_QUANTIZATIONS
 from qwen_onnx.settings.gates import DEFAULT_GATES
 from qwen_onnx.quantize.hadamard import DEFAULT_ROLES as HADAMARD_ROLES
 from qwen_onnx.quantize.matmuls import ROLES
-from .quiet import quiet_third_party
+from qwen_onnx.quiet import quiet_third_party
 from qwen_onnx.source.text import CALIBRATION_TEXT, EVALUATION_TEXT, shipped_text
-
-
-def _resolve(a):
-    from qwen_onnx.source.resolve import resolve
-
-    return resolve(a.source, a.output, revision=a.revision)
-
-
-def _export(a):
-    from qwen_onnx.convert.export import export_onnx
-
-    return export_onnx(a.hf_dir, a.output, opset=a.opset, exporter=a.exporter)
-
-
-def _preprocess(a):
-    from qwen_onnx.convert.export import preprocess
-
-    return preprocess(a.input, a.output, skip_symbolic_shape=a.skip_symbolic_shape)
-
-
-def _dynamic(a):
-    from qwen_onnx.quantize.int8 import DynamicSettings, quantize_dynamic_variant
-
-    settings = DynamicSettings(
-        scheme=a.scheme, op_types=a.op_types, per_channel=a.per_channel, nodes_to_exclude=a.exclude,
-        sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
-        sensitive_max_fraction=a.sensitive_max_fraction, sensitive_scheme=a.sensitive_scheme, block_size=a.block_size, embedding=a.embedding,
-        embedding_bits=a.embedding_bits,
-    )
-    return quantize_dynamic_variant(a.input, a.output, settings, sensitivity=a.sensitivity)
-
-
-def _static(a):
-    from qwen_onnx.quantize.int8 import StaticSettings, quantize_static_variant
-
-    settings = StaticSettings(
-        op_types=a.op_types, per_channel=a.per_channel, method=a.method, samples=a.samples,
-        sequence_length=a.sequence_length, activation_type=a.activation_type, weight_type=a.weight_type,
-        reduce_range=a.reduce_range, activation_symmetric=a.activation_symmetric, nodes_to_exclude=a.exclude,
-        sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
-        sensitive_max_fraction=a.sensitive_max_fraction, sensitive_scheme=a.sensitive_scheme, block_size=a.block_size, quant_format=a.quant_format,
-        embedding=a.embedding, embedding_bits=a.embedding_bits, smooth=a.smooth,
-        smooth_alphas=a.smooth_alphas, search_tokens=a.search_tokens, sensitive_rank=a.sensitive_rank,
-        outlier_channels=a.outlier_channels, outlier_roles=a.outlier_roles, hadamard_roles=a.hadamard_roles,
-    )
-    return quantize_static_variant(a.input, a.output, a.calibration_text, settings, sensitivity=a.sensitivity)
-
-
-def _int4(a):
-    from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
-
-    settings = Int4Settings(
-        algorithm=a.algorithm, block_size=a.block_size, block_size_8bit=a.block_size_8bit,
-        embedding_block_size=a.embedding_block_size, accuracy_level=a.accuracy_level, symmetric=a.symmetric,
-        lm_head_bits=a.lm_head_bits, embedding=a.embedding, embedding_bits=a.embedding_bits,
-        embedding_symmetric=a.embedding_symmetric, sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
-        sensitive_scheme=a.sensitive_scheme, source_bits=a.source_bits, nodes_to_exclude=a.exclude,
-        calibration_samples=a.samples, calibration_sequence_length=a.sequence_length,
-        importance_samples=a.importance_samples,
-    )
-    return quantize_int4_variant(a.input, a.output, settings, sensitivity=a.sensitivity,
-                                 calibration_text=a.calibration_text, source_info=a.source_info)
-
-
-def _float16(a):
-    from qwen_onnx.convert.float16 import convert_float16_variant
-
-    return convert_float16_variant(a.input, a.output, blocked_ops=a.blocked_ops, blocked_nodes=a.blocked_nodes)
-
-
-def _sensitivity(a):
-    from qwen_onnx.quantize.sensitivity import analyse_sensitivity
-
-    result = analyse_sensitivity(
-        a.input, a.calibration_text, samples=a.samples, sequence_length=a.sequence_length,
-        per_channel=a.per_channel, static_symmetric=a.activation_symmetric, threads=a.threads,
-        output=a.output, markdown=a.markdown,
-    )
-    print(f"lowest SQNR first (dynamic): {', '.join(result['rank_dynamic'][:8])}")
-    return None
-
-
-
-def _optimize(a):
-    from qwen_onnx.convert.optimize import optimize_variant
-
-    return optimize_variant(a.input, a.output, method=a.method, left_padding=a.left_padding, fusions=a.fusions,
-                            provider=a.provider)
-
-
-def _inspect(a):
-    from qwen_onnx.store.artifacts import write_json, write_text
-    from qwen_onnx.measure.inspect_graph import inspect_variant
-
-    info, markdown = inspect_variant(a.model)
-    if a.json:
-        write_json(a.json, info)
-    if a.markdown:
-        write_text(a.markdown, markdown)
-    if not a.json and not a.markdown:
-        print(markdown)
-    return None
-
-
-def _publish(a):
-    from qwen_onnx.report.publish import publish
-
-    done = publish(a.results, readme=a.readme, page=a.page, commit=a.commit)
-    print(f"wrote {done['page']}" + (f" and the measured block of {done['readme']}" if done["readme"] else "")
-          + f" (commit {done['commit']}, {done['date']})")
-    return None
-
-
-def _diff(a):
-    from qwen_onnx.store.artifacts import write_json
-    from qwen_onnx.measure.inspect_graph import diff_markdown, diff_models
-
-    diff = diff_models(a.a, a.b)
-    if a.json:
-        write_json(a.json, diff)
-    print(diff_markdown(diff))
-    return None
-
-
-def _tflite(a):
-    from qwen_onnx.convert.tflite import convert_tflite
-
-    return convert_tflite(a.hf_dir, a.output, prefill_length=a.prefill_length, kv_cache_length=a.kv_cache_length,
-                          quantize=a.quantize)
-
-
-def _extract(a):
-    from qwen_onnx.measure.extract import extract_layer
-
-    return extract_layer(a.model, a.layer, a.output, picture=a.picture)
-
-
-def _gate_of(a) -> tuple[str, dict[str, float]]:
-    """The gate kind and limits ``qwen-onnx accuracy`` applies: the workflow's defaults for the
-    variant's kind (:data:`qwen_onnx.settings.gates.DEFAULT_GATES`; a tflite folder's from its quantization), with
-    ``--gate`` overrides, or none."""
-    from qwen_onnx.settings.gates import default_gate, folder_gate_kind
-
-    kind = a.gate_kind or folder_gate_kind(a.variant)
-    limits = {} if a.no_gate else default_gate(kind)
-    for item in a.gate or []:
-        figure, sep, value = item.partition("=")
-        try:
-            limits[figure.strip()] = float(value)
-        except ValueError:
-            sep = ""
-        if not sep:
-            raise QwenOnnxError(f"--gate {item!r} is not FIGURE=LIMIT; write e.g. --gate ppl_delta_pct=2")
-    shown = ", ".join(f"{k} {v:g}" for k, v in limits.items()) or "none (only NaN and perplexity checks)"
-    origin = "--gate" if a.gate else "none asked" if a.no_gate else "defaults as config.yaml"
-    logging.getLogger("qwen_onnx.cli").info("gate %s (%s): %s", kind, origin, shown)
-    return kind, limits
-
-
-def _accuracy(a):
-    from pathlib import Path
-
-    from qwen_onnx.measure.accuracy import accuracy_from_reference, evaluate_accuracy
-    from qwen_onnx.measure.reference import REFERENCE_JSON, read_reference
-
-    kind, limits = _gate_of(a)
-    settings = {"text": a.text, "window": a.window, "max_windows": a.max_windows,
-                "generation_tokens": a.generation_tokens}
-    if (Path(a.reference) / REFERENCE_JSON).is_file():
-        meta = read_reference(a.reference).meta
-        differ = [f"--{k.replace('_', '-')} {v} (the reference has {meta[k]})" for k, v in settings.items()
-                  if v is not None and str(v) != str(meta[k])]
-        if differ:
-            raise QwenOnnxError(f"{a.reference} is a reference folder written with other settings: {', '.join(differ)}; "
-                                "drop the options or write a new reference with `qwen-onnx reference`")
-        return accuracy_from_reference(a.variant, a.reference, threads=a.threads, kv_decode_steps=a.kv_decode_steps,
-                                       gate_limits=limits, gate_kind=kind, output=a.output,
-                                       emulate_integer=a.emulate_integer)
-    if a.emulate_integer:
-        raise QwenOnnxError("--emulate-integer needs a reference folder (`qwen-onnx reference`) as --reference")
-    settings = {k: EVALUATION[k] if v is None else v for k, v in settings.items()}
-    text = shipped_text(EVALUATION_TEXT) if a.text is None else a.text
-    return evaluate_accuracy(
-        a.variant, a.reference, text, window=settings["window"], max_windows=settings["max_windows"],
-        generation_tokens=settings["generation_tokens"], kv_decode_steps=a.kv_decode_steps, threads=a.threads,
-        output=a.output, gate_limits=limits, gate_kind=kind,
-    )
-
-
-def _reference(a):
-    from qwen_onnx.measure.reference import write_reference
-
-    return write_reference(a.hf_dir, a.text, a.output, window=a.window, max_windows=a.max_windows,
-                           generation_tokens=a.generation_tokens, threads=a.threads, dtype=a.dtype)
-
-
-def _latency(a):
-    from qwen_onnx.measure.latency import measure_latency, measure_tflite_latency
-    from qwen_onnx.run.tflite import is_tflite_folder
-
-    if is_tflite_folder(a.variant):
-        return measure_tflite_latency(
-            a.variant, a.text, prompt_lengths=a.prompt_lengths, decode_prompt_tokens=a.decode_prompt_tokens,
-            new_tokens=a.new_tokens, threads=a.threads, warmup=a.warmup, repeats=a.repeats, output=a.output)
-    return measure_latency(
-        a.variant, a.text, prompt_lengths=a.prompt_lengths, decode_prompt_tokens=a.decode_prompt_tokens,
-        new_tokens=a.new_tokens, threads=a.threads, warmup=a.warmup, repeats=a.repeats, profile=not a.no_profile,
-        loop=a.loop, output=a.output,
-    )
-
-
-
-def _peers(a):
-    from .errors import OptionError
-    from qwen_onnx.measure.peers import peers_markdown, run_peers
-    from qwen_onnx.run.tflite import is_tflite_folder
-
-    tflite = [v for v in a.variants if is_tflite_folder(v)]
-    if len(tflite) > 1:
-        raise OptionError(f"give at most one tflite folder, got {', '.join(tflite)}")
-    result = run_peers(
-        a.hf_dir, [v for v in a.variants if v not in tflite], a.text, tflite_dir=tflite[0] if tflite else None, source=a.source, work_dir=a.work_dir, rounds=a.rounds,
-        prompt_lengths=a.prompt_lengths, decode_prompt_tokens=a.prompt_tokens, new_tokens=a.new_tokens,
-        threads=a.threads, warmup=a.warmup, repeats=a.repeats, pytorch=a.pytorch, llama_cpp=a.llama_cpp,
-        genai_builder=a.genai_builder, genai_builder_ort=a.genai_builder_ort, output=a.output, markdown=a.markdown,
-    )
-    print(peers_markdown(result), end="")
-    return None
+from qwen_onnx.cli.commands import run_accuracy, run_diff, run_dynamic, run_export, run_extract, run_float16, run_inspect, run_int4, run_latency, run_optimize, run_peers, run_preprocess, run_publish, run_reference, run_resolve, run_sensitivity, run_static, run_tflite
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -257,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", help="hub ID, local folder, .gguf file, or embedded:NAME")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--revision", default=None, help="hub revision (branch, tag, commit)")
-    p.set_defaults(func=_resolve)
+    p.set_defaults(func=run_resolve)
 
     p = sub.add_parser("export", help="Hugging Face folder -> fp32 ONNX with KV cache and external data")
     p.add_argument("hf_dir")
@@ -266,17 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exporter", default=EXPORT["exporter"], metavar="{optimum,torch}",
                    help="optimum (optimum-onnx, default) or torch (torch.onnx.export with dynamo=True, for "
                         "architectures optimum does not support yet); docs/design.md, 'Export routes'")
-    p.set_defaults(func=_export)
+    p.set_defaults(func=run_export)
 
     p = sub.add_parser("preprocess", help="quant_pre_process: symbolic shapes + ORT basic optimization")
     p.add_argument("input")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--skip-symbolic-shape", action="store_true")
-    p.set_defaults(func=_preprocess)
+    p.set_defaults(func=run_preprocess)
 
     for name, func, help_text in (
-        ("quantize-dynamic", _dynamic, "INT8 weights, activations quantized at run time (default: blockwise MatMulNBits 8-bit)"),
-        ("quantize-static", _static, "INT8 static QDQ quantization calibrated on text"),
+        ("quantize-dynamic", run_dynamic, "INT8 weights, activations quantized at run time (default: blockwise MatMulNBits 8-bit)"),
+        ("quantize-static", run_static, "INT8 static QDQ quantization calibrated on text"),
     ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("input", help="pre-processed variant folder")
@@ -371,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--importance-samples", type=int, default=16,
                    help="k_quant_int: calibration windows weighting the 4-bit error per input channel (imatrix); 0: off")
     p.add_argument("--sequence-length", type=int, default=128, help="gptq tokens per window")
-    p.set_defaults(func=_int4)
+    p.set_defaults(func=run_int4)
 
     p = sub.add_parser("float16", help="fp16 variant: onnxruntime float16 conversion, float32 inputs, outputs and KV cache")
     p.add_argument("input", help="float32 variant folder (fp32)")
@@ -380,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="op types kept float32, on top of onnxruntime's DEFAULT_OP_BLOCK_LIST (default: %(default)s)")
     p.add_argument("--blocked-nodes", nargs="*", default=list(FLOAT16["blocked_nodes"]), metavar="NODE",
                    help="node names kept float32")
-    p.set_defaults(func=_float16)
+    p.set_defaults(func=run_float16)
 
     p = sub.add_parser("tflite", help="Hugging Face folder -> LiteRT model.tflite (litert-torch): fixed prefill and decode signatures")
     p.add_argument("hf_dir")
@@ -392,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quantize", default=TFLITE["quantize"], metavar="{" + ",".join(TFLITE_QUANTIZATIONS) + "}",
                    help="litert-torch's quantization: dynamic_int8 (int8 weights, dynamic-range, default), "
                         "weight_only_int8, fp16, none (fp32), dynamic_int4_block32/128")
-    p.set_defaults(func=_tflite)
+    p.set_defaults(func=run_tflite)
 
     p = sub.add_parser("sensitivity", help="per-MatMul INT8 error (SQNR) on calibration text, lowest first")
     p.add_argument("input", help="pre-processed variant folder")
@@ -404,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-channel", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--activation-symmetric", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--threads", type=int, default=2)
-    p.set_defaults(func=_sensitivity)
+    p.set_defaults(func=run_sensitivity)
 
     p = sub.add_parser("optimize", help="fused decoder graph (GroupQueryAttention) or transformer fusions + ORT_ENABLE_ALL")
     p.add_argument("input", help="builder: the resolved Hugging Face folder; transformers: the fp32 variant folder")
@@ -415,33 +188,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="builder: make left-padded batches exact (seqlens_k and attention_bias rewrite)")
     p.add_argument("--fusions", action=argparse.BooleanOptionalAction, default=True, help="transformers only")
     p.add_argument("--provider", default="CPUExecutionProvider", help="transformers only")
-    p.set_defaults(func=_optimize)
+    p.set_defaults(func=run_optimize)
 
     p = sub.add_parser("inspect", help="graph summary without loading weights")
     p.add_argument("model", help="model.onnx or its folder, or a tflite variant folder")
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", default=None)
-    p.set_defaults(func=_inspect)
+    p.set_defaults(func=run_inspect)
 
     p = sub.add_parser("publish", help="the README's measured tables and a docs/measurements page, from a finished run")
     p.add_argument("results", help="the run's results/ folder (metrics.json, machine.json, report.md)")
     p.add_argument("--page", required=True, help="measurement page to write, e.g. docs/measurements/2026-12-04-epyc.md")
     p.add_argument("--readme", default=None, help="README whose measured block to rewrite (between its markers)")
     p.add_argument("--commit", default=None, help="the run's commit (default: HEAD of the checkout holding RESULTS)")
-    p.set_defaults(func=_publish)
+    p.set_defaults(func=run_publish)
 
     p = sub.add_parser("diff", help="what changed between two variants: ops, nodes, bytes, fusions, quantization")
     p.add_argument("a", help="model.onnx or folder (for example fp32)")
     p.add_argument("b", help="model.onnx or folder (for example int8-static)")
     p.add_argument("--json", default=None)
-    p.set_defaults(func=_diff)
+    p.set_defaults(func=run_diff)
 
     p = sub.add_parser("extract", help="one decoder layer as a standalone ONNX file plus a picture")
     p.add_argument("model", help="model.onnx or its folder")
     p.add_argument("--layer", type=int, required=True)
     p.add_argument("-o", "--output", required=True, help="folder for layerN.onnx, layerN.svg/png, layerN.json")
     p.add_argument("--picture", choices=["svg", "png"], default="svg")
-    p.set_defaults(func=_extract)
+    p.set_defaults(func=run_extract)
 
     p = sub.add_parser("reference", help="PyTorch fp32 logits, token ids and greedy outputs on the evaluation text, once")
     p.add_argument("hf_dir", help="the fp32 Hugging Face folder (results/MODEL/hf)")
@@ -454,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=LATENCY["threads"])
     p.add_argument("--dtype", choices=["float32", "float16"], default="float32",
                    help="logits.npy dtype (float16 moves logits by up to 1.3e-2 on the 0.5B; docs/evaluation.md)")
-    p.set_defaults(func=_reference)
+    p.set_defaults(func=run_reference)
 
     p = sub.add_parser("accuracy", help="perplexity, KL, top-1 agreement, |Δlogit| against PyTorch fp32")
     p.add_argument("variant")
@@ -479,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="graph optimizations off: QDQ computed in float, the graph's exact values on any CPU "
                         "(no integer-kernel saturation); slower")
     p.add_argument("-o", "--output", default=None)
-    p.set_defaults(func=_accuracy)
+    p.set_defaults(func=run_accuracy)
 
     p = sub.add_parser("latency", help="load, prefill/TTFT and KV-cache decode tokens/s")
     p.add_argument("variant")
@@ -496,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=LATENCY["warmup"])
     p.add_argument("--repeats", type=int, default=LATENCY["repeats"])
     p.add_argument("-o", "--output", default=None)
-    p.set_defaults(func=_latency)
+    p.set_defaults(func=run_latency)
 
     p = sub.add_parser("peers", help="our variants against PyTorch, llama.cpp and onnxruntime-genai's INT4 builder")
     p.add_argument("hf_dir", help="the resolved Hugging Face folder (results/MODEL/hf)")
@@ -519,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=True, help=f"include the {flag} row")
     p.add_argument("-o", "--output", default=None, help="peers JSON")
     p.add_argument("--markdown", default=None, help="peers Markdown")
-    p.set_defaults(func=_peers)
+    p.set_defaults(func=run_peers)
     return parser
 
 
@@ -540,7 +313,3 @@ def main(argv: list[str] | None = None) -> int:
     if result is not None:
         print(json.dumps(result, indent=2, default=str))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from qwen_onnx.cli import main
+
+sys.exit(main())

@@ -1,0 +1,238 @@
+"""The ``qwen-onnx`` commands: one function per subcommand, each calling the library function of the
+same name with the parsed arguments (:mod:`qwen_onnx.cli.parser` wires them)."""
+
+from __future__ import annotations
+
+import logging
+from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.settings.defaults import EVALUATION
+from qwen_onnx.source.text import EVALUATION_TEXT, shipped_text
+
+
+def run_resolve(a):
+    from qwen_onnx.source.resolve import resolve
+
+    return resolve(a.source, a.output, revision=a.revision)
+
+
+def run_export(a):
+    from qwen_onnx.convert.export import export_onnx
+
+    return export_onnx(a.hf_dir, a.output, opset=a.opset, exporter=a.exporter)
+
+
+def run_preprocess(a):
+    from qwen_onnx.convert.export import preprocess
+
+    return preprocess(a.input, a.output, skip_symbolic_shape=a.skip_symbolic_shape)
+
+
+def run_dynamic(a):
+    from qwen_onnx.quantize.int8 import DynamicSettings, quantize_dynamic_variant
+
+    settings = DynamicSettings(
+        scheme=a.scheme, op_types=a.op_types, per_channel=a.per_channel, nodes_to_exclude=a.exclude,
+        sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
+        sensitive_max_fraction=a.sensitive_max_fraction, sensitive_scheme=a.sensitive_scheme, block_size=a.block_size, embedding=a.embedding,
+        embedding_bits=a.embedding_bits,
+    )
+    return quantize_dynamic_variant(a.input, a.output, settings, sensitivity=a.sensitivity)
+
+
+def run_static(a):
+    from qwen_onnx.quantize.int8 import StaticSettings, quantize_static_variant
+
+    settings = StaticSettings(
+        op_types=a.op_types, per_channel=a.per_channel, method=a.method, samples=a.samples,
+        sequence_length=a.sequence_length, activation_type=a.activation_type, weight_type=a.weight_type,
+        reduce_range=a.reduce_range, activation_symmetric=a.activation_symmetric, nodes_to_exclude=a.exclude,
+        sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
+        sensitive_max_fraction=a.sensitive_max_fraction, sensitive_scheme=a.sensitive_scheme, block_size=a.block_size, quant_format=a.quant_format,
+        embedding=a.embedding, embedding_bits=a.embedding_bits, smooth=a.smooth,
+        smooth_alphas=a.smooth_alphas, search_tokens=a.search_tokens, sensitive_rank=a.sensitive_rank,
+        outlier_channels=a.outlier_channels, outlier_roles=a.outlier_roles, hadamard_roles=a.hadamard_roles,
+    )
+    return quantize_static_variant(a.input, a.output, a.calibration_text, settings, sensitivity=a.sensitivity)
+
+
+def run_int4(a):
+    from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
+
+    settings = Int4Settings(
+        algorithm=a.algorithm, block_size=a.block_size, block_size_8bit=a.block_size_8bit,
+        embedding_block_size=a.embedding_block_size, accuracy_level=a.accuracy_level, symmetric=a.symmetric,
+        lm_head_bits=a.lm_head_bits, embedding=a.embedding, embedding_bits=a.embedding_bits,
+        embedding_symmetric=a.embedding_symmetric, sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
+        sensitive_scheme=a.sensitive_scheme, source_bits=a.source_bits, nodes_to_exclude=a.exclude,
+        calibration_samples=a.samples, calibration_sequence_length=a.sequence_length,
+        importance_samples=a.importance_samples,
+    )
+    return quantize_int4_variant(a.input, a.output, settings, sensitivity=a.sensitivity,
+                                 calibration_text=a.calibration_text, source_info=a.source_info)
+
+
+def run_float16(a):
+    from qwen_onnx.convert.float16 import convert_float16_variant
+
+    return convert_float16_variant(a.input, a.output, blocked_ops=a.blocked_ops, blocked_nodes=a.blocked_nodes)
+
+
+def run_sensitivity(a):
+    from qwen_onnx.quantize.sensitivity import analyse_sensitivity
+
+    result = analyse_sensitivity(
+        a.input, a.calibration_text, samples=a.samples, sequence_length=a.sequence_length,
+        per_channel=a.per_channel, static_symmetric=a.activation_symmetric, threads=a.threads,
+        output=a.output, markdown=a.markdown,
+    )
+    print(f"lowest SQNR first (dynamic): {', '.join(result['rank_dynamic'][:8])}")
+    return None
+
+
+
+def run_optimize(a):
+    from qwen_onnx.convert.optimize import optimize_variant
+
+    return optimize_variant(a.input, a.output, method=a.method, left_padding=a.left_padding, fusions=a.fusions,
+                            provider=a.provider)
+
+
+def run_inspect(a):
+    from qwen_onnx.store.artifacts import write_json, write_text
+    from qwen_onnx.measure.inspect_graph import inspect_variant
+
+    info, markdown = inspect_variant(a.model)
+    if a.json:
+        write_json(a.json, info)
+    if a.markdown:
+        write_text(a.markdown, markdown)
+    if not a.json and not a.markdown:
+        print(markdown)
+    return None
+
+
+def run_publish(a):
+    from qwen_onnx.report.publish import publish
+
+    done = publish(a.results, readme=a.readme, page=a.page, commit=a.commit)
+    print(f"wrote {done['page']}" + (f" and the measured block of {done['readme']}" if done["readme"] else "")
+          + f" (commit {done['commit']}, {done['date']})")
+    return None
+
+
+def run_diff(a):
+    from qwen_onnx.store.artifacts import write_json
+    from qwen_onnx.measure.inspect_graph import diff_markdown, diff_models
+
+    diff = diff_models(a.a, a.b)
+    if a.json:
+        write_json(a.json, diff)
+    print(diff_markdown(diff))
+    return None
+
+
+def run_tflite(a):
+    from qwen_onnx.convert.tflite import convert_tflite
+
+    return convert_tflite(a.hf_dir, a.output, prefill_length=a.prefill_length, kv_cache_length=a.kv_cache_length,
+                          quantize=a.quantize)
+
+
+def run_extract(a):
+    from qwen_onnx.measure.extract import extract_layer
+
+    return extract_layer(a.model, a.layer, a.output, picture=a.picture)
+
+
+def gate_of(a) -> tuple[str, dict[str, float]]:
+    """The gate kind and limits ``qwen-onnx accuracy`` applies: the workflow's defaults for the
+    variant's kind (:data:`qwen_onnx.settings.gates.DEFAULT_GATES`; a tflite folder's from its quantization), with
+    ``--gate`` overrides, or none."""
+    from qwen_onnx.settings.gates import default_gate, folder_gate_kind
+
+    kind = a.gate_kind or folder_gate_kind(a.variant)
+    limits = {} if a.no_gate else default_gate(kind)
+    for item in a.gate or []:
+        figure, sep, value = item.partition("=")
+        try:
+            limits[figure.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise QwenOnnxError(f"--gate {item!r} is not FIGURE=LIMIT; write e.g. --gate ppl_delta_pct=2")
+    shown = ", ".join(f"{k} {v:g}" for k, v in limits.items()) or "none (only NaN and perplexity checks)"
+    origin = "--gate" if a.gate else "none asked" if a.no_gate else "defaults as config.yaml"
+    logging.getLogger("qwen_onnx.cli").info("gate %s (%s): %s", kind, origin, shown)
+    return kind, limits
+
+
+def run_accuracy(a):
+    from pathlib import Path
+
+    from qwen_onnx.measure.accuracy import accuracy_from_reference, evaluate_accuracy
+    from qwen_onnx.measure.reference import REFERENCE_JSON, read_reference
+
+    kind, limits = gate_of(a)
+    settings = {"text": a.text, "window": a.window, "max_windows": a.max_windows,
+                "generation_tokens": a.generation_tokens}
+    if (Path(a.reference) / REFERENCE_JSON).is_file():
+        meta = read_reference(a.reference).meta
+        differ = [f"--{k.replace('_', '-')} {v} (the reference has {meta[k]})" for k, v in settings.items()
+                  if v is not None and str(v) != str(meta[k])]
+        if differ:
+            raise QwenOnnxError(f"{a.reference} is a reference folder written with other settings: {', '.join(differ)}; "
+                                "drop the options or write a new reference with `qwen-onnx reference`")
+        return accuracy_from_reference(a.variant, a.reference, threads=a.threads, kv_decode_steps=a.kv_decode_steps,
+                                       gate_limits=limits, gate_kind=kind, output=a.output,
+                                       emulate_integer=a.emulate_integer)
+    if a.emulate_integer:
+        raise QwenOnnxError("--emulate-integer needs a reference folder (`qwen-onnx reference`) as --reference")
+    settings = {k: EVALUATION[k] if v is None else v for k, v in settings.items()}
+    text = shipped_text(EVALUATION_TEXT) if a.text is None else a.text
+    return evaluate_accuracy(
+        a.variant, a.reference, text, window=settings["window"], max_windows=settings["max_windows"],
+        generation_tokens=settings["generation_tokens"], kv_decode_steps=a.kv_decode_steps, threads=a.threads,
+        output=a.output, gate_limits=limits, gate_kind=kind,
+    )
+
+
+def run_reference(a):
+    from qwen_onnx.measure.reference import write_reference
+
+    return write_reference(a.hf_dir, a.text, a.output, window=a.window, max_windows=a.max_windows,
+                           generation_tokens=a.generation_tokens, threads=a.threads, dtype=a.dtype)
+
+
+def run_latency(a):
+    from qwen_onnx.measure.latency import measure_latency, measure_tflite_latency
+    from qwen_onnx.run.tflite import is_tflite_folder
+
+    if is_tflite_folder(a.variant):
+        return measure_tflite_latency(
+            a.variant, a.text, prompt_lengths=a.prompt_lengths, decode_prompt_tokens=a.decode_prompt_tokens,
+            new_tokens=a.new_tokens, threads=a.threads, warmup=a.warmup, repeats=a.repeats, output=a.output)
+    return measure_latency(
+        a.variant, a.text, prompt_lengths=a.prompt_lengths, decode_prompt_tokens=a.decode_prompt_tokens,
+        new_tokens=a.new_tokens, threads=a.threads, warmup=a.warmup, repeats=a.repeats, profile=not a.no_profile,
+        loop=a.loop, output=a.output,
+    )
+
+
+
+def run_peers(a):
+    from qwen_onnx.errors import OptionError
+    from qwen_onnx.measure.peers import run_peers
+    from qwen_onnx.measure.peers_table import peers_markdown
+    from qwen_onnx.run.tflite import is_tflite_folder
+
+    tflite = [v for v in a.variants if is_tflite_folder(v)]
+    if len(tflite) > 1:
+        raise OptionError(f"give at most one tflite folder, got {', '.join(tflite)}")
+    result = run_peers(
+        a.hf_dir, [v for v in a.variants if v not in tflite], a.text, tflite_dir=tflite[0] if tflite else None, source=a.source, work_dir=a.work_dir, rounds=a.rounds,
+        prompt_lengths=a.prompt_lengths, decode_prompt_tokens=a.prompt_tokens, new_tokens=a.new_tokens,
+        threads=a.threads, warmup=a.warmup, repeats=a.repeats, pytorch=a.pytorch, llama_cpp=a.llama_cpp,
+        genai_builder=a.genai_builder, genai_builder_ort=a.genai_builder_ort, output=a.output, markdown=a.markdown,
+    )
+    print(peers_markdown(result), end="")
+    return None

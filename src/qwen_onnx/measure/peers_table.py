@@ -1,0 +1,113 @@
+"""The timing sitting's rows: the median over the rounds measured with the cores free, the ratios between rows, and the Markdown table with its notes."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Mapping, Sequence
+
+LLAMA_CPP = "llama.cpp"
+
+GENAI = "genai-builder-int4"
+
+GENAI_ORT = "genai-builder-int4-ort"
+
+#: The peers the ratios divide by: the faster decoder of these two is the reference.
+REFERENCE_PEERS = (LLAMA_CPP, GENAI)
+
+
+def one_line(note: str | None) -> str | None:
+    """A note on one line (it goes into table cells)."""
+    return " ".join(note.split()) if note is not None else None
+
+def _median_row(figures: list[dict[str, Any]], loads: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Medians over the rounds measured with the machine otherwise idle (every round when each one
+    was busy), with the load of each round and what the medians are over (``load_note``)."""
+    loads = loads or [{"busy": False} for _ in figures]
+    clean = [f for f, load in zip(figures, loads) if not load["busy"]]
+    used = clean or figures
+    keys = [k for k, v in used[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    row = {k: statistics.median(f[k] for f in used) for k in keys}
+    row["rounds_decode_tok_s"] = [f["decode_tok_s"] for f in figures]
+    row["rounds_busy"] = [load["round"] for load in loads if load["busy"]]
+    row["rounds_load"] = [{"round": load.get("round"), "busy": load["busy"],
+                           "others_cores": load.get("during", {}).get("others_cores"),
+                           "steal_pct": load.get("during", {}).get("steal_pct"),
+                           "load_1m": load.get("during", {}).get("load_1m"),
+                           "others_cores_before": load.get("before", {}).get("others_cores")} for load in loads]
+    if "intra_op_spinning" in used[0]:
+        row["intra_op_spinning"] = [f["intra_op_spinning"] for f in figures]
+    busiest = max((load.get("during", {}).get("others_cores") or 0.0 for load in loads), default=0.0)
+    row["load_note"] = ("idle" if not row["rounds_busy"] else
+                        f"BUSY: every round ran beside other load (up to {busiest:.2f} cores)" if not clean else
+                        f"median of {len(clean)} idle rounds; round(s) {', '.join(map(str, row['rounds_busy']))} "
+                        f"ran beside other load and are left out")
+    row["busy"] = not clean
+    row["per_round"] = list(figures)
+    return row
+
+def add_peer_ratios(rows: list[dict[str, Any]], prompt_lengths: Sequence[int]) -> str | None:
+    """Fill ``{figure}_vs_peer`` in every measured row from the fastest reference peer.
+
+    Returns:
+        The reference peer's name (the faster decoder of :data:`REFERENCE_PEERS` that was
+        measured), or None when neither was (the ratios stay None).
+    """
+    measured = [r for r in rows if r["peer"] in REFERENCE_PEERS and r.get("decode_tok_s")]
+    if not measured:
+        return None
+    reference = max(measured, key=lambda r: r["decode_tok_s"])
+    for row in rows:
+        for figure in ratio_figures(prompt_lengths):
+            value, ref = row.get(figure), reference.get(figure)
+            row[f"{figure}_vs_peer"] = value / ref if value is not None and ref else None
+    return reference["peer"]
+
+def ratio_figures(prompt_lengths: Sequence[int]) -> list[str]:
+    """The figures that get a ``_vs_peer`` ratio."""
+    return ["decode_tok_s", *[f"prefill_ms_{n}" for n in prompt_lengths], "ttft_ms", "peak_rss_mib", "bytes_on_disk"]
+
+def peer_columns(prompt_lengths: Sequence[int]) -> list[str]:
+    """Columns of the peers table: figures, then their ratios to the fastest peer."""
+    figures = ["decode_tok_s", *[f"prefill_ms_{n}" for n in prompt_lengths], "ttft_ms", "peak_rss_mib", "bytes_on_disk"]
+    return ["peer", "runtime", *figures, *[f"{f}_vs_peer" for f in ratio_figures(prompt_lengths)], "load_note",
+            "skipped"]
+
+def _cell(value: Any, column: str) -> str:
+    if value is None:
+        return "–"
+    if column == "bytes_on_disk":
+        return f"{value / 1e6:.1f} MB"
+    if column.endswith("_vs_peer"):
+        return f"{value:.2f}×"
+    if isinstance(value, float):
+        return f"{value:.2f}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value).replace("|", "/").replace("\n", " ")
+
+def peers_markdown(result: Mapping[str, Any]) -> str:
+    """The peers table and its notes as Markdown."""
+    columns = peer_columns(result["prompt_lengths"])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(r.get(c), c) for c in columns) + " |" for r in result["rows"]]
+    return "\n".join([*peers_notes(result), "", *lines, ""]) + "\n"
+
+def peers_notes(result: Mapping[str, Any]) -> list[str]:
+    """One-line notes under the peers table: protocol, reference, llama.cpp configuration."""
+    ref = result.get("reference")
+    notes = [
+        f"Median of {result['rounds']} interleaved rounds, each measurement in a fresh process; "
+        f"{result['threads']} threads; decode: {result['new_tokens']} greedy tokens after a "
+        f"{result['decode_prompt_tokens']}-token prompt; prefill ms per prompt length; peak RSS in MiB. "
+        + (f"Ratios (`*_vs_peer`) divide by {ref}, the fastest peer." if ref else
+           "No peer (llama.cpp, genai-builder-int4) was measured: no ratios."),
+    ]
+    if result.get("isa"):
+        notes.append(f"Measured on {result['isa']} (onnxruntime's INT8 kernel: {result.get('int8_kernel')}); "
+                     f"machine load: {result.get('machine_note')} (idle before the sitting: "
+                     f"{(result.get('load_before') or {}).get('others_cores')} cores used by other processes).")
+    for row in result["rows"]:
+        if row["peer"] == LLAMA_CPP and not row.get("skipped"):
+            c = row["config"]
+            notes.append(f"llama.cpp: llama-cpp-python {c.get('version')}, built by envs/setup.sh with "
+                         f"CMAKE_ARGS=\"{c.get('setup_cmake_args')}\" (never AMX: its weight repacking crashes); "
+                         f"n_ctx {c.get('n_ctx')}, n_batch {c.get('n_batch')}; ggml: {c.get('system_info', '').strip()}")
+    return notes
