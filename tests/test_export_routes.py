@@ -94,9 +94,8 @@ def test_left_padded_batch_matches(routes):
     assert np.abs(a.forward(step, mask, past_a)[0] - b.forward(step, mask, past_b)[0]).max() < TOLERANCE
 
 
+@pytest.mark.parametrize("routes", ["qwen2"], indirect=True)  # one family is enough
 def test_later_stages_run_on_the_torch_export(routes, tmp_path):
-    if routes["family"] != "qwen2":
-        pytest.skip("one family is enough")
     preprocess(routes["torch"], tmp_path / "preprocessed")
     tokens = _ids((1, 12), 4)
     got, _ = OnnxCausalLM(tmp_path / "preprocessed").forward(tokens)

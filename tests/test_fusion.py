@@ -134,12 +134,11 @@ def test_kv_cache_and_greedy_generation_match_pytorch(fused):
     assert onnx_generate(model, prompt, 16, eos_ids=[]) == reference
 
 
+@pytest.mark.parametrize("fused", ["qwen2"], indirect=True)  # one family shows the kernel's behaviour
 def test_without_the_rewrite_a_left_padded_batch_attends_to_its_padding(fused, tmp_path):
     # GroupQueryAttention reads seqlens_k as each row's valid prefix (right padding): the builder's
     # ReduceSum(attention_mask) - 1 makes a left-padded row attend to its pads and lose its last tokens
     family, hf, _, _ = fused
-    if family != "qwen2":
-        pytest.skip("one family shows the kernel's behaviour")
     optimize_variant(hf, tmp_path / "plain", left_padding=False)
     model = OnnxCausalLM(tmp_path / "plain")
     prompts = [tokens(n, seed)[0] for n, seed in ((5, 2), (30, 4))]
@@ -148,13 +147,12 @@ def test_without_the_rewrite_a_left_padded_batch_attends_to_its_padding(fused, t
     assert kv_cache_parity(model, tokens(40, 5)[0], 8)["kv_cache_max_abs_diff"] < 1e-4  # unpadded is exact
 
 
+@pytest.mark.parametrize("fused", ["qwen2"], indirect=True)  # one family is enough for the quantizer
 @pytest.mark.parametrize("bits", [4, 8])
 def test_fused_graph_takes_matmul_nbits_quantization(fused, tmp_path, bits):
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
     family, _, folder, _ = fused
-    if family != "qwen2":
-        pytest.skip("one family is enough for the quantizer")
     proto = onnx.load(str(folder / MODEL_FILE))
     matmuls = sum(n.op_type == "MatMul" for n in proto.graph.node)
     config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, bits=bits)

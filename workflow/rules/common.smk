@@ -59,9 +59,9 @@ VARIANTS = list(
 # (whose children load one variant at a time) declared 2.7 per fp32 GB; the fp16 variant's latency job
 # peaked at 6.9 GB on the 0.5B (probably float32 copies of the float16 weights made at load for the CPU
 # kernels), so latency declares 3.3 per fp32 GB (7.6 GB for the 0.5B). Every declared
-# value is above the measured peak for both sizes (by 15% or more); with the 22,000 MB cap of the
+# value is above the measured peak for both sizes (by 15% or more); with the 23,622 MB (22 GiB) cap of the
 # workflow profile a 1.5B export runs alone.
-MEM_PER_FP32_GB = {
+MEM_PER_FP32_GB = {  # GiB of peak RSS per GB of fp32 weights
     "resolve": 2.2,
     "export": 3.3,
     "preprocess": 1.8,
@@ -137,7 +137,9 @@ def get_models():
 
 def get_settings(model, section):
     """The global `section` of the config with the model's own override merged over it."""
-    return qwen_onnx.settings.options.model_section(config, MODEL_OVERRIDES, model, section)
+    return qwen_onnx.settings.options.model_section(
+        config, MODEL_OVERRIDES, model, section
+    )
 
 
 def get_reference_settings(model):
@@ -148,12 +150,17 @@ def get_reference_settings(model):
     }
 
 
+# Snakemake's mem_mb is in MB (10^6 bytes; it derives mem_mib from it); the peaks above are GiB
+# (peak RSS in MiB / 1024), so each declared value is converted.
+MB_PER_GIB = 2**30 / 10**6
+
+
 def get_mem_mb(stage):
     """Declared memory of a stage's job, in MB, from the model's parameter count."""
 
     def mem_mb(wildcards):
         fp32_gb = 4.0 * float(config["models"][wildcards.model]["params_billion"])
-        return int(1000 + 1024 * MEM_PER_FP32_GB[stage] * fp32_gb)
+        return int(1000 + MB_PER_GIB * MEM_PER_FP32_GB[stage] * fp32_gb)
 
     return mem_mb
 
@@ -175,7 +182,7 @@ def get_tflite_mem_mb(wildcards):
         config["models"][wildcards.model]["params_billion"],
         settings["rss_gib_per_billion_params"],
     )
-    return int(1024 * 1.15 * max(gib, TFLITE_MIN_RSS_GIB))
+    return int(MB_PER_GIB * 1.15 * max(gib, TFLITE_MIN_RSS_GIB))
 
 
 def get_tflite_settings(model):
@@ -188,7 +195,8 @@ def get_tflite_settings(model):
 
 def tflite_scheduled(model):
     """Whether the workflow builds the model's tflite variant: enabled and within the memory
-    budget (qwen_onnx.convert.tflite.tflite_skip_reason, which the report also reads)."""
+    budget (qwen_onnx.convert.tflite.tflite_skip_reason, which the report also reads).
+    """
     settings = get_tflite_settings(model)
     return tflite_skip_reason(model, settings.pop("params_billion"), settings) is None
 
@@ -358,7 +366,7 @@ def get_final_targets():
 
 
 def memory_over_cap():
-    """The jobs whose declared memory exceeds this run's `mem_mb` cap (profiles/default's 22,000
+    """The jobs whose declared memory exceeds this run's `mem_mb` cap (profiles/default's 23,622
     MB, or --resources mem_mb=N), as one warning line each: Snakemake runs such a job as if it
     needed just the cap, without a word, and on a machine of that size it is then likely killed
     for memory. Cluster runs are not capped this way (each job asks its node for its own memory).

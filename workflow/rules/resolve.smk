@@ -12,7 +12,7 @@ rule resolve:
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/resolve.tsv"
     conda:
-        "../../envs/qwen-onnx.yaml"
+        "../../envs/resolve.yaml"
     threads: 2
     resources:
         mem_mb=get_mem_mb("resolve"),
