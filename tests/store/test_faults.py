@@ -31,7 +31,7 @@ from qwen_onnx.store.staging import staged_dir
 from qwen_onnx.store.manifest import MANIFEST_FILE, verify_manifest
 from qwen_onnx.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _sha256(path: Path) -> str:

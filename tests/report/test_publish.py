@@ -61,5 +61,5 @@ def test_publish_refuses_a_readme_without_the_block_and_an_unfinished_run(run, t
 def test_the_readme_has_the_block():
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert text.count(BEGIN) == 1 and text.index(BEGIN) < text.index(END)

@@ -19,7 +19,7 @@ from qwen_onnx.quantize.int8 import DynamicSettings, StaticSettings
 from qwen_onnx.measure.reference import write_reference
 from qwen_onnx.source.text import EVALUATION_TEXT, shipped_text
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIG = yaml.safe_load((REPO / "config.yaml").read_text(encoding="utf-8"))
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text(encoding="utf-8"))
 

@@ -16,7 +16,7 @@ from qwen_onnx.errors import ArtifactError, IntegrityError, OptionError
 from qwen_onnx.measure.metrics import AccuracyAccumulator
 from qwen_onnx.measure.reference import LOGITS_FILE, REFERENCE_JSON, TokenDecoder, load_torch_model, read_reference, torch_logits, write_reference
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WINDOW, WINDOWS, NEW_TOKENS = 32, 3, 6
 
 
