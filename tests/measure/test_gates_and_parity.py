@@ -11,6 +11,7 @@ from qwen_onnx.measure.accuracy import evaluate_accuracy
 from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE
 from qwen_onnx.store.external import save_with_external_data
 from qwen_onnx.errors import GateError
+from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.settings.gates import check_gate, variant_kind
 from qwen_onnx.measure.parity import chat_prompt_ids, kv_cache_parity, matched_prefix, onnx_generate, padded_batch_parity, shipped_prompts
 from qwen_onnx.source.resolve import eos_token_ids
@@ -67,6 +68,15 @@ def test_the_tflite_gate_kind_follows_its_quantization(tmp_path):
     (tmp_path / "my-export" / "tflite.json").write_text('{"quantize": "fp16"}')
     (tmp_path / "int4").mkdir()
     assert folder_gate_kind(tmp_path / "my-export") == "float16" and folder_gate_kind(tmp_path / "int4") == "int4"
+    # any other by the kind its stage recorded, whatever its name; a registered name only for older folders
+    (tmp_path / "blockwise-try").mkdir()
+    (tmp_path / "blockwise-try" / "quantize.json").write_text('{"kind": "static", "gate_kind": "int8_mixed"}')
+    assert folder_gate_kind(tmp_path / "blockwise-try") == "int8_mixed"
+    (tmp_path / "int4-k_quant").mkdir()
+    with pytest.raises(QwenOnnxError, match=r"int4-k_quant records no gate kind .* give the kind \(--gate-kind, one of "):
+        folder_gate_kind(tmp_path / "int4-k_quant")
+    with pytest.raises(KeyError, match="unknown variant 'int4-k_quant'"):
+        variant_kind("int4-k_quant")
 
 
 def test_matched_prefix():

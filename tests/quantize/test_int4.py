@@ -172,7 +172,7 @@ def test_int8_dynamic_tied_embedding_shared_and_untied_float_option(tied_preproc
 
 
 def test_int4_gate_kind():
-    assert variant_kind("int4") == "int4" and variant_kind("int4-k_quant") == "int4"
+    assert variant_kind("int4") == "int4"
     assert variant_kind("int8-static") == "int8_static" and variant_kind("fp32") == "float"
 
 

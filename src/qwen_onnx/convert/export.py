@@ -119,6 +119,7 @@ def export_onnx(
         copy_side_files(hf_dir, stage)
         write_genai_config(stage)  # onnxruntime-genai runs the folder
         info = {
+            "gate_kind": "float",
             "exporter": exporter,
             "task": task,
             "opset": opset,
@@ -179,6 +180,7 @@ def preprocess(
         copy_side_files(input_dir, stage)
         write_genai_config(stage)  # onnxruntime-genai runs the folder
         info = {
+            "gate_kind": "float",
             "steps": [s for s, skip in (("symbolic_shape_inference", skip_symbolic_shape),
                                         ("ort_basic_optimization", skip_optimization),
                                         ("onnx_shape_inference", False)) if not skip],

@@ -190,6 +190,7 @@ def convert_float16_variant(
         copy_side_files(input_dir, stage)
         write_genai_config(stage)  # onnxruntime-genai runs the folder
         info = {
+            "gate_kind": "float16",
             "conversion": "onnxruntime.transformers.float16.convert_float_to_float16",
             "keep_io_types": True,
             "op_block_list": blocked,

@@ -155,6 +155,7 @@ def _builder_optimize(hf_dir: Path, output_dir: Path, *, left_padding: bool) -> 
         model_path(stage)
         counts = fused_op_counts(proto.graph)
         info = {
+            "gate_kind": "float",
             "method": "builder",
             "fused_ops": counts,
             "op_types": dict(sorted(collections.Counter(n.op_type for n in proto.graph.node).items())),
@@ -282,6 +283,7 @@ def _transformers_optimize(
         copy_side_files(input_dir, stage)
         after = _op_histogram(stage / MODEL_FILE)
         info = {
+            "gate_kind": "float",
             "method": "transformers",
             "fused_ops": fused_op_counts(onnx.load(str(stage / MODEL_FILE), load_external_data=False).graph),
             "fusions": fused,

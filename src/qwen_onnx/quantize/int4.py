@@ -396,6 +396,7 @@ def quantize_int4_variant(
         write_genai_config(stage)  # onnxruntime-genai runs the folder
         info = {
             "kind": "int4",
+            "gate_kind": "int4",
             "settings": {**asdict(settings), "symmetric": settings.symmetric_weights},
             "lm_head": head.name,
             "nodes_8bit": eight,

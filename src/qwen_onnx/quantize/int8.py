@@ -257,6 +257,7 @@ def quantize_dynamic_variant(
         write_genai_config(stage)  # onnxruntime-genai runs the folder
         info = {
             "kind": "dynamic",
+            "gate_kind": "int8_dynamic",
             "embedding": embedding,
             "settings": asdict(settings),
             "nodes_excluded": excluded,
@@ -412,6 +413,8 @@ def quantize_static_variant(
         write_genai_config(stage)  # onnxruntime-genai runs the folder
         info = {
             "kind": "static",
+            # blockwise sensitive MatMuls (quantize_mixed) run activations quantized at run time: the mixed gate
+            "gate_kind": "int8_mixed" if settings.sensitive_scheme == "blockwise" else "int8_static",
             "embedding": embedding,
             "format": settings.quant_format,
             "settings": asdict(settings),

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.settings.defaults import TFLITE
 from qwen_onnx.settings.variants import VARIANTS
 from qwen_onnx.store.artifacts import SIGNATURES_FILE
@@ -92,26 +93,47 @@ def tflite_gate_kind(quantize: str) -> str:
 
 
 def variant_kind(variant: str, tflite_quantize: str = TFLITE["quantize"]) -> str:
-    """Gate kind of a variant folder name (``float`` for unknown float variants); the tflite variant's
-    follows ``tflite_quantize``, its ``tflite.quantize`` (:func:`tflite_gate_kind`)."""
-    if variant in VARIANT_KIND:
-        kind = VARIANT_KIND[variant]
-        return tflite_gate_kind(tflite_quantize) if kind == "tflite" else kind
-    if "int4" in variant:
-        return "int4"
-    if "mixed" in variant:
-        return "int8_mixed"
-    return "int8_static" if "static" in variant else "int8_dynamic" if "int8" in variant else "float"
+    """Gate kind of a registered variant (:data:`qwen_onnx.settings.variants.VARIANTS`); the tflite variant's
+    follows ``tflite_quantize``, its ``tflite.quantize`` (:func:`tflite_gate_kind`).
+
+    Raises:
+        KeyError: ``variant`` is not registered (a folder of another name: :func:`folder_gate_kind`).
+    """
+    if variant not in VARIANT_KIND:
+        raise KeyError(f"unknown variant {variant!r}; known: {', '.join(VARIANT_KIND)}")
+    kind = VARIANT_KIND[variant]
+    return tflite_gate_kind(tflite_quantize) if kind == "tflite" else kind
+
+
+#: The record each stage writes into the folder it builds, with its ``gate_kind``.
+STAGE_RECORDS = ("quantize.json", "float16.json", "optimize.json", "preprocess.json", "export.json")
 
 
 def folder_gate_kind(folder: str | os.PathLike) -> str:
-    """Gate kind of a variant folder: a tflite folder's from the quantization in its ``tflite.json``,
-    any other's from its name (:func:`variant_kind`)."""
+    """Gate kind of a variant folder, as the stage that built it recorded: ``gate_kind`` in its
+    ``quantize.json``, ``float16.json``, ``optimize.json``, ``preprocess.json`` or ``export.json``
+    (:data:`STAGE_RECORDS`), a tflite folder's from the quantization in its ``tflite.json``; a folder
+    written before stages recorded it, by its registered name (:func:`variant_kind`).
 
+    Raises:
+        QwenOnnxError: the folder records no kind and its name is not a registered variant (the
+            message says to give the kind: ``--gate-kind`` on the command line).
+    """
     path = Path(folder)
     if (path / SIGNATURES_FILE).is_file():
         return tflite_gate_kind(json.loads((path / SIGNATURES_FILE).read_text(encoding="utf-8"))["quantize"])
-    return variant_kind(os.path.basename(os.path.normpath(os.fspath(folder))))
+    for name in STAGE_RECORDS:
+        record = path / name
+        if record.is_file():
+            kind = json.loads(record.read_text(encoding="utf-8")).get("gate_kind")
+            if kind is not None:
+                return kind
+    name = os.path.basename(os.path.normpath(os.fspath(folder)))
+    if name in VARIANT_KIND:
+        return variant_kind(name)
+    raise QwenOnnxError(f"{folder} records no gate kind (no gate_kind in {' or '.join(STAGE_RECORDS)}) and "
+                        f"{name!r} is no registered variant; give the kind (--gate-kind, one of "
+                        f"{', '.join(DEFAULT_GATES)}) or rebuild the folder")
 
 
 #: A passing figure within this distance of its limit is "marginal": for the percentages in
