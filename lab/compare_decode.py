@@ -28,6 +28,7 @@ def _decode_tok_s(variant_dir: str, prompt: np.ndarray, new_tokens: int, threads
     model = OnnxCausalLM(variant_dir, threads=threads, provider=provider, settings=settings)
     return 1.0 / median_decode_step(model, prompt, new_tokens, loop=loop)
 
+
 def compare_decode(
     variant_dirs: Sequence[str | os.PathLike],
     text_path: str | os.PathLike,
@@ -105,7 +106,6 @@ def compare_decode(
     if output is not None:
         write_json(output, result)
     return result
-
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -650,7 +650,6 @@ def recipes_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="benchmark INT8 recipes: accuracy against fp32, MB, decode and prefill speed")
     p.add_argument("input", nargs="?", default=None, metavar="PREPROCESSED_DIR", help="pre-processed variant folder")

@@ -339,7 +339,6 @@ def test_tflite_is_scheduled_only_within_the_memory_budget(tmp_path, tiny_qwen2,
     assert "convert_tflite" not in plan(enabled=False)[0]
 
 
-
 def test_snakemake_report_with_captions(finished_run):
     result = snakemake(finished_run, "--report", "results/snakemake-report.zip")
     assert result.returncode == 0, result.stderr[-3000:]

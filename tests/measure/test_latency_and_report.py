@@ -97,8 +97,6 @@ def test_latency_command_line_passes_the_protocol(pipeline, texts, tmp_path):
     assert "profile" not in result and result["decode_loop"] == "unbound"
 
 
-
-
 def test_a_missing_folder_is_named_before_anything_loads(texts, tmp_path):
     # without the check, the tokenizer takes the path for a hub ID and retries the network
     from qwen_onnx.errors import ArtifactError

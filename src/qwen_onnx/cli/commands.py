@@ -89,7 +89,6 @@ def run_sensitivity(a):
     return None
 
 
-
 def run_optimize(a):
     from qwen_onnx.convert.optimize import optimize_variant
 
@@ -216,7 +215,6 @@ def run_latency(a):
         new_tokens=a.new_tokens, threads=a.threads, warmup=a.warmup, repeats=a.repeats, profile=not a.no_profile,
         loop=a.loop, output=a.output,
     )
-
 
 
 def run_peers(a):

@@ -1,1 +1,3 @@
-"""Conversions that keep float weights: the ONNX export routes, the fused (GroupQueryAttention) graph, fp16, LiteRT (TFLite), and onnxruntime-genai's configuration and builder."""
+"""Conversions that keep float weights: the ONNX export routes, the fused (GroupQueryAttention) graph, fp16,
+LiteRT (TFLite), and onnxruntime-genai's configuration and builder.
+"""

@@ -1,4 +1,6 @@
-"""onnxruntime-genai's model builder INT4 CPU graph of a resolved Hugging Face folder: the peer the timing sitting measures, built offline through a staged folder and reused while its inputs are unchanged."""
+"""onnxruntime-genai's model builder INT4 CPU graph of a resolved Hugging Face folder: the peer the timing
+sitting measures, built offline through a staged folder and reused while its inputs are unchanged.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ log = logging.getLogger(__name__)
 #: The builder's command line as a user types it (INPUT and OUTPUT filled in); ``hf_token=false``
 #: only stops it from looking for a Hugging Face login, it changes nothing in the graph.
 BUILDER_ARGS = ("-p", "int4", "-e", "cpu", "--extra_options", "hf_token=false")
+
 
 def build_genai_int4(hf_dir: str | os.PathLike, output_dir: str | os.PathLike, *, keep_failure: bool = False) -> dict[str, Any]:
     """onnxruntime-genai's model builder INT4 CPU graph of ``hf_dir``, cached at ``output_dir``.

@@ -22,7 +22,6 @@ and the builder's GroupQueryAttention graphs; model types ``qwen2`` (Qwen1.5/2/2
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path

@@ -1,4 +1,6 @@
-"""Graph edits on onnxruntime-genai's GroupQueryAttention graph that make it exact for every Qwen config: left-padded rows, each layer's own sliding window, and the rotary caches of a static ``rope_scaling``."""
+"""Graph edits on onnxruntime-genai's GroupQueryAttention graph that make it exact for every Qwen config:
+left-padded rows, each layer's own sliding window, and the rotary caches of a static ``rope_scaling``.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ log = logging.getLogger(__name__)
 _GQA_SEQLENS_K, _GQA_TOTAL_SEQUENCE, _GQA_ATTENTION_BIAS = 5, 6, 10
 PAD_BIAS = -1.0e9
 
+
 def _remove_dead_nodes(graph: onnx.GraphProto) -> int:
     """Drop nodes none of whose outputs is read; returns how many were dropped."""
     dropped = 0
@@ -30,6 +33,7 @@ def _remove_dead_nodes(graph: onnx.GraphProto) -> int:
         for n in dead:
             graph.node.remove(n)
         dropped += len(dead)
+
 
 def left_padding_support(model: onnx.ModelProto) -> int:
     """Make the builder's ``GroupQueryAttention`` graph exact for left-padded batches as well as
@@ -160,6 +164,7 @@ def left_padding_support(model: onnx.ModelProto) -> int:
     )
     return len(attention)
 
+
 def set_layer_windows(model: onnx.ModelProto, windows: list[int]) -> list[int]:
     """Give each layer's ``GroupQueryAttention`` node its own ``local_window_size``, in place.
 
@@ -184,6 +189,7 @@ def set_layer_windows(model: onnx.ModelProto, windows: list[int]) -> list[int]:
         del node.attribute[:]
         node.attribute.extend([*attrs, helper.make_attribute("local_window_size", window)])
     return windows
+
 
 def set_rotary_caches(model: onnx.ModelProto, config: dict, data_file: Path) -> int | None:
     """Replace the builder's ``cos_cache`` and ``sin_cache`` by transformers' own for a config with a

@@ -76,8 +76,6 @@ FUSED_OPS = (
 )
 
 
-
-
 def _op_histogram(path: Path) -> collections.Counter:
     return collections.Counter(n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node)
 

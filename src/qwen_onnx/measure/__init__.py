@@ -1,1 +1,3 @@
-"""Measurement: the PyTorch reference, accuracy and parity against it, the timing sitting and its protocol, profiling, graph inspection."""
+"""Measurement: the PyTorch reference, accuracy and parity against it, the timing sitting and its protocol,
+profiling, graph inspection.
+"""

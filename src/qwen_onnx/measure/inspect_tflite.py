@@ -1,4 +1,6 @@
-"""A LiteRT (TFLite) variant read from its flatbuffer without running it: operators per signature, weight bytes per dtype, the embedding table, the bytes a decode step reads."""
+"""A LiteRT (TFLite) variant read from its flatbuffer without running it: operators per signature, weight bytes
+per dtype, the embedding table, the bytes a decode step reads.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ from qwen_onnx.run.tflite import read_tflite_info
 #: Ops that read one row of a table per token (the embedding lookup).
 _LOOKUP_OPS = ("EMBEDDING_LOOKUP", "GATHER")
 
+
 def _enum_names(enum_class) -> dict[int, str]:
     return {v: k for k, v in vars(enum_class).items() if not k.startswith("_") and isinstance(v, int)}
+
 
 def read_tflite_graph(tflite_path: str | os.PathLike) -> dict[str, Any]:
     """The structure of a ``.tflite`` file read from its flatbuffer (memory-mapped; no interpreter, no tensors allocated).
@@ -101,6 +105,7 @@ def read_tflite_graph(tflite_path: str | os.PathLike) -> dict[str, Any]:
                 "constant_tensors_per_dtype": dict(sorted(count_per_dtype.items(), key=lambda kv: -kv[1])),
                 "embedding": embedding}
 
+
 def tflite_weight_bytes_per_token(folder: str | os.PathLike) -> tuple[int, str]:
     """Bytes read to decode one token from a tflite folder, and how they were counted.
 
@@ -121,6 +126,7 @@ def tflite_weight_bytes_per_token(folder: str | os.PathLike) -> tuple[int, str]:
     return (total - embedding["bytes"] + embedding["row_bytes"],
             f"the model.tflite bytes minus the {embedding['dtype']} embedding table {embedding['shape']} "
             f"({embedding['bytes']} bytes) plus one row")
+
 
 def inspect_tflite(folder: str | os.PathLike) -> dict[str, Any]:
     """The ``inspect`` stage's summary of a tflite folder (the ONNX variants' is :func:`qwen_onnx.measure.inspect_graph.inspect_model`).
@@ -165,6 +171,7 @@ def inspect_tflite(folder: str | os.PathLike) -> dict[str, Any]:
         "opsets": {},
         "litert_torch_version": info.get("litert_torch_version"),
     }
+
 
 def inspect_tflite_markdown(info: Mapping[str, Any]) -> str:
     """:func:`inspect_tflite`'s summary as Markdown: the signatures' tensors, the ops, the bytes."""

@@ -1,4 +1,5 @@
-"""TODO"""
+"""PyTorch eager fp32 timed with the same protocol as the ONNX variants (:func:`qwen_onnx.measure.latency.timing_protocol`),
+and the bytes a PyTorch decode step reads."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def torch_weight_bytes_per_token(model) -> int:
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     row = embedding.shape[1] * embedding.element_size()
     return int(total - embedding.numel() * embedding.element_size() + row)
+
 
 def measure_torch_latency(
     hf_dir: str | os.PathLike,

@@ -1,4 +1,6 @@
-"""The timing sitting's rows: the median over the rounds measured with the cores free, the ratios between rows, and the Markdown table with its notes."""
+"""The timing sitting's rows: the median over the rounds measured with the cores free, the ratios between rows,
+and the Markdown table with its notes.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ REFERENCE_PEERS = (LLAMA_CPP, GENAI)
 def one_line(note: str | None) -> str | None:
     """A note on one line (it goes into table cells)."""
     return " ".join(note.split()) if note is not None else None
+
 
 def _median_row(figures: list[dict[str, Any]], loads: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Medians over the rounds measured with the machine otherwise idle (every round when each one
@@ -45,6 +48,7 @@ def _median_row(figures: list[dict[str, Any]], loads: list[dict[str, Any]] | Non
     row["per_round"] = list(figures)
     return row
 
+
 def add_peer_ratios(rows: list[dict[str, Any]], prompt_lengths: Sequence[int]) -> str | None:
     """Fill ``{figure}_vs_peer`` in every measured row from the fastest reference peer.
 
@@ -62,15 +66,18 @@ def add_peer_ratios(rows: list[dict[str, Any]], prompt_lengths: Sequence[int]) -
             row[f"{figure}_vs_peer"] = value / ref if value is not None and ref else None
     return reference["peer"]
 
+
 def ratio_figures(prompt_lengths: Sequence[int]) -> list[str]:
     """The figures that get a ``_vs_peer`` ratio."""
     return ["decode_tok_s", *[f"prefill_ms_{n}" for n in prompt_lengths], "ttft_ms", "peak_rss_mib", "bytes_on_disk"]
+
 
 def peer_columns(prompt_lengths: Sequence[int]) -> list[str]:
     """Columns of the peers table: figures, then their ratios to the fastest peer."""
     figures = ["decode_tok_s", *[f"prefill_ms_{n}" for n in prompt_lengths], "ttft_ms", "peak_rss_mib", "bytes_on_disk"]
     return ["peer", "runtime", *figures, *[f"{f}_vs_peer" for f in ratio_figures(prompt_lengths)], "load_note",
             "skipped"]
+
 
 def _cell(value: Any, column: str) -> str:
     if value is None:
@@ -83,12 +90,14 @@ def _cell(value: Any, column: str) -> str:
         return f"{value:.2f}" if abs(value) < 1000 else f"{value:.0f}"
     return str(value).replace("|", "/").replace("\n", " ")
 
+
 def peers_markdown(result: Mapping[str, Any]) -> str:
     """The peers table and its notes as Markdown."""
     columns = peer_columns(result["prompt_lengths"])
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_cell(r.get(c), c) for c in columns) + " |" for r in result["rows"]]
     return "\n".join([*peers_notes(result), "", *lines, ""]) + "\n"
+
 
 def peers_notes(result: Mapping[str, Any]) -> list[str]:
     """One-line notes under the peers table: protocol, reference, llama.cpp configuration."""

@@ -1,4 +1,6 @@
-"""The timing sitting's protocol: each measurement in a fresh child process, rounds interleaved across variants, a crashed child named by its signal."""
+"""The timing sitting's protocol: each measurement in a fresh child process, rounds interleaved across
+variants, a crashed child named by its signal.
+"""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ def _main_script_hidden() -> Iterator[None]:
     finally:
         main.__file__ = path
 
+
 def exit_cause(returncode: int | None) -> str:
     """A child's exit status in words: ``killed by SIGILL (illegal instruction: built for an
     instruction set this CPU lacks)`` for -4, ``exit status 1`` for 1 (``subprocess``'s and
@@ -50,8 +53,10 @@ def exit_cause(returncode: int | None) -> str:
               "SIGABRT": "aborted by the library"}
     return f"killed by {name}" + (f" ({causes[name]})" if name in causes else "")
 
+
 class ChildCrashed(RuntimeError):
     """A measuring child process died without returning (a signal or ``os._exit``)."""
+
 
 def _child_main(connection, function, args, kwargs) -> None:
     from qwen_onnx.quiet import quiet_third_party
@@ -63,6 +68,7 @@ def _child_main(connection, function, args, kwargs) -> None:
         result = ("error", f"{type(exc).__name__}: {exc}")
     connection.send(result)
     connection.close()
+
 
 def run_in_child(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``function(*args, **kwargs)`` in a new ``spawn`` process; its return value.
@@ -91,6 +97,7 @@ def run_in_child(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
     if status == "error":
         raise RuntimeError(value)
     return value
+
 
 def interleaved_rounds(
     jobs: Sequence[tuple[str, Callable[..., Any], tuple]],

@@ -1,1 +1,4 @@
-"""Quantization: INT8 dynamic, static and mixed, int4 (k-quant, MatMulNBits), quantized embeddings, calibration and the transforms (Hadamard rotation, SmoothQuant, outlier split), and the per-MatMul sensitivity that chooses what stays float."""
+"""Quantization: INT8 dynamic, static and mixed, int4 (k-quant, MatMulNBits), quantized embeddings, calibration
+and the transforms (Hadamard rotation, SmoothQuant, outlier split), and the per-MatMul sensitivity that
+chooses what stays float.
+"""

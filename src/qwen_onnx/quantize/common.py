@@ -1,4 +1,6 @@
-"""What the INT8 and int4 quantizers share: the sensitive-MatMul settings and their choice from the sensitivity report, and a graph opened for quantization with its weights left on disk."""
+"""What the INT8 and int4 quantizers share: the sensitive-MatMul settings and their choice from the sensitivity
+report, and a graph opened for quantization with its weights left on disk.
+"""
 
 from __future__ import annotations
 
@@ -67,10 +69,12 @@ class SensitiveSettings:
                 raise QwenOnnxError(f"{cls.__name__} has no setting {shown!r}{hint}; remove it from the config section")
         return cls(**values)
 
+
 SENSITIVE_SCHEMES = ("float", "blockwise")
 
 #: The sensitivity rankings a static variant's sensitive MatMuls can be taken from.
 STATIC_RANKS = ("static", "static_percentile")
+
 
 def _flatten_sensitive(section: Mapping[str, Any]) -> dict[str, Any]:
     values = dict(section)
@@ -83,6 +87,7 @@ def _flatten_sensitive(section: Mapping[str, Any]) -> dict[str, Any]:
     if sensitive.get("max_fraction") is not None:
         values["sensitive_max_fraction"] = sensitive["max_fraction"]
     return values
+
 
 def sensitive_nodes(
     settings: SensitiveSettings,
@@ -125,6 +130,7 @@ def sensitive_nodes(
         for n in names
     ]
 
+
 def _load_graph_with_shape_infer(model_path: Path) -> onnx.ModelProto:
     """onnxruntime's ``load_model_with_shape_infer`` without loading weight data.
 
@@ -139,6 +145,7 @@ def _load_graph_with_shape_infer(model_path: Path) -> onnx.ModelProto:
     add_infer_metadata(model)
     inferred.unlink()
     return model
+
 
 def with_value_types(proto: onnx.ModelProto) -> onnx.ModelProto:
     """``proto`` with the element type of every tensor recorded in ``value_info``.
@@ -171,6 +178,7 @@ def with_value_types(proto: onnx.ModelProto) -> onnx.ModelProto:
             "quantize the pre-processed variant instead (optimize.quantize_fused: false)"
         )
     return inferred
+
 
 @contextlib.contextmanager
 def lazy_quantization(input_dir: str | os.PathLike) -> Iterator[tuple[Path, ScratchFiles]]:

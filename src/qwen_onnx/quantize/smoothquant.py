@@ -406,7 +406,6 @@ def search_smoothing(graph: onnx.GraphProto, groups: Sequence[SmoothGroup], stat
     return scales, rows
 
 
-
 def smooth_graph(graph_only: Path, windows: np.ndarray, scratch, *, alphas: Sequence[float] = DEFAULT_ALPHAS,
                  search_tokens: int = 512, symmetric: bool = False,
                  threads: int | None = None) -> tuple[Path, list[dict[str, Any]]]:

@@ -1,1 +1,3 @@
-"""The report: rows from the measured files, tables, plots, the pipeline table, and the figures published into the README."""
+"""The report: rows from the measured files, tables, plots, the pipeline table, and the figures published into
+the README.
+"""

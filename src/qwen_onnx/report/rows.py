@@ -1,4 +1,6 @@
-"""The report's rows: one per model and variant from its inspect, accuracy and latency files, the ratios to PyTorch, the peers', graph and sensitivity tables, and the recommendation per goal."""
+"""The report's rows: one per model and variant from its inspect, accuracy and latency files, the ratios to
+PyTorch, the peers', graph and sensitivity tables, and the recommendation per goal.
+"""
 
 from __future__ import annotations
 
@@ -33,15 +35,18 @@ _RATIO_OF = {
     "bytes_vs_pytorch": "bytes_on_disk",
 }
 
+
 def variant_keys(models: Sequence[str], variants: Sequence[str] | Mapping[str, Sequence[str]]) -> list[tuple[str, str]]:
     """(model, variant) in report order: ``variants`` is one list for every model, or a list per model."""
     return [(m, v) for m in models for v in (variants[m] if isinstance(variants, Mapping) else variants)]
+
 
 def _diffed(variant: str) -> bool:
     """Whether the diff stage compares ``variant`` with fp32 (every ONNX variant but fp32: :data:`qwen_onnx.settings.variants.DIFFED`)."""
     from qwen_onnx.settings.variants import BY_NAME
 
     return variant != "fp32" and (variant not in BY_NAME or BY_NAME[variant].format == "onnx")
+
 
 def built_variants(models: Sequence[str], variants: Sequence[str],
                    tflite: Mapping[str, Mapping[str, Any]] | None = None) -> tuple[dict[str, list[str]], list[str]]:
@@ -68,6 +73,7 @@ def built_variants(models: Sequence[str], variants: Sequence[str],
         if reason:
             skipped.append(reason)
     return built, skipped
+
 
 def variant_row(model: str, variant: str, inspect: Mapping | None, accuracy: Mapping, latency: Mapping,
                 bandwidth_gb_s: float | None) -> dict[str, Any]:
@@ -105,6 +111,7 @@ def variant_row(model: str, variant: str, inspect: Mapping | None, accuracy: Map
         row["roofline_pct"] = 100.0 * row["decode_tok_s"] / row["roofline_tok_s"]
     return row
 
+
 def pytorch_accuracy(fp32_accuracy: Mapping) -> dict[str, Any]:
     """The reference's own accuracy row: its perplexity, zero divergence, full agreement."""
     return {
@@ -113,6 +120,7 @@ def pytorch_accuracy(fp32_accuracy: Mapping) -> dict[str, Any]:
         "kl_p99": 0.0, "top1_pct": 100.0, "max_abs_logit_diff": 0.0, "mean_abs_logit_diff": 0.0,
         "generation_match_pct": 100.0,
     }
+
 
 def add_ratios(rows: list[dict[str, Any]], prompt_lengths: Sequence[int]) -> None:
     """Fill the ``*_vs_pytorch`` columns from each model's ``pytorch`` row."""
@@ -126,6 +134,7 @@ def add_ratios(rows: list[dict[str, Any]], prompt_lengths: Sequence[int]) -> Non
             value, ref = row.get(source), base.get(source)
             if value is not None and ref:
                 row[column] = value / ref
+
 
 def collect_rows(
     models: Sequence[str],
@@ -157,11 +166,13 @@ def collect_rows(
     add_ratios(rows, prompt_lengths)
     return rows
 
+
 #: Peers of the peers stage that become rows of metrics.csv/json (our variants and PyTorch have theirs).
 PEER_VARIANTS = ("llama.cpp", "genai-builder-int4", "genai-builder-int4-ort")
 
 _PEER_PROVIDER = {"llama.cpp": "llama.cpp CPU", "genai-builder-int4": "onnxruntime-genai CPU",
                   "genai-builder-int4-ort": "CPUExecutionProvider"}
+
 
 def peer_metric_rows(models: Sequence[str], paths: Sequence[str | os.PathLike],
                      prompt_lengths: Sequence[int]) -> list[dict[str, Any]]:
@@ -197,6 +208,7 @@ def peer_metric_rows(models: Sequence[str], paths: Sequence[str | os.PathLike],
             out.append(row)
     return out
 
+
 def peer_tables(models: Sequence[str], paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
     """Per model the "Against peers" table: ``model``, ``notes`` (lines), ``columns`` and ``rows``."""
     from qwen_onnx.measure.peers_table import peer_columns, peers_notes
@@ -208,6 +220,7 @@ def peer_tables(models: Sequence[str], paths: Sequence[str | os.PathLike]) -> li
         out.append({"model": model, "notes": peers_notes(result), "rows": rows,
                     "columns": ["model", *peer_columns(result["prompt_lengths"])]})
     return out
+
 
 def cross_model_rows(rows: Sequence[Mapping]) -> tuple[list[dict[str, Any]], list[str]]:
     """The models side by side: one row per variant (``pytorch`` first), per model its size (MB),
@@ -226,9 +239,11 @@ def cross_model_rows(rows: Sequence[Mapping]) -> tuple[list[dict[str, Any]], lis
         out.append(row)
     return out, columns
 
+
 #: The columns of the "Which variant to ship" table.
 ANSWER = ("model", "goal", "variant", "bytes_on_disk", "ppl_delta_pct", "top1_pct", "decode_tok_s", "ttft_ms",
           "note")
+
 
 def recommend(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Which variant to ship, per model and goal (:data:`GOALS`), from the report's rows.
@@ -274,8 +289,10 @@ def recommend(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             out.append({**{c: best.get(c) for c in ANSWER}, "goal": goal, "bold": column, "note": note})
     return out
 
+
 GRAPH_COLUMNS = ("model", "variant", "nodes", "initializers", "bytes_on_disk", "opset", "quant_ops", "fused_ops",
                  "nodes_vs_fp32", "fusions_vs_fp32", "quantization_ops_vs_fp32", "architecture")
+
 
 def graph_rows(models: Sequence[str], variants: Sequence[str] | Mapping[str, Sequence[str]],
                files: Mapping[str, Sequence]) -> list[dict[str, Any]]:
@@ -313,11 +330,13 @@ def graph_rows(models: Sequence[str], variants: Sequence[str] | Mapping[str, Seq
         })
     return out
 
+
 SENSITIVITY_COLUMNS = ("model", "role", "nodes", "sqnr_dynamic_db", "sqnr_static_db", "sqnr_blockwise_db",
                        "sqnr_weight_only_db", "worst_node", "worst_sqnr_dynamic_db")
 
 SENSITIVITY_NOTE = ("median SQNR in dB of the INT8 product against the float one on calibration text, higher is "
                     "better; per node in results/MODEL/reports/sensitivity.md")
+
 
 def sensitivity_rows(models: Sequence[str], paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
     """Per model and MatMul role: the median simulated SQNR of each INT8 scheme and the worst node.

@@ -144,6 +144,7 @@ def label(column: str) -> str:
         return f"{head}: {label(tail)}"
     return column.replace("_", " ")
 
+
 def columns(prompt_lengths: Sequence[int]) -> dict[str, str]:
     """:data:`COLUMNS` with the prefill columns of ``prompt_lengths`` inserted after ``load_s``."""
     out: dict[str, str] = {}
@@ -155,6 +156,7 @@ def columns(prompt_lengths: Sequence[int]) -> dict[str, str]:
                 out[f"prefill_ms_p90_{n}"] = f"prefill latency of a {n}-token prompt, 90th percentile, ms"
     return out
 
+
 SUMMARY = ("model", "variant", "gate", "bytes_on_disk", "ppl", "ppl_delta_pct", "kl_mean", "top1_pct",
            "ttft_ms", "decode_tok_s", "decode_speedup_vs_pytorch", "roofline_pct", "peak_rss_mib")
 
@@ -162,10 +164,12 @@ ACCURACY = ("model", "variant", "gate", "eval_tokens", "ppl", "ppl_delta_pct", "
             "top1_pct", "max_abs_logit_diff", "mean_abs_logit_diff", "padded_batch_max_abs_diff",
             "padded_batch_nonfinite", "kv_cache_max_abs_diff", "generation_match_pct")
 
+
 def latency_columns(prompt_lengths: Sequence[int]) -> tuple[str, ...]:
     """Columns of the latency table for the configured prompt lengths: the medians people compare."""
     prefill = [f"prefill_ms_p50_{n}" for n in prompt_lengths]
     return ("model", "variant", "load_s", *prefill, "ttft_ms", "decode_tok_s", "peak_rss_mib", "bytes_on_disk")
+
 
 def latency_detail_columns(prompt_lengths: Sequence[int]) -> tuple[str, ...]:
     """Columns of the second latency table: the 90th percentiles, the decode roofline and the session."""
@@ -173,11 +177,13 @@ def latency_detail_columns(prompt_lengths: Sequence[int]) -> tuple[str, ...]:
     return ("model", "variant", *prefill, "weight_bytes_per_token", "roofline_tok_s", "roofline_pct", "threads",
             "provider", "top_op")
 
+
 RATIOS = ("model", "variant", "decode_speedup_vs_pytorch", "ttft_vs_pytorch", "prefill_vs_pytorch",
           "load_vs_pytorch", "peak_rss_vs_pytorch", "bytes_vs_pytorch")
 
 #: The cell of a figure a variant cannot have (the tflite variant's padded-batch parity: batch-1 signatures).
 NOT_APPLICABLE = "n/a"
+
 
 def format_cell(value: Any, column: str) -> str:
     if value is None:
@@ -196,6 +202,7 @@ def format_cell(value: Any, column: str) -> str:
         return f"{value:.2f}" if abs(value) < 1000 else f"{value:.0f}"
     return str(value)
 
+
 def markdown_table(rows: Sequence[Mapping], columns: Iterable[str]) -> str:
     """A GitHub-flavoured Markdown table of ``rows``, headed by :func:`label`. A row's cell in the
     column named by its ``bold`` key is bold."""
@@ -207,7 +214,9 @@ def markdown_table(rows: Sequence[Mapping], columns: Iterable[str]) -> str:
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
+
 _LEFT = " class='t'"  # text columns left-aligned, numbers right
+
 
 def html_table(rows: Sequence[Mapping], columns: Iterable[str], styles: Mapping[str, Any] | None = None) -> str:
     """An HTML table of ``rows`` in a horizontally scrolling ``div.scroll``, headed by

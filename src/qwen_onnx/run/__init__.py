@@ -1,1 +1,3 @@
-"""Running a graph: the ONNX decode loop and its session settings, the LiteRT interpreter, and the machine they run on (CPU flags, ISA, integer kernel path, load). Measures nothing."""
+"""Running a graph: the ONNX decode loop and its session settings, the LiteRT interpreter, and the machine they
+run on (CPU flags, ISA, integer kernel path, load). Measures nothing.
+"""

@@ -1,4 +1,6 @@
-"""onnxruntime session settings: the options the decode loop and every measurement take (spinning, graph optimization level, memory arena), onnxruntime's defaults and the shared-cores setting."""
+"""onnxruntime session settings: the options the decode loop and every measurement take (spinning, graph
+optimization level, memory arena), onnxruntime's defaults and the shared-cores setting.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ _LEVELS = {
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
 
+
 def resolve_settings(settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """:data:`DEFAULT_SETTINGS` updated with ``settings``.
 
@@ -45,6 +48,7 @@ def resolve_settings(settings: Mapping[str, Any] | None = None) -> dict[str, Any
         raise ValueError(f"graph_optimization_level must be one of {sorted(_LEVELS)}, "
                          f"got {resolved['graph_optimization_level']!r}")
     return resolved
+
 
 def session_options(
     threads: int | None = None,

@@ -1,4 +1,6 @@
-"""Running a LiteRT (TFLite) variant: the interpreter with its prefill and decode signatures and KV cache (:class:`TfliteCausalLM`), and what each signature takes and returns."""
+"""Running a LiteRT (TFLite) variant: the interpreter with its prefill and decode signatures and KV cache
+(:class:`TfliteCausalLM`), and what each signature takes and returns.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +16,11 @@ from qwen_onnx.store.artifacts import SIGNATURES_FILE, TFLITE_FILE
 
 DECODE_SIGNATURE = "decode"
 
+
 def prefill_signature(prefill_length: int) -> str:
     """The name litert-torch gives the prefill signature of one fixed length: ``prefill_<length>``."""
     return f"prefill_{prefill_length}"
+
 
 def is_tflite_folder(folder: str | os.PathLike) -> bool:
     """Whether ``folder`` is a tflite variant folder (it holds ``tflite.json``, written last but the manifest).
@@ -29,6 +33,7 @@ def is_tflite_folder(folder: str | os.PathLike) -> bool:
 
     require_readable(folder)
     return (Path(folder) / SIGNATURES_FILE).is_file()
+
 
 def require_litert(converter: bool = True) -> None:
     """ai-edge-litert (the interpreter) and, to convert, litert-torch are importable.
@@ -46,6 +51,7 @@ def require_litert(converter: bool = True) -> None:
             f"the tflite variant needs litert-torch and ai-edge-litert ({exc}); install them with "
             "`pip install -r envs/tflite.txt` (envs/setup.sh does)") from exc
 
+
 #: Named axes of litert-torch's signature tensors, by name (``kv_cache_k_0`` ... by its prefix).
 TENSOR_AXES = {
     "tokens": ("batch_size", "sequence_length"),
@@ -54,14 +60,17 @@ TENSOR_AXES = {
     "kv_cache_": ("batch_size", "kv_cache_length", "kv_heads", "head_dim"),
 }
 
+
 def _axes(name: str, rank: int) -> list[str] | None:
     axes = TENSOR_AXES.get(name) or TENSOR_AXES.get("kv_cache_" if name.startswith("kv_cache_") else "")
     return list(axes) if axes and len(axes) == rank else None
+
 
 def _tensor_table(details: dict) -> dict[str, dict]:
     return {name: {"shape": [int(d) for d in d_["shape"]], "axes": _axes(name, len(d_["shape"])),
                    "dtype": np.dtype(d_["dtype"]).name}
             for name, d_ in sorted(details.items())}
+
 
 def describe_signatures(tflite_path: str | os.PathLike) -> dict[str, dict]:
     """Every signature of a ``.tflite`` file with its input and output tensors, read by the LiteRT interpreter.
@@ -80,6 +89,7 @@ def describe_signatures(tflite_path: str | os.PathLike) -> dict[str, dict]:
         table[name] = {"inputs": _tensor_table(runner.get_input_details()),
                        "outputs": _tensor_table(runner.get_output_details())}
     return table
+
 
 class TfliteCausalLM:
     """Runs a folder written by :func:`convert_tflite` with the LiteRT interpreter, batch 1.
@@ -206,6 +216,7 @@ class TfliteCausalLM:
                 break
             logits = self.decode(token)
         return new
+
 
 def read_tflite_info(folder: str | os.PathLike) -> dict:
     """``folder/tflite.json`` (see :func:`convert_tflite`'s return value).

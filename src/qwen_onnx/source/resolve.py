@@ -133,6 +133,8 @@ def source_files(source: str | Mapping[str, Any]) -> list[str]:
     if parsed.kind == "local":
         return sorted(str(p) for p in Path(parsed.value).iterdir() if p.is_file() and not p.name.startswith("."))
     return []
+
+
 def source_gguf(source: Any, scratch: str | os.PathLike) -> tuple[Path | None, str | None]:
     """The GGUF file of a model source (for llama.cpp, or its weight types), or why there is none.
 
@@ -371,6 +373,8 @@ def _load_and_save(folder: str, destination: Path, gguf_file: str | None = None)
         src = Path(folder) / stray
         if src.is_file() and not (destination / stray).exists():
             shutil.copy2(src, destination / stray)
+
+
 def eos_token_ids(folder: str | os.PathLike) -> list[int]:
     """Every end-of-sequence id in ``generation_config.json`` (a list or a single id), else ``config.json``'s."""
     for name in ("generation_config.json", "config.json"):

@@ -227,6 +227,7 @@ def ort_optimize_to_file(
     options.log_severity_level = 3
     ort.InferenceSession(str(source), options, providers=[provider])
 
+
 def save_with_external_data(proto: onnx.ModelProto, path: str | os.PathLike) -> None:
     """Save ``proto`` at ``path`` with every initializer in one external data file ``model.onnx_data``.
 

@@ -1,4 +1,6 @@
-"""Reading a variant stored in the Hugging Face hub cache layout (symlinks into ``blobs/``): the stage sees a folder of real files, links or copies next to its output, removed afterwards."""
+"""Reading a variant stored in the Hugging Face hub cache layout (symlinks into ``blobs/``): the stage sees a
+folder of real files, links or copies next to its output, removed afterwards.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ def _escapes(path: Path, folder: Path) -> bool:
     if not path.is_symlink():
         return False
     return os.path.dirname(os.path.realpath(path)) != os.path.realpath(folder)
+
 
 @contextlib.contextmanager
 def readable_variant(model: str | os.PathLike, near: str | os.PathLike | None = None) -> Iterator[Path]:
@@ -64,6 +67,7 @@ def readable_variant(model: str | os.PathLike, near: str | os.PathLike | None = 
             if entry.is_file():
                 shutil.copy2(entry, mirror / entry.name)
         yield mirror if given.is_dir() else mirror / path.name
+
 
 def reads_variant(*names: str, near: str | None = "output_dir"):
     """Decorator: the named path arguments of a stage are passed through :func:`readable_variant`,

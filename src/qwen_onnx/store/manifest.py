@@ -1,4 +1,6 @@
-"""Every staged folder's manifest: each file's size and sha256, written last and checked by every stage that reads the folder (a verified folder is stamped so later reads skip the hashing)."""
+"""Every staged folder's manifest: each file's size and sha256, written last and checked by every stage that
+reads the folder (a verified folder is stamped so later reads skip the hashing).
+"""
 
 from __future__ import annotations
 
@@ -18,9 +20,11 @@ MANIFEST_FILE = "manifest.json"
 
 MANIFEST_FORMAT = "qwen-onnx manifest 1"
 
+
 def _sha256(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
 
 def write_manifest(folder: str | os.PathLike) -> Path:
     """Write ``folder/manifest.json``: every file under ``folder`` with its size (bytes) and sha256.
@@ -42,11 +46,13 @@ def write_manifest(folder: str | os.PathLike) -> Path:
     target.write_text(json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1) + "\n", encoding="utf-8")
     return target
 
+
 _verified: dict[tuple, None] = {}
 
 #: Environment variable naming the folder of verification stamps (default
 #: ``$XDG_CACHE_HOME/qwen-onnx/verified``, else ``~/.cache/qwen-onnx/verified``).
 VERIFIED_CACHE_ENV = "QWEN_ONNX_VERIFIED_CACHE"
+
 
 def verified_cache_dir() -> Path:
     """The folder of :func:`verify_manifest`'s stamps: one empty file per folder that passed,
@@ -56,8 +62,10 @@ def verified_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "qwen-onnx" / "verified"
 
+
 def _stamp(key: tuple) -> Path:
     return verified_cache_dir() / hashlib.sha256(repr(key).encode("utf-8")).hexdigest()
+
 
 def verify_manifest(folder: str | os.PathLike) -> bool:
     """Check every file ``folder/manifest.json`` lists: present, of the recorded size and sha256.

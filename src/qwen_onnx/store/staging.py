@@ -1,4 +1,7 @@
-"""Staged writes: a stage writes into a sibling folder owned by its process and renames it into place only when complete (with its manifest), so no later run takes a half-written folder for a finished one; leftovers of dead processes are swept; a full disk is named with the space it needed."""
+"""Staged writes: a stage writes into a sibling folder owned by its process and renames it into place only when
+complete (with its manifest), so no later run takes a half-written folder for a finished one; leftovers of
+dead processes are swept; a full disk is named with the space it needed.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +28,9 @@ def owner_tag() -> str:
     later run can tell a leftover of a killed process (PID gone on this host) from one in use."""
     return f"{os.getpid()}@{socket.gethostname()}~"
 
+
 _OWNED = re.compile(r"(?P<pid>\d+)@(?P<host>[^~/]+)~")
+
 
 def _owner_gone(pid: int, host: str) -> bool:
     """Whether the process ``pid`` on ``host`` has ended (``False`` for another host: unknown)."""
@@ -42,6 +47,7 @@ def _owner_gone(pid: int, host: str) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except (OSError, IndexError):
         return False
+
 
 def sweep_stale(folder: str | os.PathLike, prefix: str) -> list[Path]:
     """Remove the entries of ``folder`` named ``prefix`` + ``PID@HOST~...`` (see :func:`owner_tag`)
@@ -75,7 +81,9 @@ def sweep_stale(folder: str | os.PathLike, prefix: str) -> list[Path]:
             removed.append(entry)
     return removed
 
+
 _LEFTOVER = re.compile(r"(?:\.partial-|^\.qwen-onnx-(?:linked-)?)(?P<pid>\d+)@(?P<host>[^~/]+)~")
+
 
 def sweep_tree(root: str | os.PathLike) -> list[Path]:
     """Remove, anywhere under ``root``, the temporary files and folders of stages whose process has
@@ -107,10 +115,12 @@ def sweep_tree(root: str | os.PathLike) -> list[Path]:
         dirs[:] = [d for d in dirs if Path(folder, d) not in removed]
     return removed
 
+
 #: Environment variables of the fault-injection hook (:func:`fault_point`), used by tests/test_faults.py.
 PAUSE_AT_ENV = "QWEN_ONNX_TEST_PAUSE_AT"
 
 PAUSE_SIGNAL_ENV = "QWEN_ONNX_TEST_PAUSE_SIGNAL"
+
 
 def fault_point(name: str) -> None:
     """Test hook, the only one: pause a stage with its partial output on disk, so that a test can
@@ -132,6 +142,7 @@ def fault_point(name: str) -> None:
         os.replace(signal + ".tmp", signal)
     time.sleep(600)
 
+
 def is_disk_full(exc: BaseException) -> bool:
     """Whether ``exc`` (or an exception it was raised from) reports a full disk or quota:
     ``OSError`` with ``ENOSPC``/``EDQUOT``, or a C++ library's error text (onnxruntime, protobuf)."""
@@ -146,12 +157,14 @@ def is_disk_full(exc: BaseException) -> bool:
         exc = exc.__cause__ or exc.__context__
     return False
 
+
 def _size(n: int) -> str:
     """``n`` bytes in decimal units: ``512 B``, ``3.1 MB``, ``2.52 GB``."""
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if n >= scale:
             return f"{n / scale:.{2 if unit == 'GB' else 1}f} {unit}"
     return f"{n} B"
+
 
 def disk_full_error(target: Path, free_before: int | None = None) -> DiskFullError:
     free = shutil.disk_usage(target.parent).free
@@ -160,6 +173,7 @@ def disk_full_error(target: Path, free_before: int | None = None) -> DiskFullErr
         f"no space left on device writing {target} ({target.parent} {before}has {_size(free)} free now that the "
         "partial output is removed); free disk space or put the results on a larger disk, then rerun"
     )
+
 
 @contextlib.contextmanager
 def staged_dir(final: str | os.PathLike) -> Iterator[Path]:
