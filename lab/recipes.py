@@ -3,7 +3,7 @@
 Each :class:`Recipe` is one set of :class:`~qwen_onnx.quantize.int8.DynamicSettings`,
 :class:`~qwen_onnx.quantize.int8.StaticSettings` or :class:`~qwen_onnx.quantize.int4.Int4Settings`. :func:`run_recipes` quantizes the pre-processed fp32
 graph with each, measures the variant, deletes it, and appends one row per recipe to
-``recipes.jsonl``; :func:`recipes_markdown` turns the rows into docs/design.md's lever table.
+``recipes.jsonl``; :func:`recipes_markdown` turns the rows into docs/int8.md's lever table.
 
 Protocol (the same for every row, the fp32 graph included):
 
@@ -122,7 +122,7 @@ def _int4_before_9(**settings: Any) -> dict[str, Any]:
     return {"block_size_8bit": settings["block_size"], "embedding_block_size": settings["block_size"], **settings}
 
 
-#: The levers of docs/design.md's "INT8 recipes" table. Weights are INT8 per channel unless stated;
+#: The levers of docs/int8.md's lever table. Weights are INT8 per channel unless stated;
 #: "sensitive" MatMuls are ranked by the simulated SQNR of :mod:`qwen_onnx.quantize.sensitivity`;
 #: blockwise is MatMulNBits 8-bit with ``accuracy_level`` 4 (onnxruntime contrib op MatMulNBits).
 DEFAULT_RECIPES: tuple[Recipe, ...] = (

@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--opset", type=int, default=EXPORT["opset"], help="ONNX opset (the torch exporter needs 18 or newer)")
     p.add_argument("--exporter", default=EXPORT["exporter"], metavar="{optimum,torch}",
                    help="optimum (optimum-onnx, default) or torch (torch.onnx.export with dynamo=True, for "
-                        "architectures optimum does not support yet); docs/design.md, 'Export routes'")
+                        "architectures optimum does not support yet); docs/export.md")
     p.set_defaults(func=run_export)
 
     p = sub.add_parser("preprocess", help="quant_pre_process: symbolic shapes + ORT basic optimization")
@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--algorithm", choices=["default", "rtn", "k_quant", "k_quant_int", "hqq", "gptq"],
                    default="k_quant_int",
-                   help="onnxruntime MatMulNBitsQuantizer algorithm (docs/design.md, 'INT4 and quantized embeddings')")
+                   help="onnxruntime MatMulNBitsQuantizer algorithm (docs/int4.md)")
     p.add_argument("--block-size", type=int, default=16, help="inputs per scale, a power of 2 from 16 to 256")
     p.add_argument("--block-size-8bit", type=int, default=128,
                    help="inputs per scale of the 8-bit MatMuls (lm_head, sensitive, source-precise)")

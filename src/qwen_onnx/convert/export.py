@@ -64,7 +64,7 @@ def export_onnx(
         output_dir: variant folder to create (replaced if present).
         opset: ONNX opset (17 and 18 are tested; the torch route needs 18 or newer).
         task: optimum task; the pipeline needs ``text-generation-with-past`` (optimum route only).
-        exporter: ``optimum`` or ``torch`` (:data:`EXPORTERS`; docs/design.md, "Export routes").
+        exporter: ``optimum`` or ``torch`` (:data:`EXPORTERS`; docs/export.md).
 
     Returns:
         Provenance written to ``output_dir/export.json``: exporter, opset, task, seconds, versions.

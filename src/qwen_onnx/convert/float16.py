@@ -14,7 +14,7 @@ drops into :class:`qwen_onnx.run.runtime.OnnxCausalLM`, the accuracy and latency
 ``ORTModelForCausalLM`` unchanged; casts at the edges cost two Casts per cache tensor per step.
 
 Op block list (:func:`op_block_list`): onnxruntime's ``DEFAULT_OP_BLOCK_LIST`` plus the ops chosen
-by measuring on Qwen2.5-Coder-0.5B (docs/design.md, "fp16"): the RMSNorm's ``Pow`` and ``ReduceMean``
+by measuring on Qwen2.5-Coder-0.5B (docs/fp16.md): the RMSNorm's ``Pow`` and ``ReduceMean``
 (float16 squares of Qwen's large hidden activations overflow 65504) and ``Softmax``. The rest of
 each RMSNorm's variance path, ``Add`` (epsilon), ``Sqrt`` and ``Div``/``Reciprocal`` up to the
 product with the hidden state, stays float32 too (:func:`variance_nodes`, blocked by name): the
@@ -25,9 +25,9 @@ Weights beyond float16's range are clamped to it by the converter; the stage cou
 (:func:`out_of_range_weights`) and records the count in ``float16.json``.
 
 Speed: float16 is meant for execution providers with float16 kernels (CUDA, DirectML, CoreML,
-ARM64 CPUs with FP16). On this project's x86 build machine (no AVX512-FP16) the op profile of its
-latency run with onnxruntime 1.32's CPU provider lists MatMul at 84% of the time and Cast at 2.8%;
-docs/design.md, "fp16", has the measured latency against fp32.
+ARM64 CPUs with FP16). On x86 without AVX512-FP16 the op profile of its latency run with onnxruntime 1.32's
+CPU provider lists MatMul at 84% of the time and Cast at 2.8% (Xeon, AVX-512) or 71% and 12% (EPYC, AVX2);
+docs/fp16.md has the measured latency against fp32.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from qwen_onnx.convert.genai_config import write_genai_config
 
 log = logging.getLogger(__name__)
 
-#: Op types kept float32 on top of onnxruntime's ``float16.DEFAULT_OP_BLOCK_LIST`` (docs/design.md, "fp16",
+#: Op types kept float32 on top of onnxruntime's ``float16.DEFAULT_OP_BLOCK_LIST`` (docs/fp16.md,
 #: for what each alternative measured); the config's ``float16.blocked_ops``.
 EXTRA_BLOCKED_OPS: tuple[str, ...] = tuple(FLOAT16["blocked_ops"])
 

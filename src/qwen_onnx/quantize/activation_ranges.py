@@ -4,7 +4,7 @@ onnxruntime's calibrators (``onnxruntime.quantization.calibrate``) keep every in
 of every calibration sample before reducing them (``HistogramCalibrater.collect_data`` appends each
 run's outputs to ``intermediate_outputs``; MinMax does too unless ``max_intermediate_outputs`` is
 set), so their memory grows with the number of samples: Percentile took 7.9 GB of RSS on the 0.5B
-with 8 windows (docs/design.md "INT8 recipes"). :class:`StreamingCalibrator` reduces each window as soon
+with 8 windows (docs/int8.md). :class:`StreamingCalibrator` reduces each window as soon
 as it has run: running min and max, onnxruntime's own ``HistogramCollector`` fed one window at a
 time (its histograms merge in place), and a bounded sample for the output-error search. The
 ranges go to ``quantize_static`` as a calibration cache (:func:`tensors_data`).

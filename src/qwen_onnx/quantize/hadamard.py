@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 MAX_BLOCK = 256
 #: The MatMul roles rotated by default: every weight MatMul's input (measured on the 0.5B: down_proj
 #: alone, where the massive activations are, +1.18% perplexity / 93.1% top-1; every role +0.51% /
-#: 96.5%; docs/design.md, "Fully static INT8").
+#: 96.5%; docs/int8.md, "int8-static").
 DEFAULT_ROLES = ROLES
 #: Root of the names of the nodes and tensors a rotation adds: ``/hadamard<rotated tensor>/MatMul``.
 _PREFIX = "/hadamard"

@@ -76,7 +76,7 @@ class Int4Settings(SensitiveSettings):
     Attributes:
         algorithm: one of :data:`ALGORITHMS` (module docstring); ``k_quant_int`` with importance
             measured best on Qwen2.5-Coder 0.5B, then ``k_quant`` (+2.65% perplexity against +4.1
-            to +4.3% for round-to-nearest and HQQ; docs/design.md "INT4 and quantized embeddings").
+            to +4.3% for round-to-nearest and HQQ; docs/int4.md).
         block_size: inputs per scale, a power of 2 from 16 to 256. 16 by default: on the 0.5B (AMD
             EPYC, AVX2) block 32 passed the gate on its edge (+2.67% perplexity, 90.0% top-1, KL
             0.032 against PyTorch), block 16 with room (+0.74%, 91.8%, 0.020) for 8% more bytes
@@ -94,7 +94,7 @@ class Int4Settings(SensitiveSettings):
         embedding: ``shared`` (tied models: the embedding reads the lm_head's quantized weight),
             ``quantized`` (own GatherBlockQuantized table at ``embedding_bits``) or ``float``.
         embedding_bits: bits of an own embedding table (4 or 8; 4 with zero points measured
-            within the gate on Qwen2.5-Coder 0.5B, docs/design.md "INT4 and quantized embeddings").
+            within the gate on Qwen2.5-Coder 0.5B, docs/int4.md).
         embedding_symmetric: an own embedding table without zero points (else one per block).
         sensitive_max_nodes, sensitive_below_sqnr_db: the most sensitive MatMuls of the sensitivity
             report (ranked by their blockwise dynamic INT8 SQNR), as in

@@ -87,7 +87,7 @@ class DynamicSettings(SensitiveSettings):
             MatMulNBits 8-bit with ``accuracy_level=4``, which quantizes the activation per token
             and block at run time; onnxruntime contrib op MatMulNBits).
         block_size: block length of the ``blockwise`` scheme (a power of 2, 16 to 256; 128 measured
-            best on Qwen2.5-Coder 0.5B for speed at +0.45% perplexity, docs/design.md "INT8 recipes"), and
+            best on Qwen2.5-Coder 0.5B for speed at +0.45% perplexity, docs/int8.md), and
             of an own quantized embedding table.
         embedding: the embedding table: ``shared`` (tied models whose lm_head is MatMulNBits: the
             embedding ``GatherBlockQuantized`` reads the lm_head's INT8 weight; otherwise as

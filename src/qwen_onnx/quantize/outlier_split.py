@@ -32,7 +32,7 @@ from qwen_onnx.quantize.matmuls import graph_maps, node_role, weight_matmuls
 log = logging.getLogger(__name__)
 
 #: The MatMul roles split by default: down_proj reads the SwiGLU product, where the massive
-#: activations are (docs/design.md, "Fully static INT8").
+#: activations are (docs/int8.md, "int8-static").
 DEFAULT_ROLES = ("down_proj",)
 _SUFFIX = "/outlier_split"
 

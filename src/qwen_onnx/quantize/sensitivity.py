@@ -33,7 +33,7 @@ the nodes whose inputs carry them rank first. A tensor-wide SQNR is that first t
 (its product holds most of the tensor's energy), so ``sqnr_static_percentile_db`` is the mean over
 tokens of each token's SQNR, ``-10·log10(mean_t ‖y_t − ŷ_t‖² / ‖y_t‖²)``: on the 0.5B it ranks the
 down_proj MatMuls whose inputs carry massive activations first, and keeping its 12 lowest float
-is the ``int8-static`` recipe (docs/design.md, "Fully static INT8"). :func:`choose_float_nodes` turns the ranking into
+is the ``int8-static`` recipe (docs/int8.md, "int8-static"). :func:`choose_float_nodes` turns the ranking into
 ``nodes_to_exclude`` under a budget.
 """
 

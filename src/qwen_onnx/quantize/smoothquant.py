@@ -32,7 +32,7 @@ fitted on the first three quarters of the windows and the error is measured on t
 (scored in-sample, α 0.7-0.9 won and the 0.5B lost 58% perplexity), as the mean per-token relative
 error (a tensor-wide error is the first token's massive activations alone).
 
-Measured on Qwen2.5-Coder 0.5B (docs/design.md "Fully static INT8"), every smoothed graph was less
+Measured on Qwen2.5-Coder 0.5B (docs/int8.md, "int8-static"), every smoothed graph was less
 accurate end to end than the unsmoothed one, although each group's simulated error fell; the
 static variant therefore leaves it off by default (``StaticSettings.smooth``).
 
@@ -40,7 +40,7 @@ Memory: the channel statistics stream over the windows (per channel min and max)
 keeps at most ``search_tokens`` rows of each activation; weights are read, scaled and written one
 at a time. onnxruntime's own ``SmoothQuant`` option (``quantize_static`` ``extra_options``) calls
 neural-compressor 2.x and holds the whole model and every activation at once (13.2 GB RSS on the
-0.5B, docs/design.md "INT8 recipes").
+0.5B, docs/int8.md).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 __all__ = ["EVALUATION", "EXPORT", "EXPORTERS", "FLOAT16", "LATENCY", "TFLITE", "TFLITE_CONVERSION", "TFLITE_QUANTIZATIONS", "section"]
 
 #: ``export:`` (the fp32 export). ``exporter``: ``optimum`` (optimum-onnx) or ``torch``
-#: (``torch.onnx.export(dynamo=True)``, which needs ``opset`` 18 or newer); docs/design.md, "Export routes".
+#: (``torch.onnx.export(dynamo=True)``, which needs ``opset`` 18 or newer); docs/export.md.
 EXPORT: Mapping[str, Any] = MappingProxyType({
     "exporter": "optimum",
     "opset": 17,
@@ -28,7 +28,7 @@ TORCH_EXPORT_MIN_OPSET = 18
 
 #: ``float16:`` (the fp16 variant): op types and node names kept float32, on top of onnxruntime's
 #: ``float16.DEFAULT_OP_BLOCK_LIST``. Pow and ReduceMean (the RMSNorm's variance) and Softmax: chosen
-#: by measuring on the 0.5B (docs/design.md, "fp16"; :mod:`qwen_onnx.convert.float16`).
+#: by measuring on the 0.5B (docs/fp16.md; :mod:`qwen_onnx.convert.float16`).
 FLOAT16: Mapping[str, Any] = MappingProxyType({
     "blocked_ops": ("Pow", "ReduceMean", "Softmax"),
     "blocked_nodes": (),

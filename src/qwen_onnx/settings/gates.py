@@ -44,7 +44,7 @@ DEFAULT_GATES: dict[str, dict[str, float]] = {
         "kv_cache_max_abs_diff": 0.05,
         "generation_match_pct": 90,
     },
-    # fp16: float16 weights and activations, float32 at the edges (docs/design.md, "fp16")
+    # fp16: float16 weights and activations, float32 at the edges (docs/fp16.md)
     "float16": {"ppl_delta_pct": 0.5, "top1_pct": 98},
     "int8_dynamic": {"ppl_delta_pct": 1.0, "top1_pct": 95, "kl_mean": 0.05},
     # the targets set for the fully static variant
