@@ -18,7 +18,7 @@ include: "workflow/rules/optimize.smk"
 include: "workflow/rules/float16.smk"
 include: "workflow/rules/tflite.smk"
 include: "workflow/rules/evaluate.smk"
-include: "workflow/rules/peers.smk"
+include: "workflow/rules/sitting.smk"
 include: "workflow/rules/report.smk"
 
 
@@ -27,8 +27,8 @@ include: "workflow/rules/report.smk"
 localrules:
     inspect,
     diff,
-    latency,
-    latency_pytorch,
+    latency_row,
+    latency_row_pytorch,
     report,
 
 

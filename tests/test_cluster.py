@@ -190,20 +190,20 @@ def test_slurm_profile_resources_apply_to_every_job(tmp_path, tiny_qwen2, texts,
     resources = {rule: dict(item.split("=", 1) for item in line.split(", ")) for rule, line in jobs}
     assert set(resources) == {"resolve", "export", "preprocess", "sensitivity", "quantize_dynamic", "quantize_static", "quantize_mixed",
                               "quantize_int4", "convert_float16", "optimize", "inspect", "diff", "reference", "accuracy", "profile",
-                              "latency", "latency_pytorch", "genai_builder", "peers", "machine", "report", "all"}
+                              "latency_row", "latency_row_pytorch", "genai_builder", "sitting", "machine", "report", "all"}
     for rule, res in resources.items():
         assert res["slurm_partition"] == "cpu" and res["slurm_account"] == "my-account", rule
         if rule != "all":
             assert int(res["mem_mb"]) >= 1000 and int(res["runtime"]) >= 10, rule
-        assert (res.get("slurm_extra") == "--exclusive") == (rule in ("profile", "peers", "machine"))
+        assert (res.get("slurm_extra") == "--exclusive") == (rule in ("profile", "sitting", "machine"))
     # declared from params_billion (workflow/rules/common.smk), not replaced by the profile
-    # MB (10^6 bytes) of 1000 + the measured GiB per fp32 GB (3.3 for export, profile, peers and fp16; 2.5 for
+    # MB (10^6 bytes) of 1000 + the measured GiB per fp32 GB (3.3 for export, profile, the sitting and fp16; 2.5 for
     # accuracy) x 6.16 GB: 1000 + 3.3 x 6.16 x 1073.74 = 22,827
     export = ("40000", "180") if override else ("22827", "43")
     assert (resources["export"]["mem_mb"], resources["export"]["runtime"]) == export
     assert resources["profile"]["mem_mb"] == "22827" and resources["accuracy"]["mem_mb"] == "17535"
-    assert resources["peers"]["mem_mb"] == "22827" and resources["convert_float16"]["mem_mb"] == "22827"
-    assert resources["latency"]["mem_mb"] == "1000" and resources["latency_pytorch"]["mem_mb"] == "1000"
+    assert resources["sitting"]["mem_mb"] == "22827" and resources["convert_float16"]["mem_mb"] == "22827"
+    assert resources["latency_row"]["mem_mb"] == "1000" and resources["latency_row_pytorch"]["mem_mb"] == "1000"
 
 
 def test_every_rule_declares_threads_memory_and_runtime():

@@ -118,8 +118,8 @@ def test_jobs_that_share_cores_get_a_passive_openmp_wait_policy(monkeypatch):
     from qwen_onnx.snakemake_support import MEASURING_RULES, share_cores_politely
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    assert share_cores_politely("peers") is False and "OMP_WAIT_POLICY" not in os.environ
-    assert MEASURING_RULES == {"profile", "peers", "machine"}
+    assert share_cores_politely("sitting") is False and "OMP_WAIT_POLICY" not in os.environ
+    assert MEASURING_RULES == {"profile", "sitting", "machine"}
     assert share_cores_politely("reference") is True
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's choice wins

@@ -100,7 +100,7 @@ def test_full_run_writes_every_artifact(finished_run):
         rows_read = list(csv.DictReader(f))
     from qwen_onnx.report.rows import PEER_VARIANTS
 
-    # every speed figure comes from each model's one timing sitting (the peers stage)
+    # every speed figure comes from each model's one timing sitting (the sitting stage)
     assert {r["measured_by"] for r in rows_read} == {"peers"}
     every = [r for r in rows_read if r["variant"] not in PEER_VARIANTS]
     # the measured peers follow our rows (the tiny sources are folders: no GGUF for llama.cpp)
@@ -166,8 +166,8 @@ def test_full_run_writes_every_artifact(finished_run):
     with (results / "pipeline.csv").open(encoding="utf-8") as f:
         pipeline = {(r["model"], r["job"]): r for r in csv.DictReader(f)}
     expected = {("tiny", j) for j in ("resolve", "export", "preprocess", "optimize", "sensitivity",
-                                      "quantize_dynamic", "quantize_static", "quantize_int4", "latency.pytorch", "peers")}
-    expected |= {("tiny", f"{rule}.{v}") for v in VARIANTS for rule in ("inspect", "accuracy", "latency")}
+                                      "quantize_dynamic", "quantize_static", "quantize_int4", "latency_row.pytorch", "sitting")}
+    expected |= {("tiny", f"{rule}.{v}") for v in VARIANTS for rule in ("inspect", "accuracy", "latency_row")}
     expected |= {("tiny", f"profile.{v}") for v in VARIANTS if v != "tflite"}
     expected |= {("tiny", f"diff.{v}") for v in DIFFED} | {("", "machine"), ("tiny", "convert_tflite")}
     assert expected <= set(pipeline)
@@ -248,10 +248,10 @@ def test_calibration_change_reruns_only_the_static_variant(finished_run, texts):
         (finished_run / "config.yaml").write_text(original)
     # a changed variant is timed again with all the others (one sitting per model): every latency report
     # is rewritten from the new sitting, and only the changed variant is profiled again
-    per_model = {"quantize_static": 1, "inspect": 1, "diff": 1, "accuracy": 1, "profile": 1, "peers": 1,
-                 "latency": len(VARIANTS), "latency_pytorch": 1}
+    per_model = {"quantize_static": 1, "inspect": 1, "diff": 1, "accuracy": 1, "profile": 1, "sitting": 1,
+                 "latency_row": len(VARIANTS), "latency_row_pytorch": 1}
     # the tflite variant is built for `tiny` only (write_config): 9 latency reports there, 8 on the others
-    assert everywhere == {**{rule: 3 for rule in per_model}, "latency": 3 * len(VARIANTS) - 2, "report": 1, "all": 1}
+    assert everywhere == {**{rule: 3 for rule in per_model}, "latency_row": 3 * len(VARIANTS) - 2, "report": 1, "all": 1}
     assert one_model == {**per_model, "report": 1, "all": 1}
 
 
@@ -268,9 +268,9 @@ def test_float16_settings_rerun_only_the_fp16_variant_and_the_exporter_reruns_al
         exporter = planned_jobs(snakemake(finished_run, "-n"))
     finally:
         (finished_run / "config.yaml").write_text(original)
-    per_model = {"convert_float16": 1, "inspect": 1, "diff": 1, "accuracy": 1, "profile": 1, "peers": 1,
-                 "latency": len(VARIANTS), "latency_pytorch": 1}
-    assert blocked == {**{rule: 3 for rule in per_model}, "latency": 3 * len(VARIANTS) - 2, "report": 1, "all": 1}
+    per_model = {"convert_float16": 1, "inspect": 1, "diff": 1, "accuracy": 1, "profile": 1, "sitting": 1,
+                 "latency_row": len(VARIANTS), "latency_row_pytorch": 1}
+    assert blocked == {**{rule: 3 for rule in per_model}, "latency_row": 3 * len(VARIANTS) - 2, "report": 1, "all": 1}
     assert exporter["export"] == 3 and exporter["preprocess"] == 3 and exporter["convert_float16"] == 3
     assert "optimize" not in exporter  # the builder starts from hf, not from the export
 
@@ -289,7 +289,7 @@ def test_adding_a_model_reruns_only_that_models_stages(finished_run, tiny_qwen2)
                                     "quantize_static": 1, "quantize_mixed": 1, "quantize_int4": 1,
                                     "convert_float16": 1,
                     "optimize": 1, "inspect": n, "diff": n - 1, "reference": 1, "accuracy": n, "profile": n,
-                    "latency": n, "latency_pytorch": 1, "genai_builder": 1, "peers": 1, "report": 1, "all": 1}
+                    "latency_row": n, "latency_row_pytorch": 1, "genai_builder": 1, "sitting": 1, "report": 1, "all": 1}
 
 
 def test_evaluation_settings_rerun_the_reference_only_when_they_change_it(finished_run):

@@ -17,7 +17,7 @@ from qwen_onnx.quiet import quiet_third_party
 
 #: Rules that measure speed: each claims every core Snakemake was given (README, "Running the
 #: workflow"), so nothing runs beside it and the libraries keep their default threading.
-MEASURING_RULES = frozenset({"profile", "peers", "machine"})
+MEASURING_RULES = frozenset({"profile", "sitting", "machine"})
 
 
 def share_cores_politely(rule: str) -> bool:

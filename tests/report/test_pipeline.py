@@ -46,7 +46,7 @@ def test_dependencies_follow_the_registry():
     assert dependencies("accuracy.fp16") == ["convert_float16", "resolve", "reference"]
     assert dependencies("diff.int8-static") == ["quantize_static", "export"]
     assert dependencies("accuracy.fp32") == ["export", "resolve", "reference"]
-    assert dependencies("latency.pytorch") == ["resolve"]
+    assert dependencies("latency_row.pytorch") == ["resolve"]
 
 
 def test_pipeline_table_reads_benchmarks_and_logs(tmp_path):
@@ -58,13 +58,13 @@ def test_pipeline_table_reads_benchmarks_and_logs(tmp_path):
     _job(tmp_path, m, "sensitivity", 20.0, 1200, 18, log_peak=1300, ended=1035)
     _job(tmp_path, m, "quantize_int4", 30.0, 1000, 25, log_peak=1100, ended=1065)
     _job(tmp_path, m, "accuracy.int4", 50.0, 4000, 45, log_peak=4100, ended=1115)
-    _job(tmp_path, m, "latency.preprocessed", 9.0, 800, 9, log_peak=900, ended=1061)
+    _job(tmp_path, m, "latency_row.preprocessed", 9.0, 800, 9, log_peak=900, ended=1061)
     (tmp_path / "benchmarks" / "machine.tsv").write_text(HEADER + "2.0\t0\t100\t1\t1\t1\t1\t1\t1\t2\n")
     (tmp_path / "benchmarks" / "report.tsv").write_text(HEADER + "3.0\t0\t100\t1\t1\t1\t1\t1\t1\t2\n")
     table = pipeline_table(tmp_path, [m])
     rows = {r["job"]: r for r in table["rows"]}
     assert set(rows) == {"machine", "resolve", "export", "optimize", "preprocess", "sensitivity", "quantize_int4",
-                         "accuracy.int4", "latency.preprocessed"}  # the report's own job is not in its table
+                         "accuracy.int4", "latency_row.preprocessed"}  # the report's own job is not in its table
     assert rows["export"]["peak_rss_mib"] == 3500  # the child's peak, from the log
     assert rows["optimize"]["peak_rss_mib"] == 2000 and rows["resolve"]["cpu_s"] == 8
     assert table["total_job_s"] == pytest.approx(10 + 40 + 5 + 12 + 20 + 30 + 50 + 9 + 2)
@@ -107,11 +107,11 @@ def test_jobs_of_unregistered_variants_are_tabled_without_a_producer(tmp_path):
     the table; they once raised KeyError in the critical path."""
     assert dependencies("accuracy.coreml") == ["resolve", "reference"]
     assert dependencies("accuracy.tflite") == ["convert_tflite", "resolve", "reference"]  # registered now, as fp16
-    assert dependencies("latency.coreml") == []
+    assert dependencies("latency_row.coreml") == []
     assert dependencies("quantize_int4", {"int4": "elsewhere"}) == ["sensitivity"]
     _job(tmp_path, "m", "resolve", 10.0, 900, 8, ended=1000)
-    _job(tmp_path, "m", "latency.coreml", 70.0, 800, 60, ended=1100)
+    _job(tmp_path, "m", "latency_row.coreml", 70.0, 800, 60, ended=1100)
     _job(tmp_path, "m", "accuracy.coreml", 30.0, 800, 20, ended=1130)
     table = pipeline_table(tmp_path, ["m"])
-    assert {r["job"] for r in table["rows"]} == {"resolve", "latency.coreml", "accuracy.coreml"}
-    assert table["critical_path"] == ["m/latency.coreml"] and table["critical_path_s"] == pytest.approx(70)
+    assert {r["job"] for r in table["rows"]} == {"resolve", "latency_row.coreml", "accuracy.coreml"}
+    assert table["critical_path"] == ["m/latency_row.coreml"] and table["critical_path_s"] == pytest.approx(70)

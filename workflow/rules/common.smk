@@ -81,7 +81,7 @@ MEM_PER_FP32_GB = {  # GiB of peak RSS per GB of fp32 weights
     "profile": 3.3,
     # the timing sitting: its children load one variant at a time, the fp16 one the largest
     # (15.2 GB on the 1.5B in a latency job, commit c64be30, 2026-12-02: 2.5 per fp32 GB), and the genai builder
-    "peers": 3.3,
+    "sitting": 3.3,
     # the model builder again (as optimize: 3.5 / 6.8 GB), writing 4-bit MatMulNBits
     "genai_builder": 1.8,
 }
@@ -107,7 +107,7 @@ RUNTIME_MIN_PER_FP32_GB = {
     "profile": 0.5,  # one profiled session: a prefill and 16 decode steps
     # every variant, PyTorch and the peers, 3 rounds: 12 + 18 minutes (0.5B, 1.5B), commit c64be30, 2026-12-02,
     # for 5 of the 8 variants
-    "peers": 6.0,
+    "sitting": 6.0,
     "genai_builder": 0.5,  # the builder's INT4 graph: the model builder as optimize, plus 4-bit RTN
     "convert_tflite": 0.9,  # 104 s for the 0.5B with litert-torch 0.10 (0.88 min per fp32 GB)
 }
@@ -253,7 +253,7 @@ def get_int4_calibration_input(wildcards):
     return settings["calibration_text"] if calibrates else []
 
 
-# The measuring jobs (peers, profile, machine) run alone on their node under SLURM (sbatch
+# The measuring jobs (sitting, profile, machine) run alone on their node under SLURM (sbatch
 # --exclusive): declared in the rules, not in profiles/slurm, because a command-line
 # --set-resources replaces the profile's whole set-resources (snakemake#3429) and with it this.
 # Other executors ignore the key; locally get_exclusive_threads gives the same.
@@ -285,7 +285,7 @@ def get_peers_threads(wildcards):
 
 
 def get_peers_variant_dirs(wildcards):
-    """Every ONNX variant folder of the model: the timing sitting (peers stage) measures them all
+    """Every ONNX variant folder of the model: the timing sitting (sitting stage) measures them all
     (the tflite folder comes as an input of its own, get_peers_tflite_input)."""
     onnx = {v.name for v in qwen_onnx.settings.variants.VARIANTS if v.format == "onnx"}
     return [f"{RESULTS}/{wildcards.model}/{v}" for v in VARIANTS if v in onnx]
@@ -299,7 +299,7 @@ def get_profile_input(wildcards):
 
 
 def get_peers_tflite_input(wildcards):
-    """The model's tflite folder, measured by the peers stage when the workflow builds it."""
+    """The model's tflite folder, measured by the sitting stage when the workflow builds it."""
     if tflite_scheduled(wildcards.model):
         return f"{RESULTS}/{wildcards.model}/tflite"
     return []
@@ -307,7 +307,7 @@ def get_peers_tflite_input(wildcards):
 
 def get_peers_genai_input(wildcards):
     """The builder's INT4 graph (rule genai_builder) when the sitting has a builder row; without
-    onnxruntime-genai in this environment the peers stage records the row as skipped instead.
+    onnxruntime-genai in this environment the sitting stage records the row as skipped instead.
     """
     peers = get_settings(wildcards.model, "peers")
     wanted = peers["enabled"] and (peers["genai_builder"] or peers["genai_builder_ort"])

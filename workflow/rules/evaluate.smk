@@ -122,17 +122,17 @@ rule profile:
         "../scripts/profile.py"
 
 
-rule latency:
-    """Latency report of one variant: its figures from the model's timing sitting (peers.json), with its profile."""
+rule latency_row:
+    """Latency report of one variant: its row from the model's timing sitting (peers.json), with its profile."""
     input:
         sitting=f"{RESULTS}/{{model}}/reports/peers.json",
         profile=get_profile_input,
     output:
         json=f"{RESULTS}/{{model}}/reports/{{variant}}.latency.json",
     log:
-        f"{RESULTS}/logs/{{model}}/latency.{{variant}}.log",
+        f"{RESULTS}/logs/{{model}}/latency_row.{{variant}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/{{model}}/latency.{{variant}}.tsv"
+        f"{RESULTS}/benchmarks/{{model}}/latency_row.{{variant}}.tsv"
     conda:
         "../../envs/qwen-onnx.yaml"
     threads: 1
@@ -143,19 +143,19 @@ rule latency:
         settings=lambda wc: get_settings(wc.model, "latency"),
         version=VERSION,
     script:
-        "../scripts/latency.py"
+        "../scripts/latency_row.py"
 
 
-rule latency_pytorch:
+rule latency_row_pytorch:
     """PyTorch eager fp32's latency report (the baseline of every ratio), from the model's timing sitting."""
     input:
         sitting=f"{RESULTS}/{{model}}/reports/peers.json",
     output:
         json=f"{RESULTS}/{{model}}/reports/pytorch.latency.json",
     log:
-        f"{RESULTS}/logs/{{model}}/latency.pytorch.log",
+        f"{RESULTS}/logs/{{model}}/latency_row.pytorch.log",
     benchmark:
-        f"{RESULTS}/benchmarks/{{model}}/latency.pytorch.tsv"
+        f"{RESULTS}/benchmarks/{{model}}/latency_row.pytorch.tsv"
     conda:
         "../../envs/qwen-onnx.yaml"
     threads: 1
@@ -165,7 +165,7 @@ rule latency_pytorch:
     params:
         version=VERSION,
     script:
-        "../scripts/latency_pytorch.py"
+        "../scripts/latency_row_pytorch.py"
 
 
 rule machine:

@@ -196,7 +196,7 @@ def measure_latency_of_tokens(
     settings: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """:func:`measure_latency` on prompt ids already tokenized: int64 [tokens], at least the longest
-    prompt length and ``decode_prompt_tokens`` long (the peers stage's children take this path, so
+    prompt length and ``decode_prompt_tokens`` long (the sitting stage's children take this path, so
     none of them loads a tokenizer).
 
     Raises:
@@ -389,7 +389,7 @@ def latency_from_sitting(
     where = os.fspath(sitting) if not isinstance(sitting, Mapping) else "the timing sitting"
     rows = {r["peer"]: r for r in data["rows"]}
     if name not in rows:
-        raise ArtifactError(f"{where} has no row {name!r} (rows: {', '.join(rows)}); rerun the peers stage, "
+        raise ArtifactError(f"{where} has no row {name!r} (rows: {', '.join(rows)}); rerun the sitting stage, "
                             "which times every variant")
     row = rows[name]
     if row.get("skipped"):

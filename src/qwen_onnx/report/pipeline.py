@@ -30,7 +30,7 @@ _PEAK = re.compile(r"peak RSS of rule \S+: (\d+) MiB \(largest child process: (\
 #: Folder -> the rule that writes it (``hf`` by ``resolve``, each variant by its rule).
 PRODUCER = {"hf": "resolve", **{v.name: v.rule for v in VARIANTS}}
 #: Jobs run once per variant (``{rule}.{variant}``).
-PER_VARIANT = ("inspect", "accuracy", "latency", "diff")
+PER_VARIANT = ("inspect", "accuracy", "latency_row", "diff")
 COLUMNS = ("model", "job", "wall_s", "cpu_s", "peak_rss_mib", "critical")
 #: Idle seconds between jobs that separate two runs (Snakemake starts the next job within seconds).
 RUN_GAP_S = 120.0
@@ -108,7 +108,7 @@ def dependencies(job: str, parents: Mapping[str, str] | None = None) -> list[str
     """The jobs of the same model that ``job`` needs finished first.
 
     Args:
-        job: ``rule`` or ``rule.variant`` (``latency.pytorch`` is PyTorch's latency).
+        job: ``rule`` or ``rule.variant`` (``latency_row.pytorch`` is PyTorch's row of the sitting).
         parents: folder -> parent folder overrides of the registry (for example
             ``{"int4": "preprocessed"}`` when ``optimize.quantize_fused`` is false).
     """
@@ -133,7 +133,7 @@ def dependencies(job: str, parents: Mapping[str, str] | None = None) -> list[str
         return [PRODUCER[quantize_parent]]
     if rule == "reference":
         return ["resolve"]
-    if rule == "peers":
+    if rule == "sitting":
         return ["resolve", *(v.rule for v in VARIANTS)]
     for v in VARIANTS:
         if v.rule == rule:

@@ -5,7 +5,7 @@ Every figure has one panel per model (models in report order, left to right) and
 below the panels; a variant keeps its colour and marker (:func:`qwen_onnx.report.styles.variant_styles`)
 in every figure. A variant that fails its gate is drawn hollow; the peers (llama.cpp,
 onnxruntime-genai's builder, rows with ``measured_by == "peers"``) are hatched or dashed, as their
-figures come from the peers stage's interleaved rounds, not the latency stage. No point is
+figures come from the sitting stage's interleaved rounds, not the latency stage. No point is
 labelled on the plot: the legend names them, so labels never overlap; points that would hide
 each other are set side by side (:func:`_dodge`).
 """
@@ -39,9 +39,9 @@ CAPTIONS = {
     "ppl_vs_size": "Perplexity change against PyTorch vs size on disk, one panel per model; lower left is better. "
                    "Hollow markers fail their gate; markers that would hide each other are set side by side.",
     "decode_tok_s": "Decode tokens/s with the KV cache, single stream. Hollow bars fail their gate; hatched bars "
-                    "are the peers, measured by the peers stage (interleaved rounds), the others by the latency stage.",
+                    "are the peers, measured by the sitting stage (interleaved rounds), the others by the latency stage.",
     "prefill_latency": "Median prefill latency vs prompt length, log-log. Hollow markers fail their gate; dashed "
-                       "lines are the peers, measured by the peers stage.",
+                       "lines are the peers, measured by the sitting stage.",
 }
 _PANEL_W, _PANEL_H, _DPI = 5.0, 3.8, 110
 _MARKER_S = 64  # scatter marker area, points²
@@ -204,7 +204,7 @@ def figure_decode_speed(rows: Sequence[Mapping[str, Any]], styles: Mapping[str, 
     fig.suptitle("Decode speed (KV cache, single stream; longer is better)", fontsize=11)
     extra = _fail_key(rows)
     if any(_is_peer(r) for r in rows):
-        extra.append(Patch(facecolor="white", edgecolor="#444444", hatch="///", label="hatched: peers stage"))
+        extra.append(Patch(facecolor="white", edgecolor="#444444", hatch="///", label="hatched: sitting stage"))
     _legend(fig, rows, styles, extra)
     return fig
 
@@ -243,7 +243,7 @@ def figure_prefill(rows: Sequence[Mapping[str, Any]], lengths: Sequence[int],
     fig.suptitle("Prefill latency vs prompt length (log-log; lower is better)", fontsize=11)
     extra = _fail_key(drawn)
     if any(_is_peer(r) for r in drawn):
-        extra.append(Line2D([], [], color="#444444", linestyle="--", label="dashed: peers stage"))
+        extra.append(Line2D([], [], color="#444444", linestyle="--", label="dashed: sitting stage"))
     _legend(fig, drawn, styles, extra)
     return fig
 

@@ -167,7 +167,7 @@ def collect_rows(
     return rows
 
 
-#: Peers of the peers stage that become rows of metrics.csv/json (our variants and PyTorch have theirs).
+#: Peers of the sitting stage that become rows of metrics.csv/json (our variants and PyTorch have theirs).
 PEER_VARIANTS = ("llama.cpp", "genai-builder-int4", "genai-builder-int4-ort")
 
 _PEER_PROVIDER = {"llama.cpp": "llama.cpp CPU", "genai-builder-int4": "onnxruntime-genai CPU",

@@ -1,4 +1,4 @@
-rule peers:
+rule sitting:
     """The timing sitting: every variant, PyTorch eager, llama.cpp on the source GGUF and onnxruntime-genai's INT4 builder graph, in interleaved rounds."""
     input:
         hf=f"{RESULTS}/{{model}}/hf",
@@ -14,15 +14,15 @@ rule peers:
             category="Against peers",
         ),
     log:
-        f"{RESULTS}/logs/{{model}}/peers.log",
+        f"{RESULTS}/logs/{{model}}/sitting.log",
     benchmark:
-        f"{RESULTS}/benchmarks/{{model}}/peers.tsv"
+        f"{RESULTS}/benchmarks/{{model}}/sitting.tsv"
     conda:
         get_conda_env
     threads: get_peers_threads
     resources:
-        mem_mb=get_mem_mb("peers"),
-        runtime=get_runtime("peers"),
+        mem_mb=get_mem_mb("sitting"),
+        runtime=get_runtime("sitting"),
         slurm_extra=MEASURING_NODE,
     params:
         latency=lambda wc: get_settings(wc.model, "latency"),
@@ -31,7 +31,7 @@ rule peers:
         work_dir=lambda wc: f"{RESULTS}/{wc.model}/peers",
         version=VERSION,
     script:
-        "../scripts/peers.py"
+        "../scripts/sitting.py"
 
 
 rule genai_builder:
