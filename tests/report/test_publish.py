@@ -58,8 +58,24 @@ def test_publish_refuses_a_readme_without_the_block_and_an_unfinished_run(run, t
     assert not (tmp_path / "q.md").exists()
 
 
-def test_the_readme_has_the_block():
+def test_publish_writes_the_index_block_too_and_checks_every_block_before_writing(run, tmp_path):
+    readme, index = tmp_path / "README.md", tmp_path / "docs" / "measurements.md"
+    index.parent.mkdir()
+    readme.write_text(f"{BEGIN}\n{END}\n")
+    index.write_text("# Measurements\n")  # no block: nothing may be written
+    with pytest.raises(QwenOnnxError, match="measurements.md has no '<!-- measured:begin"):
+        publish(run, readme=readme, index=index, page=tmp_path / "docs" / "measurements" / "p.md", commit="abc1234")
+    assert readme.read_text() == f"{BEGIN}\n{END}\n" and not (tmp_path / "docs" / "measurements" / "p.md").exists()
+    index.write_text(f"# Measurements\n\n## Latest run\n{BEGIN}\n{END}\n")
+    publish(run, readme=readme, index=index, page=tmp_path / "docs" / "measurements" / "p.md", commit="abc1234")
+    assert "[measurements/p.md](measurements/p.md)" in index.read_text()
+    assert "[docs/measurements/p.md](docs/measurements/p.md)" in readme.read_text()
+    assert "| int4 | PASS | +0.74 | 0.0201 | 91.8 | 532 | 32.7 | 1212 | idle |" in index.read_text()
+
+
+def test_the_readme_and_the_index_have_the_block():
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert text.count(BEGIN) == 1 and text.index(BEGIN) < text.index(END)
+    for document in ("README.md", "docs/measurements.md"):
+        text = (Path(__file__).resolve().parents[2] / document).read_text()
+        assert text.count(BEGIN) == 1 and text.index(BEGIN) < text.index(END), document

@@ -113,8 +113,9 @@ def run_inspect(a):
 def run_publish(a):
     from qwen_onnx.report.publish import publish
 
-    done = publish(a.results, readme=a.readme, page=a.page, commit=a.commit)
-    print(f"wrote {done['page']}" + (f" and the measured block of {done['readme']}" if done["readme"] else "")
+    done = publish(a.results, readme=a.readme, page=a.page, commit=a.commit, index=a.index)
+    blocks = " and ".join(d for d in (done["readme"], done["index"]) if d)
+    print(f"wrote {done['page']}" + (f" and the measured block of {blocks}" if blocks else "")
           + f" (commit {done['commit']}, {done['date']})")
     return None
 

@@ -99,8 +99,8 @@ def measured_tables(rows: Sequence[dict[str, Any]], machine: dict[str, Any], com
         page: the measurement page's path, relative to the README.
     """
     lines = [f"Measured {date} at commit {commit} on {machine_line(machine)} by the main command; the whole "
-             f"report: [{page}]({page}). Timing `idle`: every round of the sitting ran with the machine "
-             "otherwise idle.", ""]
+             f"report: [{page}]({page}). Timing: `idle` when every round of the model's sitting ran with the "
+             "machine otherwise idle, else how many rounds were measured beside other load.", ""]
     for model in dict.fromkeys(r["model"] for r in rows):
         lines += [f"**{model}**", "", "| " + " | ".join(h for h, _, _ in COLUMNS) + " |",
                   "|" + "---|" * len(COLUMNS)]
@@ -131,13 +131,14 @@ def measurement_page(report: str, machine: dict[str, Any], commit: str, date: st
 
 
 def publish(results_dir: str | os.PathLike, *, readme: str | os.PathLike | None, page: str | os.PathLike,
-            commit: str | None = None, command: str = "envs/setup.sh --models --peers && .venv/bin/snakemake --cores 4"
-            ) -> dict[str, str]:
+            commit: str | None = None, command: str = "envs/setup.sh --models --peers && .venv/bin/snakemake --cores 4",
+            index: str | os.PathLike | None = None) -> dict[str, str]:
     """Write the measurement page and the README block from a finished run.
 
     Args:
         results_dir: the run's ``results/``.
         readme: the README to update (its block between the markers), or None.
+        index: a second document with the same block, e.g. ``docs/measurements.md`` (its latest run), or None.
         page: the measurement page to write.
         commit: the run's commit (default: :func:`run_commit` of ``results_dir``).
         command: the command that made the run, for the page.
@@ -152,10 +153,13 @@ def publish(results_dir: str | os.PathLike, *, readme: str | os.PathLike | None,
     rows, machine, report = _read_run(results_dir)
     commit = commit or run_commit(results_dir)
     date = run_date(results_dir)
+    targets = [Path(d) for d in (readme, index) if d is not None]
+    texts = {d: d.read_text(encoding="utf-8") for d in targets}
+    for document, text in texts.items():  # every block checked before anything is written
+        replace_block(text, "", str(document))
     write_text(page, measurement_page(report, machine, commit, date, command))
-    if readme is not None:
-        readme = Path(readme)
-        relative = os.path.relpath(page, readme.parent)
-        text = readme.read_text(encoding="utf-8")
-        write_text(readme, replace_block(text, measured_tables(rows, machine, commit, date, relative), str(readme)))
-    return {"page": str(page), "readme": str(readme) if readme else "", "commit": commit, "date": date}
+    for document, text in texts.items():
+        relative = os.path.relpath(page, document.parent)
+        write_text(document, replace_block(text, measured_tables(rows, machine, commit, date, relative), str(document)))
+    return {"page": str(page), "readme": str(readme) if readme else "", "index": str(index) if index else "",
+            "commit": commit, "date": date}
