@@ -6,20 +6,22 @@ import argparse
 import json
 import logging
 import os
-import sys
 import statistics
+import sys
 from typing import Any, Mapping, Sequence
+
 import numpy as np
+
 from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.measure.latency import median_decode_step, prompt_tokens
+from qwen_onnx.measure.sitting import interleaved_rounds
 from qwen_onnx.quiet import quiet_third_party
+from qwen_onnx.run.runtime import LOOPS, OnnxCausalLM
+from qwen_onnx.run.session import resolve_settings
+from qwen_onnx.settings.options import check_options
 from qwen_onnx.source.text import EVALUATION_TEXT, shipped_text
 from qwen_onnx.store.artifacts import model_path, write_json
 from qwen_onnx.store.provenance import library_versions
-from qwen_onnx.settings.options import check_options
-from qwen_onnx.run.runtime import LOOPS, OnnxCausalLM
-from qwen_onnx.run.session import resolve_settings
-from qwen_onnx.measure.latency import median_decode_step, prompt_tokens
-from qwen_onnx.measure.sitting import interleaved_rounds
 
 
 def _decode_tok_s(variant_dir: str, prompt: np.ndarray, new_tokens: int, threads: int, provider: str,
@@ -72,9 +74,8 @@ def compare_decode(
             loop or session setting.
         ArtifactError: a variant folder without a model (raised from the measuring process).
     """
-    from qwen_onnx.source.text import load_tokenizer
-
     from qwen_onnx.errors import QwenOnnxError
+    from qwen_onnx.source.text import load_tokenizer
 
     if not variant_dirs:
         raise QwenOnnxError("no variant folder given; name at least one")

@@ -42,17 +42,16 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.measure.metrics import AccuracyAccumulator
+from qwen_onnx.measure.reference import write_window_logits
+from qwen_onnx.quantize.hadamard import DEFAULT_ROLES as HADAMARD_ROLES
+from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
+from qwen_onnx.quantize.int8 import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
+from qwen_onnx.quiet import quiet_third_party
+from qwen_onnx.source.text import CALIBRATION_TEXT, EVALUATION_TEXT, shipped_text, token_windows
 from qwen_onnx.store.artifacts import folder_bytes
 from qwen_onnx.store.provenance import library_versions
-from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.quiet import quiet_third_party
-from qwen_onnx.source.text import CALIBRATION_TEXT, EVALUATION_TEXT, shipped_text
-from qwen_onnx.measure.metrics import AccuracyAccumulator
-from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
-from qwen_onnx.quantize.hadamard import DEFAULT_ROLES as HADAMARD_ROLES
-from qwen_onnx.quantize.int8 import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
-from qwen_onnx.measure.reference import write_window_logits
-from qwen_onnx.source.text import token_windows
 
 log = logging.getLogger(__name__)
 
@@ -513,11 +512,11 @@ def run_recipes(
         ArtifactError: the pre-processed model or its external data is missing.
     """
     from tqdm import tqdm
-    from qwen_onnx.source.text import load_tokenizer
 
-    from qwen_onnx.store.artifacts import model_path
     from qwen_onnx.measure.latency import prompt_tokens as first_tokens
     from qwen_onnx.settings.options import check_options
+    from qwen_onnx.source.text import load_tokenizer
+    from qwen_onnx.store.artifacts import model_path
 
     check_options(windows=windows, window_tokens=window_tokens, threads=threads, prompt_tokens=prompt_tokens,
                   decode_tokens=decode_tokens)

@@ -32,7 +32,12 @@ def build_variant(kind: str, dirs: dict, calibration_text: str, output: str, cor
     os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])
     from qwen_onnx.convert.float16 import convert_float16_variant
     from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
-    from qwen_onnx.quantize.int8 import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
+    from qwen_onnx.quantize.int8 import (
+        DynamicSettings,
+        StaticSettings,
+        quantize_dynamic_variant,
+        quantize_static_variant,
+    )
 
     small_static = dict(samples=4, sequence_length=32)
     small_int4 = dict(block_size=16, block_size_8bit=16, embedding_block_size=16)

@@ -59,9 +59,14 @@ def pipeline(tmp_path_factory, tiny_qwen2, texts) -> dict[str, Path]:
     """The stages run once on the tiny Qwen2: hf, fp32, preprocessed, int8-dynamic, int8-static, optimized, int4, fp16."""
     from qwen_onnx.convert.export import export_onnx, preprocess
     from qwen_onnx.convert.float16 import convert_float16_variant
-    from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
     from qwen_onnx.convert.optimize import optimize_variant
-    from qwen_onnx.quantize.int8 import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
+    from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
+    from qwen_onnx.quantize.int8 import (
+        DynamicSettings,
+        StaticSettings,
+        quantize_dynamic_variant,
+        quantize_static_variant,
+    )
     from qwen_onnx.source.resolve import resolve
 
     root = tmp_path_factory.mktemp("pipeline")

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from test_workflow import REPO, SNAKEMAKE, snakemake, write_config
 
 pytestmark = pytest.mark.workflow

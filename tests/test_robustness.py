@@ -91,8 +91,8 @@ def test_numbers_out_of_range_are_refused_in_one_line(pipeline, tmp_path, capsys
 
 
 def test_library_refuses_with_a_typed_error(pipeline, tmp_path):
-    from qwen_onnx.errors import OptionError
     from qwen_onnx.convert.export import export_onnx
+    from qwen_onnx.errors import OptionError
     from qwen_onnx.quantize.int8 import StaticSettings
 
     with pytest.raises(OptionError, match=r"^opset 25 is out of range; give an integer from 14 to 23$"):
@@ -203,8 +203,7 @@ def test_every_folder_carries_the_eos_ids_the_evaluation_uses(tiny_qwen2, tmp_pa
     from transformers import GenerationConfig
 
     from qwen_onnx.convert.export import export_onnx
-    from qwen_onnx.source.resolve import eos_token_ids
-    from qwen_onnx.source.resolve import resolve
+    from qwen_onnx.source.resolve import eos_token_ids, resolve
 
     source = tmp_path / "source"
     shutil.copytree(tiny_qwen2, source)
@@ -350,15 +349,20 @@ def hub_layout(pipeline, tmp_path_factory):
 
 
 def test_every_stage_reads_a_variant_in_the_hub_cache_layout(pipeline, hub_layout, texts, tmp_path):
-    from qwen_onnx.measure.accuracy import evaluate_accuracy
-    from qwen_onnx.store.artifacts import MODEL_FILE, model_path
     from qwen_onnx.convert.export import preprocess
+    from qwen_onnx.convert.optimize import optimize_variant
+    from qwen_onnx.measure.accuracy import evaluate_accuracy
     from qwen_onnx.measure.extract import extract_layer
     from qwen_onnx.measure.inspect_graph import diff_models, inspect_model
     from qwen_onnx.measure.latency import measure_latency
-    from qwen_onnx.convert.optimize import optimize_variant
-    from qwen_onnx.quantize.int8 import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
+    from qwen_onnx.quantize.int8 import (
+        DynamicSettings,
+        StaticSettings,
+        quantize_dynamic_variant,
+        quantize_static_variant,
+    )
     from qwen_onnx.quantize.sensitivity import analyse_sensitivity
+    from qwen_onnx.store.artifacts import MODEL_FILE, model_path
 
     fp32, pre = hub_layout["fp32"], hub_layout["preprocessed"]
     assert (fp32 / MODEL_FILE).is_symlink() and (fp32 / "model.onnx_data").is_symlink()
@@ -466,7 +470,12 @@ def tied_pipeline(tmp_path_factory, texts):
 
     from qwen_onnx.convert.export import export_onnx, preprocess
     from qwen_onnx.convert.optimize import optimize_variant
-    from qwen_onnx.quantize.int8 import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
+    from qwen_onnx.quantize.int8 import (
+        DynamicSettings,
+        StaticSettings,
+        quantize_dynamic_variant,
+        quantize_static_variant,
+    )
     from qwen_onnx.source.resolve import resolve
 
     root = tmp_path_factory.mktemp("tied")
@@ -556,8 +565,8 @@ def test_the_builder_optimized_variant_stores_a_tied_table_once(tmp_path):
     import onnx
     from tiny_models import build_tiny_qwen
 
-    from qwen_onnx.measure.inspect_graph import inspect_model
     from qwen_onnx.convert.optimize import optimize_variant
+    from qwen_onnx.measure.inspect_graph import inspect_model
     from qwen_onnx.source.resolve import resolve
 
     resolve(str(build_tiny_qwen(tmp_path / "source", "qwen2", tie_word_embeddings=True)), tmp_path / "hf")
@@ -577,12 +586,17 @@ def test_variants_quantized_from_the_builder_graph_store_a_tied_table_once(tmp_p
     import onnx
     from tiny_models import build_tiny_qwen
 
-    from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
-    from qwen_onnx.measure.inspect_graph import inspect_model
     from qwen_onnx.convert.optimize import optimize_variant
-    from qwen_onnx.quantize.int8 import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
-    from qwen_onnx.source.resolve import resolve
+    from qwen_onnx.measure.inspect_graph import inspect_model
+    from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
+    from qwen_onnx.quantize.int8 import (
+        DynamicSettings,
+        StaticSettings,
+        quantize_dynamic_variant,
+        quantize_static_variant,
+    )
     from qwen_onnx.run.runtime import OnnxCausalLM
+    from qwen_onnx.source.resolve import resolve
 
     resolve(str(build_tiny_qwen(tmp_path / "source", "qwen2", tie_word_embeddings=True)), tmp_path / "hf")
     optimized = tmp_path / "optimized"

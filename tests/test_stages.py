@@ -7,15 +7,15 @@ import numpy as np
 import onnx
 import pytest
 
-from qwen_onnx.measure.accuracy import load_torch_model, torch_logits
-from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, check_external_data
-from qwen_onnx.store.staging import staged_dir
-from qwen_onnx.errors import ArtifactError, QwenOnnxError
 from qwen_onnx.convert.export import export_onnx
-from qwen_onnx.quantize.calibration import TextCalibrationReader
+from qwen_onnx.errors import ArtifactError, QwenOnnxError
+from qwen_onnx.measure.accuracy import load_torch_model, torch_logits
 from qwen_onnx.measure.inspect_graph import inspect_model
+from qwen_onnx.quantize.calibration import TextCalibrationReader
 from qwen_onnx.quantize.int8 import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
 from qwen_onnx.run.runtime import OnnxCausalLM
+from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, check_external_data
+from qwen_onnx.store.staging import staged_dir
 
 VARIANTS = ("fp32", "preprocessed", "int8-dynamic", "int8-static", "optimized")
 LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 16
@@ -144,10 +144,11 @@ def test_static_variant_is_qdq_with_norms_and_softmax_float(pipeline):
 
 
 def test_static_qoperator_variant_runs_qlinear_matmuls(pipeline, texts, tmp_path):
+    from transformers import AutoTokenizer
+
     from qwen_onnx.measure.metrics import AccuracyAccumulator
     from qwen_onnx.quantize.matmuls import activation_matmuls
     from qwen_onnx.source.text import token_windows
-    from transformers import AutoTokenizer
 
     out = tmp_path / "qoperator"
     info = quantize_static_variant(pipeline["preprocessed"], out, texts["calibration"],

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from part_packages import make_part_packages
 
-from qwen_onnx.settings.variants import DIFFED, NAMES as VARIANTS
+from qwen_onnx.settings.variants import DIFFED
+from qwen_onnx.settings.variants import NAMES as VARIANTS
 
 #: The variants of the tiny models without a tflite one (write_config builds it for `tiny` only).
 ONNX_VARIANTS = tuple(v for v in VARIANTS if v != "tflite")
-from test_resolve import make_part_packages
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))

@@ -11,9 +11,9 @@ import sys
 import warnings
 from typing import Iterator
 
-from qwen_onnx.store.artifacts import permission_message
 from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.quiet import quiet_third_party
+from qwen_onnx.store.artifacts import permission_message
 
 #: Rules that measure speed: each claims every core Snakemake was given (README, "Running the
 #: workflow"), so nothing runs beside it and the libraries keep their default threading.

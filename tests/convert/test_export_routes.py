@@ -7,16 +7,16 @@ import json
 import numpy as np
 import onnx
 import pytest
+from tiny_models import build_tiny_qwen
 
-from qwen_onnx.measure.accuracy import load_torch_model, torch_logits
-from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, check_external_data
 from qwen_onnx.cli import main
-from qwen_onnx.errors import ExportError, OptionError
 from qwen_onnx.convert.export import export_onnx, preprocess
+from qwen_onnx.errors import ExportError, OptionError
+from qwen_onnx.measure.accuracy import load_torch_model, torch_logits
+from qwen_onnx.run.runtime import OnnxCausalLM
 from qwen_onnx.settings.options import check_config
 from qwen_onnx.source.resolve import resolve
-from qwen_onnx.run.runtime import OnnxCausalLM
-from tiny_models import build_tiny_qwen
+from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, check_external_data
 
 TOLERANCE = 1e-4  # logits, absolute: the same fp32 model through two exporters
 

@@ -9,12 +9,12 @@ import onnx
 import pytest
 from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
 
-from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, check_external_data
 from qwen_onnx.cli import main
 from qwen_onnx.convert.float16 import float16_nodes
-from qwen_onnx.settings.gates import DEFAULT_GATES, check_gate, default_gate
 from qwen_onnx.measure.parity import kv_cache_parity, padded_batch_parity
 from qwen_onnx.run.runtime import OnnxCausalLM
+from qwen_onnx.settings.gates import DEFAULT_GATES, check_gate, default_gate
+from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, check_external_data
 
 
 def ids(n, seed=0):

@@ -12,15 +12,15 @@ import json
 import numpy as np
 import onnx
 import pytest
+from tiny_models import build_tiny_qwen
 
-from qwen_onnx.measure.accuracy import load_torch_model, torch_logits
-from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, check_external_data
-from qwen_onnx.errors import ArtifactError
-from qwen_onnx.measure.inspect_graph import diff_models
 from qwen_onnx.convert.optimize import optimize_variant
+from qwen_onnx.errors import ArtifactError
+from qwen_onnx.measure.accuracy import load_torch_model, torch_logits
+from qwen_onnx.measure.inspect_graph import diff_models
 from qwen_onnx.measure.parity import kv_cache_parity, onnx_generate, padded_batch_parity, torch_generate
 from qwen_onnx.run.runtime import OnnxCausalLM
-from tiny_models import build_tiny_qwen
+from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, check_external_data
 
 LAYERS, VOCAB, CONTEXT = 2, 384, 512
 FAMILIES = ("qwen2", "qwen3")
@@ -171,8 +171,8 @@ def test_fused_graph_takes_matmul_nbits_quantization(fused, tmp_path, bits):
 
 
 def test_fused_variant_runs_in_optimum(fused):
-    from optimum.onnxruntime import ORTModelForCausalLM
     import torch
+    from optimum.onnxruntime import ORTModelForCausalLM
 
     _, _, folder, torch_model = fused
     model = ORTModelForCausalLM.from_pretrained(folder, use_cache=True)
@@ -207,9 +207,9 @@ def test_builder_method_needs_a_hugging_face_folder(tmp_path):
 
 
 def test_report_graph_row_lists_the_fused_ops(fused, tmp_path):
-    from qwen_onnx.store.artifacts import write_json
     from qwen_onnx.measure.inspect_graph import inspect_model
     from qwen_onnx.report.rows import graph_rows
+    from qwen_onnx.store.artifacts import write_json
 
     family, _, folder, _ = fused
     write_json(tmp_path / "inspect.json", inspect_model(folder))

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from qwen_onnx.store.manifest import MANIFEST_FILE, verify_manifest
-from qwen_onnx.errors import ArchitectureError, OptionError
 from qwen_onnx.convert.tflite import convert_tflite
+from qwen_onnx.errors import ArchitectureError, OptionError
 from qwen_onnx.run.tflite import TfliteCausalLM
 from qwen_onnx.store.artifacts import SIGNATURES_FILE, TFLITE_FILE
+from qwen_onnx.store.manifest import MANIFEST_FILE, verify_manifest
 
 #: The cache holds the accuracy stage's longest chat prompt on the tiny tokenizer (105 tokens) plus its generation.
 PREFILL, KV = 8, 128
@@ -383,16 +383,16 @@ def test_peers_measure_the_tflite_variant(converted, tiny_qwen2, texts, tmp_path
 def test_report_has_tflite_rows_and_a_line_per_skipped_model(accuracy, latency, converted, tmp_path):
     import csv
 
-    from test_latency_and_report import _fake_reports
+    from fake_reports import fake_reports
 
-    from qwen_onnx.store.artifacts import write_json
-    from qwen_onnx.report.build import build_report
     from qwen_onnx.measure.inspect_tflite import inspect_tflite
+    from qwen_onnx.report.build import build_report
+    from qwen_onnx.store.artifacts import write_json
 
     files = {"inspect": [], "accuracy": [], "latency": [], "pytorch": []}
     for model in ("tiny", "big"):
         (tmp_path / model).mkdir()
-        fake, machine = _fake_reports(tmp_path / model, ["fp32"])
+        fake, machine = fake_reports(tmp_path / model, ["fp32"])
         for kind in files:
             files[kind] += fake[kind]
         if model == "tiny":  # the tflite variant of the small model only

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 
 import lab.recipes as recipes_module
-from lab.recipes import main
+from lab.recipes import DEFAULT_RECIPES, ROWS_FILE, main, read_rows, recipes_markdown, run_recipes, select_recipes
 from qwen_onnx.errors import QwenOnnxError
-from lab.recipes import DEFAULT_RECIPES, ROWS_FILE, read_rows, recipes_markdown, run_recipes, select_recipes
 from qwen_onnx.quantize.sensitivity import analyse_sensitivity
 
 NAMES = ("dynamic-blockwise-b32", "dynamic-sensitive8-float", "static-minmax")

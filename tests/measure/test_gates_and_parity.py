@@ -7,15 +7,21 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from qwen_onnx.errors import GateError, QwenOnnxError
 from qwen_onnx.measure.accuracy import evaluate_accuracy
+from qwen_onnx.measure.parity import (
+    chat_prompt_ids,
+    kv_cache_parity,
+    matched_prefix,
+    onnx_generate,
+    padded_batch_parity,
+    shipped_prompts,
+)
+from qwen_onnx.run.runtime import OnnxCausalLM
+from qwen_onnx.settings.gates import check_gate, variant_kind
+from qwen_onnx.source.resolve import eos_token_ids
 from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE
 from qwen_onnx.store.external import save_with_external_data
-from qwen_onnx.errors import GateError
-from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.settings.gates import check_gate, variant_kind
-from qwen_onnx.measure.parity import chat_prompt_ids, kv_cache_parity, matched_prefix, onnx_generate, padded_batch_parity, shipped_prompts
-from qwen_onnx.source.resolve import eos_token_ids
-from qwen_onnx.run.runtime import OnnxCausalLM
 
 INT8_STATIC_GATE = {"ppl_delta_pct": 2.0, "top1_pct": 93.0, "kl_mean": 0.05}
 
@@ -51,8 +57,8 @@ def test_variant_kinds():
 
 
 def test_the_tflite_gate_kind_follows_its_quantization(tmp_path):
-    from qwen_onnx.settings.defaults import TFLITE_QUANTIZATIONS
     from qwen_onnx.errors import OptionError
+    from qwen_onnx.settings.defaults import TFLITE_QUANTIZATIONS
     from qwen_onnx.settings.gates import DEFAULT_GATES, folder_gate_kind, tflite_gate_kind
 
     expected = {"dynamic_int8": "int8_dynamic", "weight_only_int8": "int8_dynamic", "fp16": "float16", "none": "float",

@@ -7,13 +7,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE
 from qwen_onnx.cli import main
-from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.convert.export import export_onnx
+from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.measure.extract import extract_layer
 from qwen_onnx.measure.inspect_graph import diff_models, inspect_model
 from qwen_onnx.source.resolve import resolve
+from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE
 
 
 def expected_architecture(hf_dir):

@@ -6,14 +6,15 @@ import json
 import numpy as np
 import onnx
 import pytest
+from fake_reports import fake_reports
 
 from qwen_onnx.measure.inspect_graph import decode_weight_bytes, initializer_bytes
 from qwen_onnx.measure.latency import measure_latency, percentile
 from qwen_onnx.measure.latency_torch import measure_torch_latency
-from qwen_onnx.run.machine import memory_bandwidth_gb_s
 from qwen_onnx.measure.profiling import summarise_trace
 from qwen_onnx.report.build import build_report
 from qwen_onnx.report.tables import columns
+from qwen_onnx.run.machine import memory_bandwidth_gb_s
 
 VOCAB, HIDDEN = 384, 64
 SMALL = dict(prompt_lengths=(8, 16), decode_prompt_tokens=16, new_tokens=5, threads=1, warmup=0, repeats=3)
@@ -119,41 +120,9 @@ def test_pytorch_latency_uses_the_same_protocol(pipeline, texts):
     assert result["weight_bytes_per_token"] == 4 * parameters - VOCAB * HIDDEN * 4 + HIDDEN * 4
 
 
-def _fake_reports(tmp_path, variants):
-    files = {"inspect": [], "accuracy": [], "latency": [], "pytorch": []}
-    latency_base = {"load_s": 1.0, "prefill_ms_p50_8": 10.0, "prefill_ms_p90_8": 12.0, "ttft_ms": 20.0,
-                    "decode_tok_s": 10.0, "peak_rss_mib": 1000.0, "bytes_on_disk": 4_000_000,
-                    "weight_bytes_per_token": 1_000_000_000, "threads": 2, "provider": "x"}
-    torch_path = tmp_path / "pytorch.latency.json"
-    torch_path.write_text(json.dumps(latency_base))
-    files["pytorch"].append(torch_path)
-    for i, variant in enumerate(variants):
-        broken = variant == "int8-static"
-        accuracy = {"tokens": 100, "ppl": 80.0 if broken else 12.1, "ppl_reference": 12.0,
-                    "ppl_delta_pct": 566.7 if broken else 0.8, "kl_mean": 1.2 if broken else 0.01, "kl_median": 0.0,
-                    "kl_p99": 0.1, "top1_pct": 40.0 if broken else 99.0, "max_abs_logit_diff": 1.0,
-                    "mean_abs_logit_diff": 0.1, "padded_batch_max_abs_diff": 0.0, "padded_batch_nonfinite": 0,
-                    "kv_cache_max_abs_diff": 0.0, "generation_match_pct": 100.0,
-                    "gate": "FAIL" if broken else "PASS",
-                    "gate_failures": ["ppl_delta_pct 566.7 > 2"] if broken else [],
-                    "generation": [{"prompt": "p", "pytorch": "a", "onnx": "b", "matched_tokens": 0,
-                                    "pytorch_tokens": 1, "onnx_tokens": 1}]}
-        latency = {**latency_base, "decode_tok_s": 20.0 + i, "profile": {"total_ms": 1.0, "ops": [
-            {"op_type": "MatMul", "ms": 0.7, "pct": 70.0, "calls": 3}]}}
-        inspect = {"nodes": 10 + i, "quant_ops": {"QuantizeLinear": i}, "initializers": {"count": 3},
-                   "bytes_on_disk": 4_000_000, "opsets": {"ai.onnx": 17}, "architecture": {"layers": 2}}
-        for kind, data in (("inspect", inspect), ("accuracy", accuracy), ("latency", latency)):
-            path = tmp_path / f"{variant}.{kind}.json"
-            path.write_text(json.dumps(data))
-            files[kind].append(path)
-    machine = tmp_path / "machine.json"
-    machine.write_text(json.dumps({"cpu_model": "test cpu", "memory_bandwidth_gb_s": 20.0, "logical_cores": 2}))
-    return files, machine
-
-
 def test_report_rows_ratios_roofline_and_gates(tmp_path):
     variants = ["fp32", "int8-static"]
-    files, machine = _fake_reports(tmp_path, variants)
+    files, machine = fake_reports(tmp_path, variants)
     outputs = dict(markdown=tmp_path / "report.md", html_path=tmp_path / "report.html",
                    csv_path=tmp_path / "metrics.csv", json_path=tmp_path / "metrics.json",
                    plots={k: tmp_path / f"{k}.png" for k in ("ppl_vs_size", "decode_tok_s", "prefill_latency")})

@@ -9,10 +9,10 @@ import statistics
 
 import pytest
 
+from qwen_onnx.convert.genai_builder import build_genai_int4
 from qwen_onnx.measure import peers, peers_table
 from qwen_onnx.measure.peers import run_peers
 from qwen_onnx.measure.peers_table import GENAI, GENAI_ORT, LLAMA_CPP
-from qwen_onnx.convert.genai_builder import build_genai_int4
 from qwen_onnx.source.resolve import source_gguf
 
 SMALL = dict(prompt_lengths=(8, 16), decode_prompt_tokens=8, new_tokens=5, threads=1, warmup=1, repeats=1)

@@ -10,11 +10,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qwen_onnx.measure.accuracy import accuracy_from_reference, evaluate_accuracy
 from qwen_onnx.cli import main
 from qwen_onnx.errors import ArtifactError, IntegrityError, OptionError
+from qwen_onnx.measure.accuracy import accuracy_from_reference, evaluate_accuracy
 from qwen_onnx.measure.metrics import AccuracyAccumulator
-from qwen_onnx.measure.reference import LOGITS_FILE, REFERENCE_JSON, TokenDecoder, load_torch_model, read_reference, torch_logits, write_reference
+from qwen_onnx.measure.reference import (
+    LOGITS_FILE,
+    REFERENCE_JSON,
+    TokenDecoder,
+    load_torch_model,
+    read_reference,
+    torch_logits,
+    write_reference,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 WINDOW, WINDOWS, NEW_TOKENS = 32, 3, 6

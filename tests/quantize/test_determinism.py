@@ -5,8 +5,8 @@ cores, 2 cores again and 1 core; model.onnx and its external data must be byte-i
 import os
 
 import pytest
-
 from child_jobs import BUILD_KINDS, build_variant
+
 from qwen_onnx.measure.sitting import run_in_child
 
 

@@ -6,18 +6,17 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper
-
-from qwen_onnx.store.artifacts import folder_bytes
-from qwen_onnx.quantize.embeddings import embedding_tied, find_embedding, find_lm_head, find_lookup
-from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.settings.gates import variant_kind
-from qwen_onnx.measure.inspect_graph import inspect_model
-from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
-from qwen_onnx.quantize.matmuls import weight_matmul_names
-from qwen_onnx.quantize.int8 import DynamicSettings, quantize_dynamic_variant
-from qwen_onnx.run.runtime import OnnxCausalLM
-
 from tiny_models import build_tiny_qwen
+
+from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.measure.inspect_graph import inspect_model
+from qwen_onnx.quantize.embeddings import embedding_tied, find_embedding, find_lm_head, find_lookup
+from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
+from qwen_onnx.quantize.int8 import DynamicSettings, quantize_dynamic_variant
+from qwen_onnx.quantize.matmuls import weight_matmul_names
+from qwen_onnx.run.runtime import OnnxCausalLM
+from qwen_onnx.settings.gates import variant_kind
+from qwen_onnx.store.artifacts import folder_bytes
 
 # Tiny model: hidden 64, intermediate 128, vocab 384, 2 layers: 14 weight MatMuls + lm_head.
 HIDDEN, VOCAB, MATMULS = 64, 384, 15
@@ -179,9 +178,10 @@ def test_int4_gate_kind():
 def test_int4_keeps_the_weights_a_gguf_mix_stored_wider_at_8_bits(tiny_qwen2, tmp_path):
     """llama.cpp's Q4_K_M keeps attn_v, half the ffn_down and the output matrix at Q6_K/Q8_0: resolve
     records each weight's GGML type, and ``source_bits`` 6 keeps exactly those MatMuls 8-bit."""
+    from tiny_gguf import write_tiny_gguf
+
     from qwen_onnx.convert.export import export_onnx, preprocess
     from qwen_onnx.source.resolve import resolve
-    from tiny_gguf import write_tiny_gguf
 
     types = {"blk.0.attn_v.weight": "Q8_0", "blk.1.ffn_down.weight": "Q8_0", "blk.0.ffn_up.weight": "Q5_0",
              "blk.1.attn_q.weight": "Q4_0", "token_embd.weight": "Q8_0"}
@@ -340,8 +340,8 @@ def test_every_block_size_works_for_every_algorithm(tmp_path, k, block_size, alg
     4-bit error of the float product."""
     import onnxruntime as ort
 
-    from qwen_onnx.store.external import ScratchFiles
     from qwen_onnx.quantize.int4 import int4_pass
+    from qwen_onnx.store.external import ScratchFiles
 
     n = 40
     w = _matmul_graph(tmp_path / "m.onnx", k, n)

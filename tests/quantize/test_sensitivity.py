@@ -10,7 +10,16 @@ import pytest
 
 from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.quantize.matmuls import node_role
-from qwen_onnx.quantize.sensitivity import analyse_sensitivity, choose_float_nodes, fake_quant_activation, fake_quant_blockwise, fake_quant_weight, node_sensitivity, percentile_range_of, sqnr_db
+from qwen_onnx.quantize.sensitivity import (
+    analyse_sensitivity,
+    choose_float_nodes,
+    fake_quant_activation,
+    fake_quant_blockwise,
+    fake_quant_weight,
+    node_sensitivity,
+    percentile_range_of,
+    sqnr_db,
+)
 
 
 def test_fake_quant_weight_per_channel_scales_each_output_column():
@@ -82,7 +91,13 @@ def _ort_sqnr(path, x: np.ndarray, w: np.ndarray) -> float:
 
 
 def test_simulated_sqnr_matches_onnxruntime_quantizers(tmp_path):
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
 
     rng = np.random.default_rng(1)
     w = rng.normal(scale=0.05, size=(96, 48)).astype(np.float32)
@@ -216,9 +231,14 @@ def test_per_token_percentile_sqnr_ranks_a_massive_activation_first():
 
 @pytest.mark.parametrize("kind", ["dynamic", "static"])
 def test_sensitive_nodes_kept_float_or_blockwise(pipeline, texts, sensitivity, tmp_path, kind):
-    from qwen_onnx.store.artifacts import model_path
-    from qwen_onnx.quantize.int8 import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
+    from qwen_onnx.quantize.int8 import (
+        DynamicSettings,
+        StaticSettings,
+        quantize_dynamic_variant,
+        quantize_static_variant,
+    )
     from qwen_onnx.run.runtime import OnnxCausalLM
+    from qwen_onnx.store.artifacts import model_path
 
     result, folder = sensitivity
     worst = result[f"rank_{kind}"][:3]
@@ -292,10 +312,10 @@ def test_sensitive_nodes_need_the_report(pipeline, tmp_path):
 
 
 def test_dynamic_blockwise_scheme_turns_every_weight_matmul_into_matmulnbits(pipeline, tmp_path):
-    from qwen_onnx.store.artifacts import model_path
-    from qwen_onnx.quantize.matmuls import weight_matmul_names
     from qwen_onnx.quantize.int8 import DynamicSettings, quantize_dynamic_variant
+    from qwen_onnx.quantize.matmuls import weight_matmul_names
     from qwen_onnx.run.runtime import OnnxCausalLM
+    from qwen_onnx.store.artifacts import model_path
 
     weights = weight_matmul_names(model_path(pipeline["preprocessed"]))
     keep = weights[-1]  # lm_head stays float when excluded by name

@@ -9,14 +9,14 @@ import numpy as np
 import onnx
 import pytest
 
-from qwen_onnx.store.artifacts import MODEL_FILE
 from qwen_onnx.quantize.activation_ranges import StreamingCalibrator, stream_ranges
 from qwen_onnx.quantize.calibration import TextCalibrationReader
-from qwen_onnx.store.external import lazy_model
-from qwen_onnx.quantize.matmuls import weight_matmuls
 from qwen_onnx.quantize.int8 import StaticSettings, quantize_static_variant
+from qwen_onnx.quantize.matmuls import weight_matmuls
 from qwen_onnx.quantize.smoothquant import apply_smoothing, smooth_variant, smoothing_groups, smoothing_scales
 from qwen_onnx.source.text import load_tokenizer, token_windows
+from qwen_onnx.store.artifacts import MODEL_FILE
+from qwen_onnx.store.external import lazy_model
 
 #: Ops that quantize at run time, or carry blockwise weights with run-time activation quantization:
 #: none may be in a static graph.

@@ -7,12 +7,11 @@ import re
 import pytest
 from matplotlib.colors import to_rgba
 
-from qwen_onnx.report.plots import figure_decode_speed, figure_ppl_vs_size, figure_prefill
 from qwen_onnx.report.build import write_report
-from qwen_onnx.report.tables import COLUMNS
+from qwen_onnx.report.plots import figure_decode_speed, figure_ppl_vs_size, figure_prefill
 from qwen_onnx.report.rows import PEER_VARIANTS, recommend
-from qwen_onnx.report.tables import label
 from qwen_onnx.report.styles import STYLES, variant_styles
+from qwen_onnx.report.tables import COLUMNS, label
 from qwen_onnx.settings.variants import NAMES
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -7,7 +7,6 @@ import shutil
 
 import numpy as np
 import pytest
-
 from tiny_models import build_tiny_qwen
 
 NEW_TOKENS = 24
@@ -32,8 +31,8 @@ def qwen2_gqa(tmp_path_factory, pipeline):
     with the Hugging Face side files and the builder's own genai_config.json replaced by ours."""
     from onnxruntime_genai.models.builder import create_model
 
-    from qwen_onnx.store.artifacts import copy_side_files
     from qwen_onnx.convert.genai_config import write_genai_config
+    from qwen_onnx.store.artifacts import copy_side_files
 
     root = tmp_path_factory.mktemp("gqa")
     out = root / "gqa"
@@ -112,8 +111,8 @@ def test_genai_config_matches_builder(qwen2_gqa, pipeline):
 
 
 def test_genai_config_errors(pipeline, tmp_path):
-    from qwen_onnx.errors import ArtifactError
     from qwen_onnx.convert.genai_config import genai_config
+    from qwen_onnx.errors import ArtifactError
 
     folder = tmp_path / "v"
     shutil.copytree(pipeline["fp32"], folder)

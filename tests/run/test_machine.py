@@ -8,12 +8,20 @@ import sys
 import time
 
 import pytest
-
 from child_jobs import SIGILL, die_by_signal, raise_value_error, square, told_busy
-from qwen_onnx.settings.gates import gate_margins
-from qwen_onnx.measure.sitting import ChildCrashed, exit_cause, interleaved_rounds, run_in_child
-from qwen_onnx.run.machine import ggml_cmake_args, ggml_missing_features, int8_kernel, isa_name, load_snapshot, measure_load, saturating_int8
+
 from qwen_onnx.measure.peers_table import _median_row
+from qwen_onnx.measure.sitting import ChildCrashed, exit_cause, interleaved_rounds, run_in_child
+from qwen_onnx.run.machine import (
+    ggml_cmake_args,
+    ggml_missing_features,
+    int8_kernel,
+    isa_name,
+    load_snapshot,
+    measure_load,
+    saturating_int8,
+)
+from qwen_onnx.settings.gates import gate_margins
 
 # /proc/cpuinfo flags (the SIMD part) of the project's machines
 EPYC_AVX2 = {"sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "vaes", "sha_ni"}

@@ -8,17 +8,16 @@ import json
 
 import numpy as np
 import pytest
+from tiny_models import build_tiny_qwen
 
-from qwen_onnx.measure.accuracy import load_torch_model, torch_logits
-from qwen_onnx.errors import ArchitectureError
 from qwen_onnx.convert.export import export_onnx
 from qwen_onnx.convert.optimize import optimize_variant
+from qwen_onnx.errors import ArchitectureError
+from qwen_onnx.measure.accuracy import load_torch_model, torch_logits
 from qwen_onnx.measure.parity import kv_cache_parity
+from qwen_onnx.run.runtime import OnnxCausalLM
 from qwen_onnx.settings.qwen_config import context_length, layer_windows, rope_type
 from qwen_onnx.source.resolve import resolve
-from qwen_onnx.run.runtime import OnnxCausalLM
-
-from tiny_models import build_tiny_qwen
 
 ORIGINAL = 64  # max_position_embeddings of the scaled tiny models; the tests run 200 tokens
 

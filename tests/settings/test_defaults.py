@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qwen_onnx.settings import defaults
-from qwen_onnx.measure.accuracy import accuracy_from_reference, evaluate_accuracy
 from qwen_onnx.cli import build_parser
-from qwen_onnx.quantize.int4 import Int4Settings
+from qwen_onnx.measure.accuracy import accuracy_from_reference, evaluate_accuracy
 from qwen_onnx.measure.latency import measure_latency
-from qwen_onnx.quantize.int8 import DynamicSettings, StaticSettings
 from qwen_onnx.measure.reference import write_reference
+from qwen_onnx.quantize.int4 import Int4Settings
+from qwen_onnx.quantize.int8 import DynamicSettings, StaticSettings
+from qwen_onnx.settings import defaults
 from qwen_onnx.source.text import EVALUATION_TEXT, shipped_text
 
 REPO = Path(__file__).resolve().parents[2]

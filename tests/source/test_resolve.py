@@ -3,33 +3,13 @@
 import hashlib
 import json
 import sys
-import textwrap
 
 import pytest
+from part_packages import make_part_packages
 
 from qwen_onnx.errors import ArchitectureError, PartError, SourceError
-from qwen_onnx.source.resolve import parse_source, resolve
 from qwen_onnx.source.gguf_file import EMBEDDED, GgufParts, concatenate_parts
-
-
-def make_part_packages(root, prefix, chunks):
-    """Write importable fake part packages ``{prefix}1..N`` under ``root``; returns their names."""
-    names = []
-    for i, chunk in enumerate(chunks, start=1):
-        module = root / f"{prefix}{i}"
-        (module / "data").mkdir(parents=True)
-        (module / "data" / f"part{i:02d}.bin").write_bytes(chunk)
-        (module / "__init__.py").write_text(
-            textwrap.dedent(
-                f"""
-                import os
-                def get_part_path():
-                    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "part{i:02d}.bin")
-                """
-            )
-        )
-        names.append(f"{prefix}{i}".replace("_", "-"))
-    return names
+from qwen_onnx.source.resolve import parse_source, resolve
 
 
 @pytest.fixture
@@ -192,7 +172,6 @@ def test_a_checkpoint_missing_a_weight_is_refused_in_one_line(tmp_path, tied, de
     every run, up to 1.12 apart) that the reference then shared; now resolve refuses it, names the
     weight and leaves no output folder. A tied model's absent lm_head is not missing."""
     from safetensors.torch import load_file, save_file
-
     from tiny_models import build_tiny_qwen
 
     source = build_tiny_qwen(tmp_path / "src", "qwen2", tie_word_embeddings=tied)

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, read_json
-from qwen_onnx.store.staging import staged_dir
-from qwen_onnx.store.manifest import MANIFEST_FILE, verify_manifest
 from qwen_onnx.cli import main
+from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, read_json
+from qwen_onnx.store.manifest import MANIFEST_FILE, verify_manifest
+from qwen_onnx.store.staging import staged_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -325,7 +325,8 @@ def _fingerprint(folder: Path, target: str) -> dict:
 def _kill_in(folder: Path, rule: str, pause_at: str, target: str) -> None:
     """Run ``rule`` for ``target``, wait until it pauses in :func:`qwen_onnx.store.staging.fault_point` with its
     partial output on disk, then SIGKILL Snakemake's process group (Snakemake and the job)."""
-    from test_workflow import REPO as repo, SNAKEMAKE
+    from test_workflow import REPO as repo
+    from test_workflow import SNAKEMAKE
 
     signal_file = folder / f"paused-{rule}"
     signal_file.unlink(missing_ok=True)
@@ -391,8 +392,8 @@ def _killed_then_unlocked(killable: Path, rule: str, pause_at: str, target: str,
 
 def test_a_verified_folder_is_not_hashed_again_by_a_later_process_until_a_file_changes(tmp_path, monkeypatch):
     """The stamp of verify_manifest stands for a later process (the in-process memo is cleared here)."""
-    from qwen_onnx.store import manifest
     from qwen_onnx.errors import IntegrityError
+    from qwen_onnx.store import manifest
 
     monkeypatch.setenv(manifest.VERIFIED_CACHE_ENV, str(tmp_path / "stamps"))
     folder = tmp_path / "variant"

@@ -4,6 +4,7 @@ same name with the parsed arguments (:mod:`qwen_onnx.cli.parser` wires them)."""
 from __future__ import annotations
 
 import logging
+
 from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.settings.defaults import EVALUATION
 from qwen_onnx.source.text import EVALUATION_TEXT, shipped_text
@@ -97,8 +98,8 @@ def run_optimize(a):
 
 
 def run_inspect(a):
-    from qwen_onnx.store.artifacts import write_json, write_text
     from qwen_onnx.measure.inspect_graph import inspect_variant
+    from qwen_onnx.store.artifacts import write_json, write_text
 
     info, markdown = inspect_variant(a.model)
     if a.json:
@@ -121,8 +122,8 @@ def run_publish(a):
 
 
 def run_diff(a):
-    from qwen_onnx.store.artifacts import write_json
     from qwen_onnx.measure.inspect_graph import diff_markdown, diff_models
+    from qwen_onnx.store.artifacts import write_json
 
     diff = diff_models(a.a, a.b)
     if a.json:

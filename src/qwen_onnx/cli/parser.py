@@ -11,14 +11,41 @@ import json
 import logging
 import sys
 
+from qwen_onnx.cli.commands import (
+    run_accuracy,
+    run_diff,
+    run_dynamic,
+    run_export,
+    run_extract,
+    run_float16,
+    run_inspect,
+    run_int4,
+    run_latency,
+    run_optimize,
+    run_peers,
+    run_preprocess,
+    run_publish,
+    run_reference,
+    run_resolve,
+    run_sensitivity,
+    run_static,
+    run_tflite,
+)
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.settings.defaults import EVALUATION, EXPORT, FLOAT16, LATENCY, TFLITE, TFLITE_QUANTIZATIONS
-from qwen_onnx.settings.gates import DEFAULT_GATES
 from qwen_onnx.quantize.hadamard import DEFAULT_ROLES as HADAMARD_ROLES
 from qwen_onnx.quantize.matmuls import ROLES
 from qwen_onnx.quiet import quiet_third_party
+from qwen_onnx.settings.defaults import (
+    EVALUATION,
+    EXPORT,
+    FLOAT16,
+    LATENCY,
+    TFLITE,
+    TFLITE_QUANTIZATIONS,
+)
+from qwen_onnx.settings.gates import DEFAULT_GATES
 from qwen_onnx.source.text import CALIBRATION_TEXT, EVALUATION_TEXT, shipped_text
-from qwen_onnx.cli.commands import run_accuracy, run_diff, run_dynamic, run_export, run_extract, run_float16, run_inspect, run_int4, run_latency, run_optimize, run_peers, run_preprocess, run_publish, run_reference, run_resolve, run_sensitivity, run_static, run_tflite
+from qwen_onnx.store.artifacts import permission_message
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -307,7 +334,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"qwen-onnx {args.command}: {exc}", file=sys.stderr)
         return 2
     except PermissionError as exc:  # a folder this user may not read or write, met past the checks
-        from qwen_onnx.store.artifacts import permission_message
 
         print(f"qwen-onnx {args.command}: {permission_message(exc)}", file=sys.stderr)
         return 2

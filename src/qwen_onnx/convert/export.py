@@ -27,17 +27,30 @@ from pathlib import Path
 
 import onnx
 
-from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, copy_side_files, model_path, write_json
-from qwen_onnx.store.hub_cache import reads_variant
-from qwen_onnx.store.external import ort_optimize_to_file
-from qwen_onnx.store.staging import staged_dir
-from qwen_onnx.store.provenance import library_versions
-from qwen_onnx.store.manifest import verify_manifest
-from qwen_onnx.settings.defaults import EXPORT, EXPORTERS
-from qwen_onnx.errors import ArtifactError, OptionError
-from qwen_onnx.store.external import consolidate_external_data, external_locations, has_large_inline_tensor, lazy_model
 from qwen_onnx.convert.genai_config import write_genai_config
 from qwen_onnx.convert.tied import store_tied_once
+from qwen_onnx.convert.torch_export import check_torch_exporter, export_torch
+from qwen_onnx.errors import ArtifactError, OptionError
+from qwen_onnx.settings.defaults import EXPORT, EXPORTERS
+from qwen_onnx.settings.options import check_options
+from qwen_onnx.store.artifacts import (
+    DATA_FILE,
+    MODEL_FILE,
+    copy_side_files,
+    model_path,
+    write_json,
+)
+from qwen_onnx.store.external import (
+    consolidate_external_data,
+    external_locations,
+    has_large_inline_tensor,
+    lazy_model,
+    ort_optimize_to_file,
+)
+from qwen_onnx.store.hub_cache import reads_variant
+from qwen_onnx.store.manifest import verify_manifest
+from qwen_onnx.store.provenance import library_versions
+from qwen_onnx.store.staging import staged_dir
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +89,10 @@ def export_onnx(
         ArtifactError: ``hf_dir`` is not a model folder, or the exporter wrote no ``model.onnx``.
         IntegrityError: a file of ``hf_dir`` differs from its manifest.
     """
-    from qwen_onnx.settings.options import check_options
-
     check_options(opset=opset)
     if exporter not in EXPORTERS:
         raise OptionError(f"exporter {exporter!r} is unknown; give one of {', '.join(EXPORTERS)}")
     if exporter == "torch":
-        from qwen_onnx.convert.torch_export import check_torch_exporter
 
         check_torch_exporter(opset)  # before any folder is made
 
@@ -95,7 +105,6 @@ def export_onnx(
     with staged_dir(output_dir) as stage, tempfile.TemporaryDirectory(prefix="qwen-onnx-export-", dir=stage) as scratch:
         route: dict = {}
         if exporter == "torch":
-            from qwen_onnx.convert.torch_export import export_torch
 
             route = export_torch(hf_dir, scratch, opset=opset)
         else:

@@ -40,14 +40,13 @@ from typing import Sequence
 
 import onnx
 
-from qwen_onnx.store.artifacts import MODEL_FILE, copy_side_files, model_path, write_json
-from qwen_onnx.store.hub_cache import reads_variant
-from qwen_onnx.store.external import save_with_external_data
-from qwen_onnx.store.staging import staged_dir
-from qwen_onnx.store.provenance import library_versions
-from qwen_onnx.settings.defaults import FLOAT16
-from qwen_onnx.store.external import lazy_model
 from qwen_onnx.convert.genai_config import write_genai_config
+from qwen_onnx.settings.defaults import FLOAT16
+from qwen_onnx.store.artifacts import MODEL_FILE, copy_side_files, model_path, write_json
+from qwen_onnx.store.external import lazy_model, save_with_external_data
+from qwen_onnx.store.hub_cache import reads_variant
+from qwen_onnx.store.provenance import library_versions
+from qwen_onnx.store.staging import staged_dir
 
 log = logging.getLogger(__name__)
 

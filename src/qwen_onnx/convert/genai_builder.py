@@ -13,10 +13,11 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-from qwen_onnx.store.artifacts import read_json, write_json
-from qwen_onnx.store.staging import staged_dir
-from qwen_onnx.store.provenance import package_version
+
 from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.store.artifacts import read_json, write_json
+from qwen_onnx.store.provenance import package_version
+from qwen_onnx.store.staging import staged_dir
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from qwen_onnx.store.artifacts import MODEL_FILE, model_path, read_json, write_json
 from qwen_onnx.errors import ArtifactError
 from qwen_onnx.settings.qwen_config import context_length
+from qwen_onnx.store.artifacts import MODEL_FILE, model_path, read_json, write_json
 
 log = logging.getLogger(__name__)
 

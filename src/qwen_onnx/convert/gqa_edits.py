@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
 from qwen_onnx.errors import ArtifactError
+from qwen_onnx.settings.qwen_config import context_length, rope_type, rotary_caches
 
 log = logging.getLogger(__name__)
 
@@ -205,8 +208,6 @@ def set_rotary_caches(model: onnx.ModelProto, config: dict, data_file: Path) -> 
     Raises:
         ArtifactError: the graph has no ``cos_cache``/``sin_cache`` of the expected width.
     """
-    from qwen_onnx.settings.qwen_config import context_length, rope_type, rotary_caches
-
     if rope_type(config) == "default":
         return None
     length = context_length(config)

@@ -47,17 +47,16 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto
 
-from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, all_tensors, copy_side_files, model_path, write_json
-from qwen_onnx.store.hub_cache import reads_variant
-from qwen_onnx.store.external import ort_optimize_to_file
-from qwen_onnx.store.staging import staged_dir
-from qwen_onnx.store.provenance import library_versions, package_version
-from qwen_onnx.store.manifest import verify_manifest
-from qwen_onnx.errors import ArtifactError
-from qwen_onnx.store.external import lazy_model
-from qwen_onnx.settings.qwen_config import check_config, layer_windows
-from qwen_onnx.convert.tied import store_tied_once
 from qwen_onnx.convert.gqa_edits import left_padding_support, set_layer_windows, set_rotary_caches
+from qwen_onnx.convert.tied import store_tied_once
+from qwen_onnx.errors import ArtifactError
+from qwen_onnx.settings.qwen_config import check_config, layer_windows
+from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, all_tensors, copy_side_files, model_path, write_json
+from qwen_onnx.store.external import lazy_model, ort_optimize_to_file
+from qwen_onnx.store.hub_cache import reads_variant
+from qwen_onnx.store.manifest import verify_manifest
+from qwen_onnx.store.provenance import library_versions, package_version
+from qwen_onnx.store.staging import staged_dir
 
 log = logging.getLogger(__name__)
 

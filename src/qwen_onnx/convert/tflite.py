@@ -33,15 +33,26 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-
-from qwen_onnx.store.artifacts import copy_side_files, read_json, write_json
-from qwen_onnx.store.staging import staged_dir
-from qwen_onnx.store.provenance import library_versions, package_version
-from qwen_onnx.store.manifest import verify_manifest
-from qwen_onnx.settings.defaults import TFLITE, TFLITE_QUANTIZATIONS
 from qwen_onnx.errors import ArchitectureError, ArtifactError, ExportError, OptionError
-from qwen_onnx.store.artifacts import SIGNATURES_FILE, TFLITE_FILE
-from qwen_onnx.run.tflite import DECODE_SIGNATURE, require_litert, describe_signatures, prefill_signature
+from qwen_onnx.run.machine import peak_rss_mib
+from qwen_onnx.run.tflite import (
+    DECODE_SIGNATURE,
+    describe_signatures,
+    prefill_signature,
+    require_litert,
+)
+from qwen_onnx.settings.defaults import TFLITE, TFLITE_QUANTIZATIONS
+from qwen_onnx.settings.options import check_option
+from qwen_onnx.store.artifacts import (
+    SIGNATURES_FILE,
+    TFLITE_FILE,
+    copy_side_files,
+    read_json,
+    write_json,
+)
+from qwen_onnx.store.manifest import verify_manifest
+from qwen_onnx.store.provenance import library_versions, package_version
+from qwen_onnx.store.staging import staged_dir
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +113,6 @@ def check_tflite_options(prefill_length: int, kv_cache_length: int, quantize: st
             ``prefill_length > kv_cache_length``, or a ``quantize`` not in
             :data:`qwen_onnx.settings.defaults.TFLITE_QUANTIZATIONS` (the message names the fix).
     """
-    from qwen_onnx.settings.options import check_option
-
     for name, value in (("prefill_length", prefill_length), ("kv_cache_length", kv_cache_length)):
         if value is None:
             raise OptionError(f"tflite {name} is not set; give an integer of at least 1")
@@ -250,8 +259,6 @@ def convert_tflite(
 
     Nothing is written when any of these is raised before the conversion starts.
     """
-    from qwen_onnx.run.machine import peak_rss_mib
-
     check_tflite_options(prefill_length, kv_cache_length, quantize)
     hf_dir = Path(hf_dir)
     config = _hf_config(hf_dir)

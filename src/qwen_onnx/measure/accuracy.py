@@ -33,19 +33,19 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from qwen_onnx.settings import defaults
-from qwen_onnx.store.artifacts import model_path, write_json
-from qwen_onnx.store.provenance import library_versions
 from qwen_onnx.errors import GateError, OptionError
-from qwen_onnx.settings.gates import check_gate, gate_margins
 from qwen_onnx.measure.metrics import AccuracyAccumulator
-from qwen_onnx.run.machine import machine_isa
-from qwen_onnx.settings.options import check_options
 from qwen_onnx.measure.parity import generation_parity, kv_cache_parity, padded_batch_parity
 from qwen_onnx.measure.reference import load_torch_model, read_reference, torch_logits, write_reference  # noqa: F401 (re-exported)
+from qwen_onnx.run.machine import machine_isa
 from qwen_onnx.run.runtime import OnnxCausalLM
 from qwen_onnx.run.session import SHARED_CORES_SETTINGS
 from qwen_onnx.run.tflite import TfliteCausalLM, is_tflite_folder
+from qwen_onnx.settings import defaults
+from qwen_onnx.settings.gates import check_gate, gate_margins
+from qwen_onnx.settings.options import check_options
+from qwen_onnx.store.artifacts import model_path, write_json
+from qwen_onnx.store.provenance import library_versions
 
 log = logging.getLogger(__name__)
 

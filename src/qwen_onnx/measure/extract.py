@@ -20,9 +20,9 @@ from typing import Any
 import onnx
 from onnx import helper, numpy_helper
 
+from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.store.artifacts import MODEL_FILE, check_external_data, write_json
 from qwen_onnx.store.hub_cache import reads_variant
-from qwen_onnx.errors import QwenOnnxError
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,15 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from qwen_onnx.store.artifacts import DATA_FILE, check_external_data, folder_bytes, require_readable
 from qwen_onnx.errors import ArtifactError
+from qwen_onnx.measure.inspect_tflite import inspect_tflite, inspect_tflite_markdown
+from qwen_onnx.run.tflite import is_tflite_folder
+from qwen_onnx.store.artifacts import (
+    DATA_FILE,
+    check_external_data,
+    folder_bytes,
+    require_readable,
+)
 
 #: Op types inserted by quantization (QDQ and QOperator forms).
 QUANT_OPS = frozenset(
@@ -319,9 +326,6 @@ def inspect_variant(path: str | os.PathLike) -> tuple[dict[str, Any], str]:
     Returns:
         ``(info, markdown)``: the JSON report and its Markdown rendering.
     """
-    from qwen_onnx.measure.inspect_tflite import inspect_tflite, inspect_tflite_markdown
-    from qwen_onnx.run.tflite import is_tflite_folder
-
     if os.path.isdir(path) and is_tflite_folder(path):
         info = inspect_tflite(path)
         return info, inspect_tflite_markdown(info)

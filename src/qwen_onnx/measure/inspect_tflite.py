@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any, Mapping
-from qwen_onnx.errors import ArtifactError
-from qwen_onnx.store.artifacts import TFLITE_FILE
-from qwen_onnx.run.tflite import read_tflite_info
 
+from qwen_onnx.errors import ArtifactError
+from qwen_onnx.run.tflite import read_tflite_info
+from qwen_onnx.store.artifacts import TFLITE_FILE
 
 #: Ops that read one row of a table per token (the embedding lookup).
 _LOOKUP_OPS = ("EMBEDDING_LOOKUP", "GATHER")

@@ -39,17 +39,25 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from qwen_onnx.settings import defaults
-from qwen_onnx.store.artifacts import MODEL_FILE, folder_bytes, model_path, read_json, write_json
-from qwen_onnx.store.provenance import library_versions, package_version
-from qwen_onnx.errors import ArtifactError
+from qwen_onnx.errors import ArtifactError, OptionError, TextError
 from qwen_onnx.measure.inspect_graph import decode_weight_bytes, load_graph
+from qwen_onnx.measure.inspect_tflite import tflite_weight_bytes_per_token
+from qwen_onnx.measure.profiling import profile_ops
 from qwen_onnx.run.machine import peak_rss_mib  # noqa: F401 (re-exported: peers and the tests read it here)
-from qwen_onnx.settings.options import check_options
 from qwen_onnx.run.runtime import LOOPS, OnnxCausalLM
 from qwen_onnx.run.session import SHARED_CORES_SETTINGS, resolve_settings
-from qwen_onnx.source.text import read_text
-from qwen_onnx.measure.profiling import profile_ops
+from qwen_onnx.run.tflite import TfliteCausalLM, read_tflite_info
+from qwen_onnx.settings import defaults
+from qwen_onnx.settings.options import check_options
+from qwen_onnx.source.text import load_tokenizer, read_text
+from qwen_onnx.store.artifacts import (
+    MODEL_FILE,
+    folder_bytes,
+    model_path,
+    read_json,
+    write_json,
+)
+from qwen_onnx.store.provenance import library_versions, package_version
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +73,6 @@ def prompt_tokens(tokenizer, text_path: str | os.PathLike, length: int) -> np.nd
     Raises:
         TextError: the text is shorter than ``length`` tokens (a ValueError too).
     """
-    from qwen_onnx.errors import TextError
-
     ids = tokenizer(read_text(text_path), add_special_tokens=False)["input_ids"]
     if len(ids) < length:
         raise TextError(f"{text_path} has {len(ids)} tokens, fewer than the {length} a prompt needs; "
@@ -164,8 +170,6 @@ def measure_latency(
         ValueError: an unknown ``loop`` or session setting, or a text too short for the prompts.
         ArtifactError: the model or its external data is missing.
     """
-    from qwen_onnx.source.text import load_tokenizer
-
     check_options(prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens, new_tokens=new_tokens,
                   threads=threads, warmup=warmup, repeats=repeats)
     model_path(variant_dir)  # a missing folder is named here, not taken for a hub ID by the tokenizer
@@ -277,11 +281,6 @@ def measure_tflite_latency(
         ArtifactError: the folder has no ``model.tflite`` or ``tflite.json``.
         TextError: a text too short for the prompts.
     """
-    from qwen_onnx.errors import OptionError
-    from qwen_onnx.source.text import load_tokenizer
-    from qwen_onnx.measure.inspect_tflite import tflite_weight_bytes_per_token
-    from qwen_onnx.run.tflite import TfliteCausalLM, read_tflite_info
-
     check_options(prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens, new_tokens=new_tokens,
                   threads=threads, warmup=warmup, repeats=repeats)
     info = read_tflite_info(variant_dir)

@@ -7,12 +7,14 @@ import os
 import time
 from pathlib import Path
 from typing import Any, Sequence
-from qwen_onnx.store.artifacts import write_json
-from qwen_onnx.store.provenance import library_versions
+
 from qwen_onnx.errors import ArtifactError
+from qwen_onnx.measure.latency import prompt_tokens, timing_protocol, timing_settings
 from qwen_onnx.run.machine import peak_rss_mib
 from qwen_onnx.settings.options import check_options
-from qwen_onnx.measure.latency import prompt_tokens, timing_protocol, timing_settings
+from qwen_onnx.source.text import load_tokenizer
+from qwen_onnx.store.artifacts import write_json
+from qwen_onnx.store.provenance import library_versions
 
 
 def torch_weight_bytes_per_token(model) -> int:
@@ -46,7 +48,6 @@ def measure_torch_latency(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from qwen_onnx.source.text import load_tokenizer
 
     check_options(prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens, new_tokens=new_tokens,
                   threads=threads, warmup=warmup, repeats=repeats)

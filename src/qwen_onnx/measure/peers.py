@@ -53,19 +53,45 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from qwen_onnx.settings import defaults
-from qwen_onnx.store.artifacts import folder_bytes, read_json, write_json, write_text
-from qwen_onnx.store.provenance import library_versions, package_version
-from qwen_onnx.errors import ArtifactError, QwenOnnxError
-from qwen_onnx.source.resolve import source_gguf
-from qwen_onnx.run.machine import ggml_missing_features, int8_kernel, isa_name, measure_load
-from qwen_onnx.run.session import SHARED_CORES_SETTINGS
-from qwen_onnx.measure.latency import timing_protocol, measure_latency_of_tokens, peak_rss_mib, prompt_tokens
-from qwen_onnx.measure.latency_torch import measure_torch_latency
-from qwen_onnx.measure.sitting import exit_cause, interleaved_rounds
 from qwen_onnx.convert.genai_builder import build_genai_int4
-from qwen_onnx.measure.peers_table import _median_row, one_line, add_peer_ratios, peers_markdown
-from qwen_onnx.measure.peers_table import GENAI, GENAI_ORT, LLAMA_CPP
+from qwen_onnx.errors import ArtifactError, QwenOnnxError
+from qwen_onnx.measure.latency import (
+    measure_latency_of_tokens,
+    measure_tflite_latency,
+    peak_rss_mib,
+    prompt_tokens,
+    timing_protocol,
+)
+from qwen_onnx.measure.latency_torch import measure_torch_latency
+from qwen_onnx.measure.peers_table import (
+    GENAI,
+    GENAI_ORT,
+    LLAMA_CPP,
+    _median_row,
+    add_peer_ratios,
+    one_line,
+    peers_markdown,
+)
+from qwen_onnx.measure.sitting import exit_cause, interleaved_rounds
+from qwen_onnx.run.machine import (
+    ggml_missing_features,
+    int8_kernel,
+    isa_name,
+    measure_load,
+)
+from qwen_onnx.run.session import SHARED_CORES_SETTINGS
+from qwen_onnx.run.tflite import read_tflite_info
+from qwen_onnx.settings import defaults
+from qwen_onnx.source.resolve import source_gguf
+from qwen_onnx.source.text import load_tokenizer
+from qwen_onnx.store.artifacts import (
+    folder_bytes,
+    model_path,
+    read_json,
+    write_json,
+    write_text,
+)
+from qwen_onnx.store.provenance import library_versions, package_version
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +147,6 @@ def _measure_onnx(folder: str, tokens: np.ndarray, s: dict, cores_busy: bool = F
 
 def _measure_tflite(folder: str, text: str, s: dict) -> dict[str, Any]:
     """Our tflite variant with the LiteRT interpreter (:func:`qwen_onnx.measure.latency.measure_tflite_latency`)."""
-    from qwen_onnx.measure.latency import measure_tflite_latency
 
     result = measure_tflite_latency(folder, text, **s)
     return _figures(result, s["prompt_lengths"])
@@ -307,9 +332,7 @@ def run_peers(
         QwenOnnxError: fewer than 1 round, fewer than 2 new tokens, or nothing to measure.
         ArtifactError: ``hf_dir`` or a variant folder is missing (checked before measuring).
     """
-    from qwen_onnx.source.text import load_tokenizer
 
-    from qwen_onnx.store.artifacts import model_path
 
     if rounds < 1 or new_tokens < 2 or repeats < 1:
         raise QwenOnnxError(f"need rounds >= 1, new_tokens >= 2 and repeats >= 1; got {rounds}, {new_tokens}, {repeats}")
@@ -319,7 +342,6 @@ def run_peers(
     for folder in variant_dirs:
         model_path(folder)
     if tflite_dir is not None:
-        from qwen_onnx.run.tflite import read_tflite_info
 
         read_tflite_info(tflite_dir)  # a missing folder is named before anything is measured
     settings = {"prompt_lengths": list(prompt_lengths), "decode_prompt_tokens": decode_prompt_tokens,

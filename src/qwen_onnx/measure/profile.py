@@ -12,6 +12,7 @@ from qwen_onnx.measure.latency import prompt_tokens
 from qwen_onnx.measure.profiling import profile_ops
 from qwen_onnx.settings import defaults
 from qwen_onnx.settings.options import check_options
+from qwen_onnx.source.text import load_tokenizer
 from qwen_onnx.store.artifacts import MODEL_FILE, folder_bytes, model_path, write_json
 from qwen_onnx.store.provenance import library_versions
 
@@ -33,8 +34,6 @@ def profile_variant(
         ArtifactError: the model or its external data is missing.
         TextError: the text is shorter than ``decode_prompt_tokens`` tokens.
     """
-    from qwen_onnx.source.text import load_tokenizer
-
     check_options(decode_prompt_tokens=decode_prompt_tokens, threads=threads)
     model_path(variant_dir)
     prompt = prompt_tokens(load_tokenizer(variant_dir), text_path, decode_prompt_tokens)

@@ -39,15 +39,16 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from qwen_onnx.errors import ArtifactError, OptionError
+from qwen_onnx.measure.parity import chat_prompt_ids, shipped_prompts, torch_generate
 from qwen_onnx.settings import defaults
-from qwen_onnx.store.artifacts import copy_side_files, write_json
-from qwen_onnx.store.staging import staged_dir
-from qwen_onnx.store.provenance import library_versions
-from qwen_onnx.store.manifest import verify_manifest
-from qwen_onnx.errors import ArtifactError
 from qwen_onnx.settings.options import check_options
-from qwen_onnx.measure.parity import chat_prompt_ids, shipped_prompts
 from qwen_onnx.source.resolve import eos_token_ids
+from qwen_onnx.source.text import load_tokenizer, token_windows
+from qwen_onnx.store.artifacts import copy_side_files, write_json
+from qwen_onnx.store.manifest import verify_manifest
+from qwen_onnx.store.provenance import library_versions
+from qwen_onnx.store.staging import staged_dir
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +153,6 @@ def write_reference(
     """
     from tqdm import tqdm
 
-    from qwen_onnx.errors import OptionError
-    from qwen_onnx.source.text import load_tokenizer, token_windows
 
     check_options(window=window, max_windows=max_windows, threads=threads, generation_tokens=generation_tokens)
     if dtype not in LOGITS_DTYPES:
@@ -174,7 +173,6 @@ def write_reference(
         model = load_torch_model(hf_dir, threads)
         shape = write_window_logits(tmp / LOGITS_FILE, windows, lambda ids: torch_logits(model, ids), dtype=dtype,
                                     desc="PyTorch reference logits")
-        from qwen_onnx.measure.parity import torch_generate
 
         outputs = [torch_generate(model, ids, generation_tokens, eos, pad_id)
                    for ids in tqdm(prompt_ids, desc="PyTorch greedy generation", unit="prompt")]
@@ -219,7 +217,6 @@ class TokenDecoder:
     ``clean_up_tokenization`` when ``tokenizer_config.json`` sets ``clean_up_tokenization_spaces``),
     so that the accuracy stage needs neither transformers nor PyTorch.
     """
-
     def __init__(self, folder: str | os.PathLike):
         from tokenizers import Tokenizer
 

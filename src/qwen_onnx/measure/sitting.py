@@ -10,6 +10,7 @@ import logging
 import sys
 from typing import Any, Callable, Iterator, Sequence
 
+from qwen_onnx.quiet import quiet_third_party
 from qwen_onnx.run.machine import load_between, load_snapshot, measure_load
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,6 @@ class ChildCrashed(RuntimeError):
 
 
 def _child_main(connection, function, args, kwargs) -> None:
-    from qwen_onnx.quiet import quiet_third_party
 
     quiet_third_party()
     try:

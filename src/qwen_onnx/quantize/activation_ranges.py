@@ -20,8 +20,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from qwen_onnx.quantize.calibration import TextCalibrationReader, capture_session
 from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.quantize.calibration import TextCalibrationReader, capture_session
 from qwen_onnx.quantize.sensitivity import fake_quant_activation, fake_quant_weight
 from qwen_onnx.quantize.smoothquant import column_subset, token_relative_error
 

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 
 from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.run.session import session_options
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,6 @@ class TextCalibrationReader:
         model_path: the ONNX model that calibration will run (the pre-processed graph).
         windows: int64 [samples, sequence] token windows.
     """
-
     def __init__(self, model_path: str | os.PathLike, windows: np.ndarray) -> None:
         graph = onnx.load(str(model_path), load_external_data=False).graph
         initializers = {t.name for t in graph.initializer}
@@ -83,7 +83,6 @@ def capture_session(proto: onnx.ModelProto, tensor_names: Sequence[str], path: P
     ``path`` (beside the weights; graph optimizations off so that every named tensor exists)."""
     import onnxruntime as ort
 
-    from qwen_onnx.run.session import session_options
 
     capture = onnx.ModelProto()
     capture.CopyFrom(proto)

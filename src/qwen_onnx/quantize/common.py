@@ -10,12 +10,15 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Iterator, Mapping
+
 import onnx
-from qwen_onnx.store.artifacts import read_json
+
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.store.external import ScratchFiles, lazy_model
 from qwen_onnx.quantize.matmuls import ROLES, weight_matmuls
 from qwen_onnx.quantize.sensitivity import choose_float_nodes
+from qwen_onnx.settings.options import check_option
+from qwen_onnx.store.artifacts import read_json
+from qwen_onnx.store.external import ScratchFiles, lazy_model
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +36,6 @@ class SensitiveSettings:
 
     def __post_init__(self) -> None:
         """Numbers checked on construction (:class:`qwen_onnx.errors.OptionError` names the range)."""
-        from qwen_onnx.settings.options import check_option
 
         check_option("max_nodes", self.sensitive_max_nodes, key="sensitive_max_nodes")
         check_option("block_size", self.block_size)
@@ -137,7 +139,10 @@ def _load_graph_with_shape_infer(model_path: Path) -> onnx.ModelProto:
     Weights stay external references, read one at a time by ``numpy_helper.to_array`` from the
     working directory (see :func:`qwen_onnx.store.external.lazy_model`).
     """
-    from onnxruntime.quantization.quant_utils import add_infer_metadata, generate_identified_filename
+    from onnxruntime.quantization.quant_utils import (
+        add_infer_metadata,
+        generate_identified_filename,
+    )
 
     inferred = generate_identified_filename(Path(model_path), "-inferred")
     onnx.shape_inference.infer_shapes_path(str(model_path), str(inferred))

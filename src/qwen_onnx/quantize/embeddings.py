@@ -37,10 +37,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from qwen_onnx.store.artifacts import MODEL_FILE
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.store.external import consolidate_external_data, lazy_model
 from qwen_onnx.quantize.matmuls import graph_maps
+from qwen_onnx.settings.options import check_option
+from qwen_onnx.store.artifacts import MODEL_FILE
+from qwen_onnx.store.external import consolidate_external_data, lazy_model
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,6 @@ class EmbeddingPlan:
             (:func:`embedding_tied`); sharing needs it.
         symmetric: an own table without zero points (else one uint8 zero point per block).
     """
-
     mode: str = "shared"
     bits: int = 8
     block_size: int = 128
@@ -92,7 +92,6 @@ def check_block_size(block_size: int) -> None:
     """Raises OptionError unless ``block_size`` is a power of 2 from 16 to 256 (MatMulNBits and
     GatherBlockQuantized accept powers of 2 of at least 16; onnxruntime's CPU kernels up to 256):
     :func:`qwen_onnx.settings.options.check_option`, the one home of the allowed values."""
-    from qwen_onnx.settings.options import check_option
 
     check_option("block_size", block_size)
 
@@ -128,7 +127,6 @@ class Lookup:
         perm: the permutation that takes a lookup of the [hidden, vocab] table on axis 1
             ([hidden, batch, sequence]) to the output (``hidden_first`` only).
     """
-
     nodes: list[onnx.NodeProto]
     ids: str
     output: str

@@ -31,9 +31,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.store.external import DataWriter
 from qwen_onnx.quantize.matmuls import ROLES
 from qwen_onnx.quantize.outlier_split import SplitTarget, split_targets
+from qwen_onnx.store.external import DataWriter
 
 log = logging.getLogger(__name__)
 

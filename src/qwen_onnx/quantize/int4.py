@@ -42,20 +42,50 @@ from typing import Any, Mapping, Sequence
 
 import onnx
 
-from qwen_onnx.store.artifacts import MODEL_FILE, copy_side_files, model_path, read_json, write_json
-from qwen_onnx.store.staging import staged_dir
-from qwen_onnx.store.provenance import library_versions
-from qwen_onnx.convert.genai_config import write_genai_config
-from qwen_onnx.quantize.embeddings import (EmbeddingPlan, check_block_size, embedding_tied, find_lm_head, fitting_block_size,
-                         quantize_embedding)
-from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.settings.options import check_option
 from qwen_onnx.convert.export import normalise_external_data
-from qwen_onnx.store.external import ScratchFiles
-from qwen_onnx.quantize.kquant import activation_importance, kquant_int_pass, matmul_nbits_node
+from qwen_onnx.convert.genai_config import write_genai_config
+from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.quantize.blockwise import blockwise_int8
-from qwen_onnx.quantize.matmuls import weight_matmul_names
-from qwen_onnx.quantize.common import SensitiveSettings, lazy_quantization, sensitive_nodes
+from qwen_onnx.quantize.calibration import TextCalibrationReader
+from qwen_onnx.quantize.common import (
+    SensitiveSettings,
+    lazy_quantization,
+    sensitive_nodes,
+)
+from qwen_onnx.quantize.embeddings import (
+    EmbeddingPlan,
+    check_block_size,
+    embedding_tied,
+    find_lm_head,
+    fitting_block_size,
+    quantize_embedding,
+)
+from qwen_onnx.quantize.kquant import (
+    activation_importance,
+    kquant_int_pass,
+    matmul_nbits_node,
+)
+from qwen_onnx.quantize.matmuls import weight_matmul_names, weight_matmuls
+from qwen_onnx.quantize.source_precision import source_precise_nodes
+from qwen_onnx.settings.options import check_option
+from qwen_onnx.source.gguf_file import gguf_weight_types
+from qwen_onnx.source.resolve import source_gguf
+from qwen_onnx.source.text import (
+    CALIBRATION_TEXT,
+    load_tokenizer,
+    shipped_text,
+    token_windows,
+)
+from qwen_onnx.store.artifacts import (
+    MODEL_FILE,
+    copy_side_files,
+    model_path,
+    read_json,
+    write_json,
+)
+from qwen_onnx.store.external import ScratchFiles
+from qwen_onnx.store.provenance import library_versions
+from qwen_onnx.store.staging import staged_dir
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +140,6 @@ class Int4Settings(SensitiveSettings):
             (of ``calibration_sequence_length`` tokens) whose activations weight the 4-bit error
             per input channel (llama.cpp's imatrix); 0: unweighted.
     """
-
     algorithm: str = "k_quant_int"
     block_size: int = 16
     block_size_8bit: int = 128
@@ -176,10 +205,7 @@ def _algo_config(settings: Int4Settings, graph_only: Path, float_names: Sequence
     if settings.algorithm == "hqq":
         return HQQWeightOnlyQuantConfig(block_size=settings.block_size, bits=4, op_types_to_quantize=("MatMul",))
     # gptq
-    from qwen_onnx.source.text import load_tokenizer
 
-    from qwen_onnx.quantize.calibration import TextCalibrationReader
-    from qwen_onnx.source.text import token_windows
 
     if float_names:
         raise QwenOnnxError("gptq cannot keep MatMuls float (onnxruntime's GPTQ ignores nodes_to_exclude); "
@@ -273,8 +299,6 @@ def source_nodes(graph: onnx.GraphProto, min_bits: float, source: str | os.PathL
     Raises:
         QwenOnnxError: a GGUF source without ``weight_types`` that can no longer be read.
     """
-    from qwen_onnx.quantize.source_precision import source_precise_nodes
-
     if not min_bits:
         return []
     if source is None:
@@ -294,8 +318,6 @@ def _read_weight_types(info: Mapping[str, Any], num_layers: int, scratch_dir: Pa
     """The weight types of a GGUF source whose ``source.json`` predates ``weight_types``, from the source."""
     import tempfile
 
-    from qwen_onnx.source.resolve import source_gguf
-    from qwen_onnx.source.gguf_file import gguf_weight_types
 
     with tempfile.TemporaryDirectory(prefix="qwen-onnx-gguf-", dir=scratch_dir) as scratch:
         path, note = source_gguf(info.get("source"), scratch)
@@ -306,8 +328,6 @@ def _read_weight_types(info: Mapping[str, Any], num_layers: int, scratch_dir: Pa
 
 
 def _importance(input_dir: Path, graph: onnx.GraphProto, settings: Int4Settings, calibration_text) -> dict:
-    from qwen_onnx.quantize.matmuls import weight_matmuls
-    from qwen_onnx.source.text import CALIBRATION_TEXT, load_tokenizer, shipped_text, token_windows
 
     text = shipped_text(CALIBRATION_TEXT) if calibration_text is None else calibration_text
     windows = token_windows(load_tokenizer(input_dir), text, settings.calibration_sequence_length,

@@ -32,23 +32,46 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 import onnx
 
-from qwen_onnx.store.artifacts import MODEL_FILE, copy_side_files, model_path, write_json
-from qwen_onnx.store.hub_cache import reads_variant
-from qwen_onnx.store.staging import staged_dir
-from qwen_onnx.store.provenance import library_versions
-from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.quantize.embeddings import EmbeddingPlan, embedding_tied, quantize_embedding
 from qwen_onnx.convert.export import normalise_external_data
-from qwen_onnx.store.external import ScratchFiles
-from qwen_onnx.quantize.blockwise import blockwise_int8
-from qwen_onnx.quantize.activation_ranges import CALIBRATION_METHODS, StreamingCalibrator, stream_ranges, tensors_data
 from qwen_onnx.convert.genai_config import write_genai_config
-from qwen_onnx.quantize.matmuls import activation_matmuls, weight_matmul_names, weight_matmuls
-from qwen_onnx.quantize.hadamard import DEFAULT_ROLES as HADAMARD_ROLES, rotate_graph
+from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.quantize.activation_ranges import (
+    CALIBRATION_METHODS,
+    StreamingCalibrator,
+    stream_ranges,
+    tensors_data,
+)
+from qwen_onnx.quantize.blockwise import blockwise_int8
+from qwen_onnx.quantize.common import (
+    SensitiveSettings,
+    lazy_quantization,
+    sensitive_nodes,
+)
+from qwen_onnx.quantize.embeddings import (
+    EmbeddingPlan,
+    embedding_tied,
+    quantize_embedding,
+)
+from qwen_onnx.quantize.hadamard import DEFAULT_ROLES as HADAMARD_ROLES
+from qwen_onnx.quantize.hadamard import rotate_graph
+from qwen_onnx.quantize.matmuls import (
+    activation_matmuls,
+    weight_matmul_names,
+    weight_matmuls,
+)
 from qwen_onnx.quantize.outlier_split import split_graph
 from qwen_onnx.quantize.smoothquant import smooth_graph
-from qwen_onnx.source.text import token_windows
-from qwen_onnx.quantize.common import SensitiveSettings, lazy_quantization, sensitive_nodes
+from qwen_onnx.source.text import load_tokenizer, token_windows
+from qwen_onnx.store.artifacts import (
+    MODEL_FILE,
+    copy_side_files,
+    model_path,
+    write_json,
+)
+from qwen_onnx.store.external import ScratchFiles
+from qwen_onnx.store.hub_cache import reads_variant
+from qwen_onnx.store.provenance import library_versions
+from qwen_onnx.store.staging import staged_dir
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +118,6 @@ class DynamicSettings(SensitiveSettings):
             ``embedding_bits``) or ``float`` (:mod:`qwen_onnx.quantize.embeddings`).
         embedding_bits: bits of an own quantized table (4 or 8).
     """
-
     scheme: str = "blockwise"
     op_types: list[str] = field(default_factory=lambda: ["MatMul"])
     per_channel: bool = True
@@ -148,7 +170,6 @@ class StaticSettings(SensitiveSettings):
             the massive activations with finer steps (:mod:`qwen_onnx.quantize.hadamard`; QuaRot); default every
             role; empty: none.
     """
-
     quant_format: str = "QDQ"
     op_types: list[str] = field(default_factory=lambda: ["MatMul"])
     per_channel: bool = True
@@ -329,9 +350,13 @@ def quantize_static_variant(
             node that does not exist, a calibration text too short for the requested samples, or sensitive
             nodes asked for without a sensitivity report.
     """
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
     from onnxruntime.quantization.calibrate import save_tensors_data
-    from qwen_onnx.source.text import load_tokenizer
 
     if settings.method not in CALIBRATION_METHODS:
         raise QwenOnnxError(f"calibration method {settings.method!r} unknown; use one of {', '.join(CALIBRATION_METHODS)}")

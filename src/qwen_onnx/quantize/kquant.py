@@ -39,8 +39,11 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnxruntime.quantization.neural_compressor.weight_only import make_matmul_weight_only_node as _ort_matmul_nbits_node
+from onnxruntime.quantization.neural_compressor.weight_only import (
+    make_matmul_weight_only_node as _ort_matmul_nbits_node,
+)
 
+from qwen_onnx.quantize.sensitivity import capture_activations
 from qwen_onnx.store.external import ScratchFiles
 
 log = logging.getLogger(__name__)
@@ -218,8 +221,6 @@ def activation_importance(
     Returns:
         ``{node name: float32 [in_features]}`` (llama.cpp's ``imatrix`` values).
     """
-    from qwen_onnx.quantize.sensitivity import capture_activations
-
     sums: dict[str, np.ndarray] = {}
     tokens: dict[str, int] = collections.Counter()
 

@@ -26,8 +26,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.store.external import DataWriter
+from qwen_onnx.quantize.calibration import TextCalibrationReader, capture_session
 from qwen_onnx.quantize.matmuls import graph_maps, node_role, weight_matmuls
+from qwen_onnx.store.external import DataWriter
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,6 @@ def channel_absmax(graph_only: Path, windows: np.ndarray, activations: Sequence[
                    threads: int | None = None) -> dict[str, np.ndarray]:
     """Per input channel max |x| float32 [in_features] of each of ``activations``, streamed over
     ``windows`` (int64 [samples, sequence], one prefill each)."""
-    from qwen_onnx.quantize.calibration import TextCalibrationReader, capture_session
 
     proto = onnx.load(str(graph_only), load_external_data=False)
     session = capture_session(proto, list(activations), scratch / "split-capture.onnx", threads)

@@ -48,14 +48,16 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from qwen_onnx.store.artifacts import model_path, write_json, write_text
-from qwen_onnx.store.hub_cache import reads_variant
-from qwen_onnx.store.provenance import library_versions
 from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.quantize.calibration import TextCalibrationReader
-from qwen_onnx.store.external import lazy_model
 from qwen_onnx.quantize.matmuls import ROLES, node_role, weight_matmuls
-from qwen_onnx.source.text import token_windows
+from qwen_onnx.run.session import session_options
+from qwen_onnx.settings.options import check_options
+from qwen_onnx.source.text import load_tokenizer, token_windows
+from qwen_onnx.store.artifacts import model_path, write_json, write_text
+from qwen_onnx.store.external import lazy_model
+from qwen_onnx.store.hub_cache import reads_variant
+from qwen_onnx.store.provenance import library_versions
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +235,6 @@ def capture_activations(
     """
     import onnxruntime as ort
 
-    from qwen_onnx.run.session import session_options
 
     names = list(dict.fromkeys(tensor_names))
     model_dir = Path(model_dir).resolve()
@@ -300,9 +301,7 @@ def analyse_sensitivity(
         ArtifactError: the model or its external data is missing.
     """
     from tqdm import tqdm
-    from qwen_onnx.source.text import load_tokenizer
 
-    from qwen_onnx.settings.options import check_options
 
     check_options(samples=samples, sequence_length=sequence_length, threads=threads)
 

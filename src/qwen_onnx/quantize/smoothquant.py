@@ -55,10 +55,24 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from qwen_onnx.convert.export import normalise_external_data
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.store.external import DataWriter
+from qwen_onnx.quantize.calibration import TextCalibrationReader, capture_session
 from qwen_onnx.quantize.matmuls import ROLES, graph_maps, node_role, weight_matmuls
-from qwen_onnx.quantize.sensitivity import fake_quant_activation, fake_quant_weight, sqnr_db
+from qwen_onnx.quantize.sensitivity import (
+    fake_quant_activation,
+    fake_quant_weight,
+    sqnr_db,
+)
+from qwen_onnx.source.text import load_tokenizer, token_windows
+from qwen_onnx.store.artifacts import (
+    MODEL_FILE,
+    copy_side_files,
+    model_path,
+    write_json,
+)
+from qwen_onnx.store.external import DataWriter, lazy_model
+from qwen_onnx.store.staging import staged_dir
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +97,6 @@ class SmoothGroup:
         target: the initializer that absorbs ``1/s``.
         layer, role: from the first MatMul's name (:func:`qwen_onnx.quantize.matmuls.node_role`).
     """
-
     activation: str
     matmuls: list[str]
     weights: list[str]
@@ -428,8 +441,6 @@ def smooth_graph(graph_only: Path, windows: np.ndarray, scratch, *, alphas: Sequ
     Raises:
         QwenOnnxError: the graph has no MatMul group whose input can absorb a scale.
     """
-    from qwen_onnx.quantize.calibration import TextCalibrationReader, capture_session
-
     proto = onnx.load(str(graph_only), load_external_data=False)
     groups = smoothing_groups(proto.graph)
     if not groups:
@@ -462,11 +473,6 @@ def smooth_variant(input_dir: str | os.PathLike, output_dir: str | os.PathLike, 
     """
     import shutil
 
-    from qwen_onnx.store.artifacts import MODEL_FILE, copy_side_files, model_path, write_json
-    from qwen_onnx.store.staging import staged_dir
-    from qwen_onnx.convert.export import normalise_external_data
-    from qwen_onnx.store.external import lazy_model
-    from qwen_onnx.source.text import load_tokenizer, token_windows
 
     input_dir = Path(input_dir).resolve()
     model_path(input_dir)

@@ -18,10 +18,42 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-
+from qwen_onnx.report.pipeline import COLUMNS as PIPELINE_COLUMNS
+from qwen_onnx.report.pipeline import pipeline_markdown, pipeline_table
+from qwen_onnx.report.plots import (
+    CAPTIONS,
+    plot_decode_speed,
+    plot_ppl_vs_size,
+    plot_prefill,
+)
+from qwen_onnx.report.rows import (
+    ANSWER,
+    GRAPH_COLUMNS,
+    SENSITIVITY_COLUMNS,
+    SENSITIVITY_NOTE,
+    built_variants,
+    collect_rows,
+    cross_model_rows,
+    graph_rows,
+    peer_metric_rows,
+    peer_tables,
+    recommend,
+    sensitivity_rows,
+    variant_keys,
+)
+from qwen_onnx.report.styles import variant_styles
+from qwen_onnx.report.tables import (
+    ACCURACY,
+    RATIOS,
+    SUMMARY,
+    columns,
+    html_table,
+    label,
+    latency_columns,
+    latency_detail_columns,
+    markdown_table,
+)
 from qwen_onnx.store.artifacts import read_json, write_json, write_text
-from qwen_onnx.report.tables import ACCURACY, RATIOS, SUMMARY, columns, html_table, label, latency_columns, latency_detail_columns, markdown_table
-from qwen_onnx.report.rows import ANSWER, GRAPH_COLUMNS, SENSITIVITY_COLUMNS, SENSITIVITY_NOTE, variant_keys, built_variants, collect_rows, cross_model_rows, graph_rows, peer_metric_rows, peer_tables, recommend, sensitivity_rows
 
 
 def _machine_lines(machine: Mapping) -> list[str]:
@@ -78,10 +110,6 @@ def write_report(
         skipped: one line per variant the workflow did not build, and why (:func:`built_variants`),
             listed under the gate verdict.
     """
-    from qwen_onnx.report.pipeline import COLUMNS as PIPELINE_COLUMNS, pipeline_markdown
-    from qwen_onnx.report.plots import CAPTIONS, plot_decode_speed, plot_ppl_vs_size, plot_prefill
-    from qwen_onnx.report.styles import variant_styles
-
     buffer = io.StringIO()
     docs = columns(prompt_lengths)
     writer = csv.DictWriter(buffer, fieldnames=list(docs), lineterminator="\n")
@@ -233,8 +261,6 @@ def build_report(
     variant the workflow did not build have no tflite files and get one line each
     (:func:`built_variants`).
     """
-    from qwen_onnx.report.pipeline import COLUMNS as PIPELINE_COLUMNS, pipeline_table
-
     machine = read_json(machine_json)
     variants, skipped = built_variants(models, variants, tflite)
     rows = collect_rows(models, variants, files, machine, prompt_lengths)

@@ -27,6 +27,7 @@ from matplotlib.ticker import Formatter, FuncFormatter  # noqa: E402
 from matplotlib.transforms import offset_copy  # noqa: E402
 
 from qwen_onnx.report.styles import Style, variant_styles  # noqa: E402
+from qwen_onnx.store.staging import owner_tag
 
 #: Axis labels, with units.
 SIZE_LABEL = "size on disk (MB)"
@@ -269,7 +270,6 @@ def plot_prefill(rows: Sequence[dict[str, Any]], lengths: Sequence[int], path: s
 def _save(fig, path: str | os.PathLike) -> None:
     """Save ``fig`` as PNG at ``path`` through ``<path>.partial-PID@HOST~`` and a rename (never a
     half-written image; see :func:`qwen_onnx.store.staging.sweep_tree`)."""
-    from qwen_onnx.store.staging import owner_tag
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

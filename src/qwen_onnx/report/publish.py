@@ -21,8 +21,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Sequence
 
-from qwen_onnx.store.artifacts import read_json, write_text
 from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.store.artifacts import read_json, write_text
 
 BEGIN = "<!-- measured:begin (written by `qwen-onnx publish` from a run; do not edit by hand) -->"
 END = "<!-- measured:end -->"

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import os
 from typing import Any, Mapping, Sequence
+
 import numpy as np
-from qwen_onnx.store.artifacts import read_json
-from qwen_onnx.settings.gates import gate_margins
+
+from qwen_onnx.convert.tflite import tflite_skip_reason
 from qwen_onnx.measure.inspect_graph import FUSED_OPS
+from qwen_onnx.measure.peers_table import peer_columns, peers_notes
 from qwen_onnx.report.tables import COLUMNS, NOT_APPLICABLE, format_cell, label
+from qwen_onnx.settings.gates import gate_margins
+from qwen_onnx.settings.variants import BY_NAME
+from qwen_onnx.store.artifacts import read_json
 
 #: The goals of "Which variant to ship": (name, column, ``min`` or ``max``).
 GOALS: tuple[tuple[str, str, Any], ...] = (
@@ -43,7 +48,6 @@ def variant_keys(models: Sequence[str], variants: Sequence[str] | Mapping[str, S
 
 def _diffed(variant: str) -> bool:
     """Whether the diff stage compares ``variant`` with fp32 (every ONNX variant but fp32: :data:`qwen_onnx.settings.variants.DIFFED`)."""
-    from qwen_onnx.settings.variants import BY_NAME
 
     return variant != "fp32" and (variant not in BY_NAME or BY_NAME[variant].format == "onnx")
 
@@ -61,8 +65,6 @@ def built_variants(models: Sequence[str], variants: Sequence[str],
     Returns:
         ``({model: [variant, ...]}, [reason, ...])``.
     """
-    from qwen_onnx.convert.tflite import tflite_skip_reason
-
     built, skipped = {}, []
     for model in models:
         reason = None
@@ -211,7 +213,6 @@ def peer_metric_rows(models: Sequence[str], paths: Sequence[str | os.PathLike],
 
 def peer_tables(models: Sequence[str], paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
     """Per model the "Against peers" table: ``model``, ``notes`` (lines), ``columns`` and ``rows``."""
-    from qwen_onnx.measure.peers_table import peer_columns, peers_notes
 
     out = []
     for model, path in zip(models, paths):

@@ -6,6 +6,8 @@ import html
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
+from qwen_onnx.report.styles import swatch_html
+
 #: Column name -> description (units in the text). Order is the CSV's; the prefill columns
 #: ``prefill_ms_p50_{n}`` / ``prefill_ms_p90_{n}`` for each configured prompt length ``n`` follow ``load_s``
 #: (see :func:`columns`).
@@ -227,8 +229,6 @@ def html_table(rows: Sequence[Mapping], columns: Iterable[str], styles: Mapping[
     each ``variant`` and ``peer`` cell starts with its plot marker in its colour; a row's cell in
     the column named by its ``bold`` key is bold.
     """
-    from qwen_onnx.report.styles import swatch_html
-
     columns = list(columns)
     text = {c for c in columns if isinstance(next((r[c] for r in rows if r.get(c) is not None), None), str)}
     head = "".join(f"<th{_LEFT if c in text else ''} title='{html.escape(c)}: {html.escape(COLUMNS.get(c, ''))}'>"

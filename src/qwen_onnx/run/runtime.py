@@ -35,8 +35,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import onnxruntime as ort
 
-from qwen_onnx.store.artifacts import model_path
+from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.run.session import resolve_settings, session_options
+from qwen_onnx.store.artifacts import model_path
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,6 @@ class KVLayout:
         head_dim: size of one head.
         dtype: numpy dtype of the cache.
     """
-
     names: list[str] = field(default_factory=list)
     kv_heads: int = 0
     head_dim: int = 0
@@ -140,7 +140,6 @@ class BoundDecoder:
         QwenOnnxError: a prompt plus new tokens longer than the graph's ``max_positions`` (shared
             buffers only: the builder's rotary cache length).
     """
-
     def __init__(self, model: "OnnxCausalLM", *, share_buffer: bool | None = None, max_positions: int | None = None):
         self.model = model
         self.session = model.session
@@ -250,7 +249,6 @@ class BoundDecoder:
         length = prompt.shape[1]
         needed = length + max_new_tokens
         if self.max_positions is not None and needed > self.max_positions:
-            from qwen_onnx.errors import QwenOnnxError
 
             raise QwenOnnxError(f"{length} prompt + {max_new_tokens} new tokens exceed the graph's "
                                 f"{self.max_positions} positions")
@@ -294,7 +292,6 @@ class OnnxCausalLM:
         ArtifactError: the model or its external data is missing.
         ValueError: an unknown session setting.
     """
-
     def __init__(
         self,
         folder: str | os.PathLike,

@@ -5,8 +5,8 @@ optimization level, memory arena), onnxruntime's defaults and the shared-cores s
 from __future__ import annotations
 
 from typing import Any, Mapping
-import onnxruntime as ort
 
+import onnxruntime as ort
 
 #: ONNX Runtime's own defaults for the settings :func:`session_options` exposes.
 ORT_DEFAULT_SETTINGS: dict[str, Any] = {

@@ -7,12 +7,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Iterable
-import numpy as np
-from qwen_onnx.store.artifacts import read_json
-from qwen_onnx.store.manifest import verify_manifest
-from qwen_onnx.errors import ArtifactError, ExportError, OptionError
-from qwen_onnx.store.artifacts import SIGNATURES_FILE, TFLITE_FILE
 
+import numpy as np
+
+from qwen_onnx.errors import ArtifactError, ExportError, OptionError
+from qwen_onnx.settings.options import check_option
+from qwen_onnx.store.artifacts import (
+    SIGNATURES_FILE,
+    TFLITE_FILE,
+    read_json,
+    require_readable,
+)
+from qwen_onnx.store.manifest import verify_manifest
 
 DECODE_SIGNATURE = "decode"
 
@@ -29,8 +35,6 @@ def is_tflite_folder(folder: str | os.PathLike) -> bool:
         ArtifactError: ``folder`` or a folder above it cannot be read by this process (one line
             naming it, its owner and mode, and the fix; :func:`qwen_onnx.store.artifacts.require_readable`).
     """
-    from qwen_onnx.store.artifacts import require_readable
-
     require_readable(folder)
     return (Path(folder) / SIGNATURES_FILE).is_file()
 
@@ -108,9 +112,7 @@ class TfliteCausalLM:
         IntegrityError: a file differs from the folder's manifest.
         ExportError: ai-edge-litert is not installed.
     """
-
     def __init__(self, folder: str | os.PathLike, threads: int = 1):
-        from qwen_onnx.settings.options import check_option
 
         folder = Path(folder)
         for name in (TFLITE_FILE, SIGNATURES_FILE):

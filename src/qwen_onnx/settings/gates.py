@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.errors import OptionError, QwenOnnxError
 from qwen_onnx.settings.defaults import TFLITE
 from qwen_onnx.settings.variants import VARIANTS
 from qwen_onnx.store.artifacts import SIGNATURES_FILE
@@ -86,7 +86,6 @@ def tflite_gate_kind(quantize: str) -> str:
         OptionError: ``quantize`` is not one of :data:`qwen_onnx.settings.defaults.TFLITE_QUANTIZATIONS`.
     """
     if quantize not in TFLITE_GATE_KINDS:
-        from qwen_onnx.errors import OptionError
 
         raise OptionError(f"tflite quantize {quantize!r} is unknown; give one of {', '.join(TFLITE_GATE_KINDS)}")
     return TFLITE_GATE_KINDS[quantize]

@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from qwen_onnx.errors import OptionError
+from qwen_onnx.settings.defaults import EXPORT, EXPORTERS, TFLITE
+from qwen_onnx.settings.defaults import TORCH_EXPORT_MIN_OPSET as MIN_OPSET
 
 __all__ = ["BLOCK_SIZES", "CHOICES", "RANGES", "OptionError", "check_config", "check_option", "check_options"]
 
@@ -125,7 +127,6 @@ def typed_config(config: dict[str, Any], schema: dict[str, Any]) -> dict[str, An
     Returns:
         ``config``.
     """
-
     def resolve(node: Any) -> Any:
         while isinstance(node, dict) and "$ref" in node and str(node["$ref"]).startswith("#/"):
             target: Any = schema
@@ -195,7 +196,6 @@ def check_config(config: dict[str, Any]) -> None:
         OptionError: e.g. ``export.opset 25 is out of range; give an integer from 14 to 23``, or a
             model name that cannot name a folder (the schema's pattern, ``[A-Za-z0-9._-]+``).
     """
-
     def walk(section: Any, path: str) -> None:
         if not isinstance(section, dict):
             return
@@ -225,7 +225,6 @@ def check_config(config: dict[str, Any]) -> None:
 def _check_tflite_lengths(config: dict[str, Any]) -> None:
     """``tflite.prefill_length`` at most ``tflite.kv_cache_length``, for every model once its own
     ``tflite`` section is merged over the global one (:func:`qwen_onnx.convert.tflite.check_tflite_options`)."""
-    from qwen_onnx.settings.defaults import TFLITE
 
     shared = config.get("tflite") or {}
     for name, model in (config.get("models") or {}).items():
@@ -241,7 +240,6 @@ def _check_tflite_lengths(config: dict[str, Any]) -> None:
 def _check_export_route(config: dict[str, Any]) -> None:
     """A known exporter; the torch exporter needs opset 18 or newer (:data:`qwen_onnx.settings.defaults.TORCH_EXPORT_MIN_OPSET`), for
     every model once its own ``export`` section is merged over the global one."""
-    from qwen_onnx.settings.defaults import EXPORT, EXPORTERS, TORCH_EXPORT_MIN_OPSET as MIN_OPSET
 
     shared = config.get("export") or {}
     for name, model in (config.get("models") or {}).items():

@@ -12,8 +12,8 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
-from qwen_onnx.errors import PartError, SourceError
 
+from qwen_onnx.errors import PartError, SourceError
 
 _CHUNK = 1 << 24  # 16 MiB reads for hashing and concatenation
 

@@ -25,12 +25,21 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from qwen_onnx.store.artifacts import write_json
-from qwen_onnx.store.staging import staged_dir
-from qwen_onnx.store.provenance import library_versions
 from qwen_onnx.errors import ArchitectureError, PartError, SourceError
 from qwen_onnx.settings.qwen_config import check_config
-from qwen_onnx.source.gguf_file import EMBEDDED, GgufParts, check_gguf, concatenate_parts, gguf_parsed_once, sha256_file
+from qwen_onnx.source.gguf_file import (
+    EMBEDDED,
+    GgufParts,
+    check_gguf,
+    concatenate_parts,
+    gguf_parsed_once,
+    gguf_weight_types,
+    sha256_file,
+)
+from qwen_onnx.source.text import load_tokenizer
+from qwen_onnx.store.artifacts import write_json
+from qwen_onnx.store.provenance import library_versions
+from qwen_onnx.store.staging import staged_dir
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +56,6 @@ class Source:
         value: The path, hub ID, or embedded name as given.
         parts: For ``parts``, the package list and digests.
     """
-
     kind: str
     value: str
     parts: GgufParts | None = None
@@ -306,7 +314,6 @@ def _weight_types(gguf_path: Path, hf_dir: Path) -> dict[str, str]:
     """The GGML type each weight had in the GGUF (:func:`qwen_onnx.source.gguf_file.gguf_weight_types`)."""
     import json
 
-    from qwen_onnx.source.gguf_file import gguf_weight_types
 
     layers = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))["num_hidden_layers"]
     return gguf_weight_types(gguf_path, layers)
@@ -347,7 +354,6 @@ def _load_and_save(folder: str, destination: Path, gguf_file: str | None = None)
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    from qwen_onnx.source.text import load_tokenizer
 
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     try:

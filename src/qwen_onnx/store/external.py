@@ -24,9 +24,9 @@ from typing import Iterator, Sequence
 import numpy as np
 import onnx
 
+from qwen_onnx.errors import ArtifactError
 from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, all_tensors
 from qwen_onnx.store.staging import owner_tag, sweep_stale
-from qwen_onnx.errors import ArtifactError
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,10 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterator
+
 from qwen_onnx.errors import ArtifactError
-from qwen_onnx.store.staging import owner_tag, sweep_stale
 from qwen_onnx.store.artifacts import MODEL_FILE, check_external_data, require_readable
+from qwen_onnx.store.staging import owner_tag, sweep_stale
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.metadata
 
-
 #: Distributions whose versions are recorded in every provenance file.
 TRACKED_PACKAGES = (
     "qwen-onnx",

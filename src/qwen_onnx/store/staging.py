@@ -5,9 +5,9 @@ dead processes are swept; a full disk is named with the space it needed.
 
 from __future__ import annotations
 
-import logging
 import contextlib
 import errno
+import logging
 import os
 import re
 import shutil
@@ -17,6 +17,7 @@ import time
 import uuid
 from pathlib import Path
 from typing import Iterator
+
 from qwen_onnx.errors import DiskFullError
 from qwen_onnx.store.manifest import write_manifest
 
