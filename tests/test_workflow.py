@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from part_packages import make_part_packages
+from timing_checks import assert_timed
 
 from qwen_onnx.settings.variants import DIFFED
 from qwen_onnx.settings.variants import NAMES as VARIANTS
@@ -107,7 +108,8 @@ def test_full_run_writes_every_artifact(finished_run):
     # the measured peers follow our rows (the tiny sources are folders: no GGUF for llama.cpp)
     assert [(r["model"], r["variant"]) for r in rows_read if r["variant"] in PEER_VARIANTS] == [
         (m, v) for m in ("tiny", "tiny-qwen1.5", "tiny-qwen3") for v in ("genai-builder-int4", "genai-builder-int4-ort")]
-    assert all(float(r["decode_tok_s"]) > 0 for r in rows_read if r["variant"] in PEER_VARIANTS)
+    for r in (r for r in rows_read if r["variant"] in PEER_VARIANTS):
+        assert_timed({k: float(r[k]) for k in ("decode_tok_s", "ttft_ms")})
     peers = json.loads((results / "tiny" / "reports" / "peers.json").read_text())
     onnx = [v for v in VARIANTS if v != "tflite"]
     assert [r["peer"] for r in peers["rows"]] == ["pytorch", *onnx, "tflite", "llama.cpp", "genai-builder-int4",
@@ -117,7 +119,8 @@ def test_full_run_writes_every_artifact(finished_run):
     for variant in ("pytorch", *VARIANTS):
         latency = json.loads((results / "tiny" / "reports" / f"{variant}.latency.json").read_text())
         row = next(r for r in peers["rows"] if r["peer"] == variant)
-        assert row["decode_tok_s"] > 0 and latency["decode_tok_s"] == row["decode_tok_s"], variant
+        assert latency["decode_tok_s"] == row["decode_tok_s"], variant
+        assert_timed(latency, (8, 16))
         assert latency["prefill_ms_p50_16"] == row["prefill_ms_16"] and latency["rounds"] == 1
         assert latency["measured_in"] == "peers.json"
         assert (latency.get("profile") is not None) == (variant not in ("pytorch", "tflite")), variant
@@ -142,8 +145,8 @@ def test_full_run_writes_every_artifact(finished_run):
     assert rows["pytorch"]["gate"] == "reference" and float(rows["pytorch"]["decode_speedup_vs_pytorch"]) == 1.0
     for variant in ("pytorch", *VARIANTS):
         row = rows[variant]
-        assert float(row["decode_tok_s"]) > 0
-        assert float(row["prefill_ms_p90_16"]) >= float(row["prefill_ms_p50_16"]) > 0, variant
+        assert_timed({k: float(row[k]) for k in ("decode_tok_s", "ttft_ms", "prefill_ms_p50_16", "prefill_ms_p90_16")},
+                     (16,))
         assert 0 < float(row["roofline_pct"]), variant
         assert row["threads"] == "1"
     assert int(rows["int8-static"]["quant_ops"]) > 0

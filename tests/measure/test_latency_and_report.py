@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import pytest
 from fake_reports import fake_reports
+from timing_checks import assert_timed
 
 from qwen_onnx.measure.inspect_graph import decode_weight_bytes, initializer_bytes
 from qwen_onnx.measure.latency import measure_latency, percentile
@@ -69,9 +70,7 @@ def test_bandwidth_of_this_machine_is_a_dram_figure():
 @pytest.mark.parametrize("variant", ["fp32", "int8-dynamic"])
 def test_latency_protocol_reports_every_figure(pipeline, texts, variant, tmp_path):
     result = measure_latency(pipeline[variant], texts["evaluation"], output=tmp_path / "l.json", **SMALL)
-    for n in (8, 16):
-        assert result[f"prefill_ms_p90_{n}"] >= result[f"prefill_ms_p50_{n}"] > 0
-    assert result["ttft_ms"] > 0 and result["decode_tok_s"] > 0 and result["load_s"] > 0
+    assert_timed(result, (8, 16))
     assert result["peak_rss_mib"] > 50
     ops = result["profile"]["ops"]
     assert sum(o["pct"] for o in ops) == pytest.approx(100.0)
@@ -94,8 +93,34 @@ def test_latency_command_line_passes_the_protocol(pipeline, texts, tmp_path):
     assert main(argv) == 0
     result = json.loads(out.read_text())
     assert result["prompt_lengths"] == [8, 12] and result["threads"] == 1
-    assert result["prefill_ms_p50_12"] > 0 and result["decode_tok_s"] > 0
+    assert_timed(result, (8, 12))
     assert "profile" not in result and result["decode_loop"] == "unbound"
+
+
+def test_the_timing_protocol_computes_its_figures_from_the_measured_times(monkeypatch):
+    """A fake clock: prefill takes 1 ms per prompt token, decode steps 10 ms, TTFTs 40 (warm-up), 70, 50, 60 ms."""
+    from qwen_onnx.measure import latency
+
+    clock = [0.0]
+    monkeypatch.setattr(latency.time, "perf_counter", lambda: clock[0])
+    prefilled = []
+
+    def prefill(ids):
+        prefilled.append(len(ids))
+        clock[0] += 0.001 * len(ids)
+
+    ttfts = iter([0.040, 0.070, 0.050, 0.060])
+
+    def generate(prompt, count, steps):
+        assert len(prompt) == 16
+        steps.extend([0.010] * (count - 1))
+        return next(ttfts)
+
+    result = latency.timing_protocol(prefill, generate, np.arange(64), [8, 32], 16, 5, warmup=1, repeats=3)
+    assert prefilled == [8] * 4 + [32] * 4  # one warm-up and three timed prefills per length
+    assert result["prefill_ms_p50_8"] == pytest.approx(8.0) and result["prefill_ms_p90_32"] == pytest.approx(32.0)
+    assert result["ttft_ms"] == pytest.approx(60.0) and result["ttft_ms_p90"] == pytest.approx(68.0)
+    assert result["decode_tok_s"] == pytest.approx(100.0) and result["decode_ms_per_token"] == pytest.approx(10.0)
 
 
 def test_a_missing_folder_is_named_before_anything_loads(texts, tmp_path):
@@ -111,8 +136,8 @@ def test_a_missing_folder_is_named_before_anything_loads(texts, tmp_path):
 
 def test_pytorch_latency_uses_the_same_protocol(pipeline, texts):
     result = measure_torch_latency(pipeline["hf"], texts["evaluation"], **SMALL)
-    assert result["runtime"] == "pytorch" and result["decode_tok_s"] > 0
-    assert result["prefill_ms_p50_16"] > 0
+    assert result["runtime"] == "pytorch"
+    assert_timed(result, (16,))
     from transformers import AutoModelForCausalLM
 
     parameters = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(pipeline["hf"]).parameters())

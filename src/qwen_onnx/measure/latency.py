@@ -105,6 +105,25 @@ def timing_protocol(
     warmup: int,
     repeats: int,
 ) -> dict[str, Any]:
+    """The timing protocol every runtime is measured with (ONNX, PyTorch, LiteRT, the peers).
+
+    Each prompt length is prefilled ``warmup`` times unmeasured, then ``repeats`` times timed with
+    ``time.perf_counter``; the decode prompt (the first ``decode_prompt_tokens`` of ``tokens``) is
+    generated ``warmup`` times (at most :data:`DECODE_WARMUP_TOKENS` tokens), then ``repeats`` times
+    for ``new_tokens`` tokens.
+
+    Args:
+        prefill: runs one prefill of token ids int64 [length].
+        generate: ``generate(prompt, count, steps)`` generates ``count`` tokens greedily after
+            ``prompt``, appends each decode step's seconds to ``steps`` and returns the time to first
+            token in seconds (prefill plus the first argmax).
+        tokens: token ids int64 [n], at least the longest prompt.
+
+    Returns:
+        ``prefill_ms_p50_{length}``, ``prefill_ms_p90_{length}`` (ms, over the timed prefills),
+        ``ttft_ms``, ``ttft_ms_p90`` (ms), ``decode_tok_s`` (the median over the repeats of decode
+        steps per second), ``decode_ms_per_token`` (its inverse, ms).
+    """
     result: dict[str, Any] = {}
     for length in prompt_lengths:
         times = _time(lambda: prefill(tokens[:length]), warmup, repeats)
