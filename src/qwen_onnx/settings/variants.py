@@ -1,4 +1,5 @@
-"""The registry of variants: each variant folder's name, gate kind, producing rule and parent.
+"""The registry of variants: each variant folder's name, gate kind, producing rule, parent, config section and
+CLI command.
 
 The one list the workflow (``workflow/rules/common.smk``), the gates (:mod:`qwen_onnx.settings.gates`), the
 report's row order (:mod:`qwen_onnx.report.build`), the pipeline table (:mod:`qwen_onnx.report.pipeline`) and
@@ -27,6 +28,9 @@ class Variant:
         description: what the folder holds, in a few words.
         format: ``onnx`` (``model.onnx`` + ``model.onnx_data``, diffed against fp32) or ``tflite``
             (``model.tflite`` + ``tflite.json``, :mod:`qwen_onnx.convert.tflite`).
+        section: the ``config.yaml`` section of the rule's settings.
+        command: the ``qwen-onnx`` command that builds the folder outside Snakemake (int8-mixed is
+            ``quantize-static`` with the ``quantize_mixed`` settings).
     """
 
     name: str
@@ -34,25 +38,31 @@ class Variant:
     rule: str
     parent: str
     description: str
+    section: str
+    command: str
     format: str = "onnx"
 
 
 VARIANTS: tuple[Variant, ...] = (
-    Variant("fp32", "float", "export", "hf", "optimum's fp32 ONNX export with KV cache"),
+    Variant("fp32", "float", "export", "hf", "optimum's fp32 ONNX export with KV cache", "export", "export"),
     Variant("preprocessed", "float", "preprocess", "fp32",
-            "onnxruntime's quantization pre-processing (shape inference, graph optimization)"),
+            "onnxruntime's quantization pre-processing (shape inference, graph optimization)", "preprocess", "preprocess"),
     Variant("int8-dynamic", "int8_dynamic", "quantize_dynamic", "optimized",
-            "INT8 weights, activations quantized at run time (MatMulNBits 8-bit)"),
+            "INT8 weights, activations quantized at run time (MatMulNBits 8-bit)", "quantize_dynamic", "quantize-dynamic"),
     Variant("int8-static", "int8_static", "quantize_static", "optimized",
-            "QDQ INT8, every weight MatMul with calibrated, fixed activation scales (SmoothQuant)"),
+            "QDQ INT8, every weight MatMul with calibrated, fixed activation scales, Hadamard-rotated inputs",
+            "quantize_static", "quantize-static"),
     Variant("int8-mixed", "int8_mixed", "quantize_mixed", "optimized",
-            "QDQ INT8, the least accurate MatMuls blockwise (MatMulNBits 8-bit, run-time activations)"),
-    Variant("int4", "int4", "quantize_int4", "optimized", "MatMulNBits 4-bit, accuracy_level 4"),
-    Variant("optimized", "float", "optimize", "hf", "fused decoder graph (GroupQueryAttention)"),
+            "QDQ INT8, the least accurate MatMuls blockwise (MatMulNBits 8-bit, run-time activations)",
+            "quantize_mixed", "quantize-static"),
+    Variant("int4", "int4", "quantize_int4", "optimized", "MatMulNBits 4-bit, accuracy_level 4", "quantize_int4",
+            "quantize-int4"),
+    Variant("optimized", "float", "optimize", "hf", "fused decoder graph (GroupQueryAttention)", "optimize", "optimize"),
     Variant("fp16", "float16", "convert_float16", "fp32",
-            "onnxruntime's float16 conversion, float32 inputs, outputs and KV cache"),
+            "onnxruntime's float16 conversion, float32 inputs, outputs and KV cache", "float16", "float16"),
     Variant("tflite", "tflite", "convert_tflite", "hf",
-            "LiteRT (TFLite) via litert-torch, prefill and decode signatures, fixed KV cache", format="tflite"),
+            "LiteRT (TFLite) via litert-torch, prefill and decode signatures, fixed KV cache", "tflite", "tflite",
+            format="tflite"),
 )
 
 #: Variant names in report order.
