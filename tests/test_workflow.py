@@ -293,7 +293,8 @@ def test_adding_a_model_reruns_only_that_models_stages(finished_run, tiny_qwen2)
                                     "quantize_static": 1, "quantize_mixed": 1, "quantize_int4": 1,
                                     "convert_float16": 1,
                     "optimize": 1, "inspect": n, "diff": n - 1, "reference": 1, "accuracy": n, "profile": n,
-                    "latency_row": n, "latency_row_pytorch": 1, "genai_builder": 1, "sitting": 1, "report": 1, "all": 1}
+                    "latency_row": n, "latency_row_pytorch": 1, "genai_builder": 1, "sitting": 1,
+                    "accuracy_peer": 2, "report": 1, "all": 1}
 
 
 def test_evaluation_settings_rerun_the_reference_only_when_they_change_it(finished_run):

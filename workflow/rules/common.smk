@@ -316,6 +316,27 @@ def get_peers_genai_input(wildcards):
     return []
 
 
+def get_accuracy_peer_genai_input(wildcards):
+    """The builder's INT4 graph for the genai-builder-int4 peer's accuracy (none for llama.cpp)."""
+    if wildcards.peer != "genai-builder-int4":
+        return []
+    return get_peers_genai_input(wildcards)
+
+
+def get_peer_accuracy_inputs():
+    """Every model's peers' accuracy files: llama.cpp when enabled, the builder's graph when it is built."""
+    out = []
+    for model in get_models():
+        peers = get_settings(model, "peers")
+        if not peers["enabled"]:
+            continue
+        if peers["llama_cpp"]:
+            out.append(f"{RESULTS}/{model}/reports/llama.cpp.accuracy.json")
+        if get_peers_genai_input(types.SimpleNamespace(model=model)):
+            out.append(f"{RESULTS}/{model}/reports/genai-builder-int4.accuracy.json")
+    return out
+
+
 def get_peers_inputs():
     """Every model's timing sitting (reports/peers.json)."""
     return expand(f"{RESULTS}/{{model}}/reports/peers.json", model=get_models())

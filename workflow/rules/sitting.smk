@@ -54,3 +54,34 @@ rule genai_builder:
         version=VERSION,
     script:
         "../scripts/genai_builder.py"
+
+
+rule accuracy_peer:
+    """A peer's accuracy on our evaluation windows against PyTorch (llama.cpp on the source GGUF, the builder's INT4 graph), scored on the int4 gate."""
+    input:
+        reference=f"{RESULTS}/{{model}}/reference",
+        hf=f"{RESULTS}/{{model}}/hf",
+        genai=get_accuracy_peer_genai_input,
+    output:
+        json=f"{RESULTS}/{{model}}/reports/{{peer}}.accuracy.json",
+    log:
+        f"{RESULTS}/logs/{{model}}/accuracy.{{peer}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/accuracy.{{peer}}.tsv"
+    wildcard_constraints:
+        peer="llama\\.cpp|genai-builder-int4",
+    conda:
+        "../../envs/qwen-onnx.yaml"
+    threads: 2
+    resources:
+        mem_mb=get_mem_mb("accuracy"),
+        runtime=get_runtime("accuracy"),
+    params:
+        source=lambda wc: config["models"][wc.model]["source"],
+        gate=lambda wc: get_settings(wc.model, "gates").get(
+            "int4", DEFAULT_GATES["int4"]
+        ),
+        scratch=lambda wc: f"{RESULTS}/{wc.model}/peers",
+        version=VERSION,
+    script:
+        "../scripts/accuracy_peer.py"

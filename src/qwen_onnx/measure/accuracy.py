@@ -14,6 +14,9 @@ the next token (perplexity, KL divergence, top-1 agreement, |Δlogit|; definitio
 KV-cache parity, and greedy generation against PyTorch on fixed chat prompts. Gates
 (:mod:`qwen_onnx.settings.gates`) mark the variant PASS or FAIL.
 
+A GGUF file (a peer: llama.cpp on the source checkpoint) takes the same path through
+:class:`qwen_onnx.run.llama_cpp.LlamaCppCausalLM`, batch 1 like LiteRT, on the reference's own token ids.
+
 A tflite folder (:mod:`qwen_onnx.convert.tflite`, detected by its ``tflite.json``) takes the same path
 through :class:`TfliteVariant`, which gives :class:`qwen_onnx.run.tflite.TfliteCausalLM` the two calls
 the loop and the parity checks make: each window is one prefill (in chunks when the window is
@@ -37,6 +40,7 @@ from qwen_onnx.errors import GateError, OptionError
 from qwen_onnx.measure.metrics import AccuracyAccumulator
 from qwen_onnx.measure.parity import generation_parity, kv_cache_parity, padded_batch_parity
 from qwen_onnx.measure.reference import load_torch_model, read_reference, torch_logits, write_reference  # noqa: F401 (re-exported)
+from qwen_onnx.run.llama_cpp import LlamaCppCausalLM, is_gguf
 from qwen_onnx.run.machine import machine_isa
 from qwen_onnx.run.runtime import OnnxCausalLM
 from qwen_onnx.run.session import SHARED_CORES_SETTINGS
@@ -45,13 +49,15 @@ from qwen_onnx.settings import defaults
 from qwen_onnx.settings.gates import check_gate, gate_margins
 from qwen_onnx.settings.options import check_options
 from qwen_onnx.store.artifacts import model_path, write_json
-from qwen_onnx.store.provenance import library_versions
+from qwen_onnx.store.provenance import library_versions, package_version
 
 log = logging.getLogger(__name__)
 
 #: Why the padded-batch figures of a tflite variant are absent (the report prints "n/a").
 PADDED_BATCH_NOT_APPLICABLE = "not applicable: LiteRT signatures are batch 1"
-#: The figures a tflite variant does not have, and so the gate limits set aside for it.
+#: Why the padded-batch figures of a llama.cpp peer are absent.
+LLAMA_PADDED_BATCH_NOT_APPLICABLE = "not applicable: llama.cpp runs batch 1 here"
+#: The figures a tflite variant (or a llama.cpp peer) does not have, and so the gate limits set aside for it.
 TFLITE_NOT_APPLICABLE = ("padded_batch_max_abs_diff", "padded_batch_top1_pct", "padded_batch_nonfinite")
 
 
@@ -137,8 +143,9 @@ def accuracy_from_reference(
     """Compare a variant with PyTorch fp32's stored outputs and apply its gate (no PyTorch loaded).
 
     Args:
-        variant_dir: ONNX variant folder, or a tflite folder (``tflite.json``; run by the LiteRT
-            interpreter through :class:`TfliteVariant`, no padded-batch check).
+        variant_dir: ONNX variant folder, a tflite folder (``tflite.json``; run by the LiteRT
+            interpreter through :class:`TfliteVariant`, no padded-batch check), or a GGUF file (a peer,
+            run by llama.cpp, no padded-batch check; ``vocab_compared`` records the ids compared).
         reference_dir: folder written by :func:`qwen_onnx.measure.reference.write_reference` (window,
             windows, text, prompts and generation length are its own).
         threads: ONNX Runtime CPU threads (the LiteRT interpreter's ``num_threads``; None: all cores).
@@ -182,9 +189,16 @@ def accuracy_from_reference(
     eos = list(meta["eos_token_ids"])
 
     tflite = is_tflite_folder(variant_dir)
+    gguf = is_gguf(variant_dir)
     limits = dict(gate_limits or {})
     extra: dict[str, Any] = {}
-    if tflite:
+    if gguf:
+        longest = max((len(p) for p in reference.prompt_ids), default=0) + int(meta["generation_tokens"])
+        variant = LlamaCppCausalLM(variant_dir, context=max(window, longest) + 8, threads=threads or os.cpu_count() or 1)
+        extra = {"runtime": "llama.cpp", "llama_cpp": package_version("llama-cpp-python"),
+                 "padded_batch": LLAMA_PADDED_BATCH_NOT_APPLICABLE,
+                 "gate_limits_not_applicable": {k: limits.pop(k) for k in TFLITE_NOT_APPLICABLE if k in limits}}
+    elif tflite:
         runner = TfliteCausalLM(variant_dir, threads=threads or os.cpu_count() or 1)
         _check_fits_tflite(runner, window, reference.prompt_ids, int(meta["generation_tokens"]))
         variant: Any = TfliteVariant(runner)
@@ -198,11 +212,18 @@ def accuracy_from_reference(
         extra = {"integer_kernels": "emulated: graph optimizations off, QDQ computed in float" if emulate_integer
                  else "onnxruntime's fused integer kernels"}
     acc = AccuracyAccumulator()
+    vocab = None
     for i, ids in enumerate(tqdm(windows, desc=f"accuracy {name}", unit="window")):
         got, _ = variant.forward(ids.reshape(1, -1))  # [1, window, vocab]: one prefill
-        acc.add(np.asarray(reference.logits[i], dtype=np.float32), got[0, :-1], ids[1:])
+        want = np.asarray(reference.logits[i], dtype=np.float32)
+        # a GGUF's vocabulary may stop before the checkpoint's padded embedding rows (ids no tokenizer emits):
+        # both sides are compared on the ids they share
+        vocab = min(want.shape[-1], got.shape[-1])
+        acc.add(want[:, :vocab], got[0, :-1, :vocab], ids[1:])
     result: dict[str, Any] = {**acc.summary(), "window": window, "windows": int(len(windows))}
-    if not tflite:
+    if gguf:
+        result["vocab_compared"] = vocab
+    if not (tflite or gguf):
         result.update(padded_batch_parity(variant, reference.prompt_ids, int(meta["pad_token_id"])))
     result.update(kv_cache_parity(variant, windows[0], min(kv_decode_steps, window - 1)))
     result.update(generation_parity(variant, reference.decoder(), reference.prompts, reference.prompt_ids,
@@ -287,7 +308,7 @@ def evaluate_accuracy(
     check_options(window=window, max_windows=max_windows, threads=threads, kv_decode_steps=kv_decode_steps,
                   generation_tokens=generation_tokens)
     started = time.time()
-    if not is_tflite_folder(variant_dir):
+    if not (is_tflite_folder(variant_dir) or is_gguf(variant_dir)):
         model_path(variant_dir)  # a missing, truncated or damaged variant is named before the reference pass
     with tempfile.TemporaryDirectory(prefix="qwen-onnx-accuracy-") as scratch:
         reference_dir = os.path.join(scratch, "reference")

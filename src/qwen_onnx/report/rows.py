@@ -5,6 +5,7 @@ PyTorch, the peers', graph and sensitivity tables, and the recommendation per go
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -176,6 +177,31 @@ _PEER_PROVIDER = {"llama.cpp": "llama.cpp CPU", "genai-builder-int4": "onnxrunti
                   "genai-builder-int4-ort": "CPUExecutionProvider"}
 
 
+#: The accuracy file each peer row reads (the builder's graph in our runtime is the builder's graph).
+_PEER_ACCURACY = {"llama.cpp": "llama.cpp", "genai-builder-int4": "genai-builder-int4",
+                  "genai-builder-int4-ort": "genai-builder-int4"}
+
+
+def peer_accuracy_columns(reports_dir: Path, peer: str) -> dict[str, Any]:
+    """A peer row's accuracy columns from ``reports_dir/{peer}.accuracy.json`` (the ``accuracy_peer``
+    stage, :mod:`qwen_onnx.measure.peer_accuracy`): the same figures as our variants', the int4 gate's
+    verdict; ``{}`` when the file is absent or the peer was skipped there."""
+    path = reports_dir / f"{_PEER_ACCURACY.get(peer, peer)}.accuracy.json"
+    if not path.is_file():
+        return {}
+    accuracy = read_json(path)
+    if accuracy.get("skipped"):
+        return {"gate_failures": f"accuracy not measured: {accuracy['skipped']}"}
+    out = {key: accuracy.get(key) for key in _ACCURACY_KEYS}
+    out.update(gate=accuracy.get("gate"), gate_failures="; ".join(accuracy.get("gate_failures", [])),
+               gate_marginal="; ".join(gate_margins(accuracy, accuracy.get("gate_limits") or {})
+                                       if accuracy.get("gate") == "PASS" else []),
+               accuracy_isa=accuracy.get("isa"), eval_tokens=accuracy.get("tokens"))
+    if isinstance(accuracy.get("padded_batch"), str):
+        out["padded_batch_max_abs_diff"] = out["padded_batch_nonfinite"] = NOT_APPLICABLE
+    return out
+
+
 def peer_metric_rows(models: Sequence[str], paths: Sequence[str | os.PathLike],
                      prompt_lengths: Sequence[int]) -> list[dict[str, Any]]:
     """metrics.csv/json rows of the measured peers (:data:`PEER_VARIANTS`) of each model's peers JSON
@@ -197,6 +223,7 @@ def peer_metric_rows(models: Sequence[str], paths: Sequence[str | os.PathLike],
                        timing_load=(peer.get("load_note") or "idle") if "busy" in peer else None)
             for key in ("load_s", "ttft_ms", "decode_tok_s", "peak_rss_mib", "bytes_on_disk"):
                 row[key] = peer.get(key)
+            row.update(peer_accuracy_columns(Path(path).parent, peer["peer"]))
             for n in prompt_lengths:
                 if f"prefill_ms_{n}" in peer:
                     row[f"prefill_ms_p50_{n}"] = peer[f"prefill_ms_{n}"]

@@ -1,0 +1,94 @@
+"""The peers' accuracy: the same figures as our variants', on the same evaluation windows, against the
+same PyTorch reference (the ``accuracy_peer`` stage, ``results/{model}/reports/{peer}.accuracy.json``).
+
+- ``llama.cpp``: the source GGUF (the embedded models' Q4_K_M) through llama-cpp-python's logits
+  (:class:`qwen_onnx.run.llama_cpp.LlamaCppCausalLM`), in a child process so that a build this CPU
+  cannot run (SIGILL) is recorded with its cause instead of ending the job.
+- ``genai-builder-int4``: onnxruntime-genai's builder INT4 graph through our accuracy stage
+  (:class:`qwen_onnx.run.runtime.OnnxCausalLM`, the graph the ``genai-builder-int4-ort`` row times).
+
+Both are scored against the int4 gate (``gates.int4``): whether the peer would pass ours. A peer that
+cannot run here (package missing, no GGUF source, a failed build) gets a record with ``skipped`` and
+the reason, never a missing file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.measure.accuracy import accuracy_from_reference
+from qwen_onnx.measure.sitting import ChildCrashed, run_in_child
+from qwen_onnx.run.machine import machine_isa
+from qwen_onnx.source.resolve import source_gguf
+from qwen_onnx.store.artifacts import read_json, write_json
+
+log = logging.getLogger(__name__)
+
+#: The peers whose accuracy is measured, by their row names in the sitting.
+ACCURACY_PEERS = ("llama.cpp", "genai-builder-int4")
+
+
+def peer_accuracy(peer: str, reference_dir: str | os.PathLike, *, source: Any = None,
+                  genai_dir: str | os.PathLike | None = None, threads: int | None = None,
+                  gate_limits: Mapping[str, float] | None = None, scratch_dir: str | os.PathLike | None = None,
+                  output: str | os.PathLike | None = None) -> dict[str, Any]:
+    """A peer's accuracy against the reference, or why it was skipped.
+
+    Args:
+        peer: one of :data:`ACCURACY_PEERS`.
+        reference_dir: the model's ``reference/`` folder (:func:`qwen_onnx.measure.reference.write_reference`).
+        source: the model's configured source (llama.cpp: a ``.gguf`` file or GGUF parts, reassembled
+            into ``scratch_dir`` and deleted afterwards).
+        genai_dir: the builder's INT4 folder (``results/{model}/peers/genai-builder-int4``).
+        threads: CPU threads of the runtime.
+        gate_limits: the int4 gate's limits.
+        output: JSON file to write, if given.
+
+    Returns:
+        :func:`qwen_onnx.measure.accuracy.accuracy_from_reference`'s result with ``peer``, or
+        ``{"peer", "skipped"}`` with the reason.
+
+    Raises:
+        QwenOnnxError: an unknown ``peer``.
+    """
+    if peer not in ACCURACY_PEERS:
+        raise QwenOnnxError(f"unknown peer {peer!r}; one of {', '.join(ACCURACY_PEERS)}")
+    kwargs = dict(threads=threads, gate_limits=gate_limits, gate_kind="int4")
+    if peer == "genai-builder-int4":
+        result = _genai(Path(genai_dir) if genai_dir else None, reference_dir, kwargs)
+    else:
+        result = _llama_cpp(source, reference_dir, scratch_dir, kwargs)
+    result = {"peer": peer, **result}
+    if "skipped" in result:
+        log.warning("%s accuracy skipped: %s", peer, result["skipped"])
+        result.update(machine_isa())
+    if output is not None:
+        write_json(output, result)
+    return result
+
+
+def _genai(folder: Path | None, reference_dir, kwargs) -> dict[str, Any]:
+    if folder is None or not (folder / "model.onnx").is_file():
+        record = folder / "builder.json" if folder is not None else None
+        error = read_json(record).get("error") if record is not None and record.is_file() else None
+        return {"skipped": f"no builder graph: {error or 'the genai_builder stage wrote none'}"}
+    return accuracy_from_reference(folder, reference_dir, **kwargs)
+
+
+def _llama_cpp(source, reference_dir, scratch_dir, kwargs) -> dict[str, Any]:
+    if importlib.util.find_spec("llama_cpp") is None:
+        return {"skipped": "llama-cpp-python is not installed; envs/setup.sh --peers installs it"}
+    with tempfile.TemporaryDirectory(prefix="qwen-onnx-gguf-", dir=scratch_dir) as scratch:
+        gguf, note = source_gguf(source, scratch)
+        if gguf is None:
+            return {"skipped": note}
+        try:
+            return run_in_child(accuracy_from_reference, str(gguf), str(reference_dir), **kwargs)
+        except ChildCrashed as exc:
+            return {"skipped": f"llama.cpp crashed: the process was {exc}"}

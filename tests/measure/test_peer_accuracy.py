@@ -1,0 +1,97 @@
+"""The peers' accuracy on our windows: llama.cpp on a GGUF, the builder's INT4 graph, and the reasons a
+peer is skipped; the report's peer rows carry the figures."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+from qwen_onnx.measure.peer_accuracy import peer_accuracy
+from qwen_onnx.measure.reference import write_reference
+from qwen_onnx.report.rows import peer_metric_rows
+from qwen_onnx.settings.gates import DEFAULT_GATES
+
+WINDOW = 32
+
+
+@pytest.fixture(scope="module")
+def reference(pipeline, texts, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("peer-reference") / "reference"
+    write_reference(pipeline["hf"], texts["evaluation"], folder, window=WINDOW, max_windows=2, generation_tokens=6,
+                    threads=1)
+    return folder
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                    reason="llama-cpp-python is not installed (envs/setup.sh --peers installs it)")
+def test_llama_cpp_scores_a_float32_gguf_like_pytorch(pipeline, reference, tmp_path):
+    """The tiny Qwen2 written to GGUF in float32 is the same model: llama.cpp's logits on the reference's
+    token ids match PyTorch's to float32 rounding, and greedy generation matches token for token."""
+    from tiny_gguf import write_tiny_gguf
+
+    gguf = write_tiny_gguf(pipeline["hf"], tmp_path / "tiny-f32.gguf")
+    result = peer_accuracy("llama.cpp", reference, source=str(gguf), threads=1, gate_limits=DEFAULT_GATES["int4"],
+                           output=tmp_path / "llama.cpp.accuracy.json")
+    assert "skipped" not in result, result.get("skipped")
+    assert result["runtime"] == "llama.cpp" and result["tokens"] == 2 * (WINDOW - 1)
+    assert result["kl_mean"] < 1e-6 and result["top1_pct"] == 100.0 and abs(result["ppl_delta_pct"]) < 0.01
+    assert result["generation_match_pct"] == 100.0 and result["kv_cache_max_abs_diff"] < 1e-3
+    assert result["padded_batch"].startswith("not applicable") and result["gate"] == "PASS"
+    assert result["vocab_compared"] == json.loads((pipeline["hf"] / "config.json").read_text())["vocab_size"]
+    assert json.loads((tmp_path / "llama.cpp.accuracy.json").read_text())["gate_kind"] == "int4"
+
+
+def test_the_builders_graph_is_scored_on_the_same_windows(pipeline, reference, tmp_path):
+    from qwen_onnx.convert.genai_builder import build_genai_int4
+
+    if importlib.util.find_spec("onnxruntime_genai") is None:
+        pytest.skip("onnxruntime-genai is not installed")
+    build_genai_int4(pipeline["hf"], tmp_path / "genai")
+    result = peer_accuracy("genai-builder-int4", reference, genai_dir=tmp_path / "genai", threads=1,
+                           gate_limits=DEFAULT_GATES["int4"])
+    assert result["tokens"] == 2 * (WINDOW - 1) and result["gate_kind"] == "int4"
+    # 4-bit round-to-nearest moves the tiny model's logits, but not past recognition
+    assert 0 < result["kl_mean"] < 0.5 and result["top1_pct"] > 50 and np.isfinite(result["ppl"])
+
+
+def test_a_peer_that_cannot_run_is_recorded_with_the_reason(pipeline, reference, tmp_path, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    missing = peer_accuracy("llama.cpp", reference, source=str(pipeline["hf"]), output=tmp_path / "a.json")
+    assert (missing["peer"], missing["skipped"]) == ("llama.cpp", "llama-cpp-python is not installed; "
+                                                                  "envs/setup.sh --peers installs it")
+    assert "kl_mean" not in missing and missing["isa"]  # no figures, but the machine it was tried on
+    assert json.loads((tmp_path / "a.json").read_text())["skipped"] == missing["skipped"]
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    if real("llama_cpp") is not None:  # a Hugging Face folder has no GGUF for llama.cpp
+        assert peer_accuracy("llama.cpp", reference, source=str(pipeline["hf"]))["skipped"].startswith("no GGUF: ")
+    (tmp_path / "failed").mkdir()
+    (tmp_path / "failed" / "builder.json").write_text(json.dumps({"error": "builder failed: out of memory"}))
+    failed = peer_accuracy("genai-builder-int4", reference, genai_dir=tmp_path / "failed")
+    assert failed["skipped"] == "no builder graph: builder failed: out of memory"
+
+
+def test_peer_rows_carry_the_peers_accuracy(tmp_path):
+    reports = tmp_path / "m" / "reports"
+    reports.mkdir(parents=True)
+    rows = [{"peer": "pytorch", "decode_tok_s": 5.0, "ttft_ms": 100.0},
+            {"peer": "llama.cpp", "decode_tok_s": 30.0, "ttft_ms": 50.0, "bytes_on_disk": 491_000_000},
+            {"peer": "genai-builder-int4", "decode_tok_s": 40.0, "ttft_ms": 40.0},
+            {"peer": "genai-builder-int4-ort", "decode_tok_s": 41.0, "ttft_ms": 40.0}]
+    (reports / "peers.json").write_text(json.dumps({"rows": rows, "threads": 2}))
+    (reports / "llama.cpp.accuracy.json").write_text(json.dumps(
+        {"ppl_delta_pct": 1.9, "kl_mean": 0.031, "top1_pct": 91.0, "tokens": 1530, "gate": "PASS", "gate_failures": [],
+         "gate_limits": {"top1_pct": 90}, "isa": "AVX2", "padded_batch": "not applicable: llama.cpp runs batch 1 here"}))
+    (reports / "genai-builder-int4.accuracy.json").write_text(json.dumps(
+        {"ppl_delta_pct": 5.1, "kl_mean": 0.05, "top1_pct": 83.4, "gate": "FAIL",
+         "gate_failures": ["top1_pct 83.4 < 90"], "isa": "AVX2"}))
+    by = {r["variant"]: r for r in peer_metric_rows(["m"], [reports / "peers.json"], [8])}
+    assert (by["llama.cpp"]["kl_mean"], by["llama.cpp"]["top1_pct"], by["llama.cpp"]["gate"]) == (0.031, 91.0, "PASS")
+    assert by["llama.cpp"]["eval_tokens"] == 1530 and by["llama.cpp"]["accuracy_isa"] == "AVX2"
+    assert by["llama.cpp"]["padded_batch_max_abs_diff"] == "n/a"
+    # the builder's graph in our runtime is the same graph: the same accuracy
+    assert by["genai-builder-int4"]["gate"] == by["genai-builder-int4-ort"]["gate"] == "FAIL"
+    assert by["genai-builder-int4-ort"]["gate_failures"] == "top1_pct 83.4 < 90"

@@ -1,0 +1,15 @@
+"""Snakemake wrapper: a peer's accuracy against PyTorch fp32's stored reference, or why it was skipped."""
+from qwen_onnx.measure.peer_accuracy import peer_accuracy
+from qwen_onnx.snakemake_support import logged
+
+with logged(snakemake):
+    peer_accuracy(
+        snakemake.wildcards.peer,
+        snakemake.input.reference,
+        source=snakemake.params.source,
+        genai_dir=snakemake.input.genai or None,
+        threads=snakemake.threads,
+        gate_limits=snakemake.params.gate,
+        scratch_dir=snakemake.params.scratch,
+        output=snakemake.output.json,
+    )
