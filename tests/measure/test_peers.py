@@ -178,14 +178,14 @@ def test_a_failed_build_is_recorded_and_its_row_skipped(pipeline, texts, tmp_pat
 
 
 def test_report_has_the_peers_section_and_metrics_rows(peers_run, tmp_path):
-    from test_latency_and_report import _fake_reports
+    from fake_reports import fake_reports
 
     from qwen_onnx.report.build import build_report
     from qwen_onnx.report.tables import columns
 
     result, work, _ = peers_run
     variants = ["fp32", "int8-static"]
-    files, machine = _fake_reports(tmp_path, variants)
+    files, machine = fake_reports(tmp_path, variants)
     files["peers"] = [work / "peers.json"]
     outputs = dict(markdown=tmp_path / "report.md", html_path=tmp_path / "report.html",
                    csv_path=tmp_path / "metrics.csv", json_path=tmp_path / "metrics.json",
