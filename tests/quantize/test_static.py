@@ -113,7 +113,9 @@ def _reference_ranges(source, windows, method, tmp_path, symmetric=False):
         graph_only = scratch / "input.onnx"
         onnx.save_model(proto, str(graph_only))
         calibrator = create_calibrator(
-            graph_only, ["MatMul"], augmented_model_path=str(scratch / "augmented.onnx"),
+            # the augmented model goes outside the variant folder: ORT writes its weights into a <uuid>.data
+            # file beside it, which the scratch prefix would not clean up
+            graph_only, ["MatMul"], augmented_model_path=str(tmp_path / f"augmented-{method}.onnx"),
             calibrate_method=getattr(CalibrationMethod, method), use_external_data_format=True,
             extra_options={"symmetric": symmetric},
         )
