@@ -298,8 +298,8 @@ def test_adding_a_model_reruns_only_that_models_stages(finished_run, tiny_qwen2)
 
 
 def test_evaluation_settings_rerun_the_reference_only_when_they_change_it(finished_run):
-    """max_windows changes PyTorch's reference (once per model) and every accuracy job; the KV-cache
-    steps are the accuracy jobs' own setting."""
+    """max_windows changes PyTorch's reference (once per model) and every accuracy job, the peers' too; the
+    KV-cache steps are the accuracy jobs' own setting (the peers are scored with the same)."""
     reference = finished_run / "results" / "tiny" / "reference"
     meta = json.loads((reference / "reference.json").read_text())
     assert (meta["windows"], meta["window"], meta["generation_tokens"]) == (2, 64, 6)
@@ -318,8 +318,9 @@ def test_evaluation_settings_rerun_the_reference_only_when_they_change_it(finish
         (finished_run / "config.yaml").write_text(original)
     models = len(config["models"])
     accuracy = len(ONNX_VARIANTS) * models + 1  # and tiny's tflite
-    assert windows == {"reference": models, "accuracy": accuracy, "report": 1, "all": 1}
-    assert steps == {"accuracy": accuracy, "report": 1, "all": 1}
+    peers = 2 * models  # llama.cpp and the builder's graph
+    assert windows == {"reference": models, "accuracy": accuracy, "accuracy_peer": peers, "report": 1, "all": 1}
+    assert steps == {"accuracy": accuracy, "accuracy_peer": peers, "report": 1, "all": 1}
 
 
 def test_tflite_is_scheduled_only_within_the_memory_budget(tmp_path, tiny_qwen2, texts):

@@ -82,6 +82,9 @@ rule accuracy_peer:
             "int4", DEFAULT_GATES["int4"]
         ),
         scratch=lambda wc: f"{RESULTS}/{wc.model}/peers",
+        kv_decode_steps=lambda wc: get_settings(wc.model, "evaluation")[
+            "kv_decode_steps"
+        ],
         version=VERSION,
     script:
         "../scripts/accuracy_peer.py"

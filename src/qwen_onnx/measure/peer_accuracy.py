@@ -25,6 +25,7 @@ from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.measure.accuracy import accuracy_from_reference
 from qwen_onnx.measure.sitting import ChildCrashed, run_in_child
 from qwen_onnx.run.machine import machine_isa
+from qwen_onnx.settings import defaults
 from qwen_onnx.source.resolve import source_gguf
 from qwen_onnx.store.artifacts import read_json, write_json
 
@@ -36,6 +37,7 @@ ACCURACY_PEERS = ("llama.cpp", "genai-builder-int4")
 
 def peer_accuracy(peer: str, reference_dir: str | os.PathLike, *, source: Any = None,
                   genai_dir: str | os.PathLike | None = None, threads: int | None = None,
+                  kv_decode_steps: int = defaults.EVALUATION["kv_decode_steps"],
                   gate_limits: Mapping[str, float] | None = None, scratch_dir: str | os.PathLike | None = None,
                   output: str | os.PathLike | None = None) -> dict[str, Any]:
     """A peer's accuracy against the reference, or why it was skipped.
@@ -47,6 +49,7 @@ def peer_accuracy(peer: str, reference_dir: str | os.PathLike, *, source: Any = 
             into ``scratch_dir`` and deleted afterwards).
         genai_dir: the builder's INT4 folder (``results/{model}/peers/genai-builder-int4``).
         threads: CPU threads of the runtime.
+        kv_decode_steps: decode steps of the KV-cache check, as our variants' (``evaluation.kv_decode_steps``).
         gate_limits: the int4 gate's limits.
         output: JSON file to write, if given.
 
@@ -59,7 +62,7 @@ def peer_accuracy(peer: str, reference_dir: str | os.PathLike, *, source: Any = 
     """
     if peer not in ACCURACY_PEERS:
         raise QwenOnnxError(f"unknown peer {peer!r}; one of {', '.join(ACCURACY_PEERS)}")
-    kwargs = dict(threads=threads, gate_limits=gate_limits, gate_kind="int4")
+    kwargs = dict(threads=threads, kv_decode_steps=kv_decode_steps, gate_limits=gate_limits, gate_kind="int4")
     if peer == "genai-builder-int4":
         result = _genai(Path(genai_dir) if genai_dir else None, reference_dir, kwargs)
     else:
@@ -84,6 +87,8 @@ def _genai(folder: Path | None, reference_dir, kwargs) -> dict[str, Any]:
 def _llama_cpp(source, reference_dir, scratch_dir, kwargs) -> dict[str, Any]:
     if importlib.util.find_spec("llama_cpp") is None:
         return {"skipped": "llama-cpp-python is not installed; envs/setup.sh --peers installs it"}
+    if scratch_dir is not None:
+        Path(scratch_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="qwen-onnx-gguf-", dir=scratch_dir) as scratch:
         gguf, note = source_gguf(source, scratch)
         if gguf is None:
