@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import os
 import statistics
 import sys
@@ -12,10 +10,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from qwen_onnx.errors import QwenOnnxError
+from lab.command import run_command
 from qwen_onnx.measure.latency import median_decode_step, prompt_tokens
 from qwen_onnx.measure.sitting import interleaved_rounds
-from qwen_onnx.quiet import quiet_third_party
 from qwen_onnx.run.runtime import LOOPS, OnnxCausalLM
 from qwen_onnx.run.session import resolve_settings
 from qwen_onnx.settings.options import check_options
@@ -131,17 +128,7 @@ def run(a: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m lab.compare_decode --help`` from the repository root; 2 and one line on bad input."""
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    quiet_third_party()
-    try:
-        result = run(args)
-    except QwenOnnxError as exc:
-        print(f"lab.compare_decode: {exc}", file=sys.stderr)
-        return 2
-    if result is not None:
-        print(json.dumps(result, indent=2, default=str))
-    return 0
+    return run_command("lab.compare_decode", build_parser(), run, argv)
 
 
 if __name__ == "__main__":

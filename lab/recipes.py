@@ -42,13 +42,13 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from lab.command import run_command
 from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.measure.metrics import AccuracyAccumulator
 from qwen_onnx.measure.reference import write_window_logits
 from qwen_onnx.quantize.hadamard import DEFAULT_ROLES as HADAMARD_ROLES
 from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
 from qwen_onnx.quantize.int8 import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
-from qwen_onnx.quiet import quiet_third_party
 from qwen_onnx.source.text import CALIBRATION_TEXT, EVALUATION_TEXT, shipped_text, token_windows
 from qwen_onnx.store.artifacts import folder_bytes
 from qwen_onnx.store.provenance import library_versions
@@ -691,17 +691,7 @@ def run(a: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m lab.recipes --help`` from the repository root; 2 and one line on bad input."""
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    quiet_third_party()
-    try:
-        result = run(args)
-    except QwenOnnxError as exc:
-        print(f"lab.recipes: {exc}", file=sys.stderr)
-        return 2
-    if result is not None:
-        print(json.dumps(result, indent=2, default=str))
-    return 0
+    return run_command("lab.recipes", build_parser(), run, argv)
 
 
 if __name__ == "__main__":
