@@ -47,6 +47,9 @@ def write_config(folder: Path, source, texts, extra_models=None, **overrides) ->
                        "generation_tokens": 6},
         "latency": {"prompt_lengths": [8, 16], "decode_prompt_tokens": 16, "new_tokens": 4, "warmup": 0,
                     "repeats": 1, "rounds": 1, "threads": 1},
+        # every variant built and timed, and the builder's graph in our runtime too: the opt-in ones are tested
+        "variants": {"built": list(VARIANTS), "timed": list(VARIANTS)},
+        "peers": {"genai_builder_ort": True},
     }
     for section, values in overrides.items():
         config.setdefault(section, {}).update(values)
@@ -368,6 +371,39 @@ def test_snakemake_report_with_captions(finished_run):
     assert "<html" in html
     # a JavaScript string in the page: its line breaks are written as the two characters \n
     assert any("lower left is better" in page.replace("\\n", " ").replace("\n", " ") for page in pages)
+
+
+def planned_inputs(result: subprocess.CompletedProcess, rule: str) -> list[list[str]]:
+    """The input files of each job of ``rule`` in a dry run's job list."""
+    out, current = [], None
+    for line in result.stdout.splitlines():
+        if line.startswith("rule ") or line.startswith("localrule "):
+            current = line.split()[1].rstrip(":")
+        elif current == rule and line.strip().startswith("input:"):
+            out.append(line.split("input:", 1)[1].strip().split(", "))
+    return out
+
+
+def test_the_default_build_leaves_opt_in_variants_out(tmp_path, tiny_qwen2, texts):
+    """Without a `variants` section: no int8-mixed, and the sitting times the shipped variants, not
+    preprocessed (whose latency row only says why)."""
+    write_config(tmp_path, str(tiny_qwen2), texts)
+    config = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    del config["variants"], config["peers"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    result = snakemake(tmp_path, "-n")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "int8-mixed" not in result.stdout and "quantize_mixed" not in result.stdout
+    (sitting,) = planned_inputs(result, "sitting")
+    folders = [Path(p).name for p in sitting if Path(p).parent.name == "tiny"]
+    assert folders == ["hf", "fp32", "int8-dynamic", "int8-static", "int4", "optimized", "fp16", "tflite"]
+    assert planned_inputs(result, "accuracy") and "results/tiny/reports/preprocessed.accuracy.json" in result.stdout
+    # opting in: int8-mixed built and timed
+    config["variants"] = {"built": list(VARIANTS), "timed": ["fp32", "int8-mixed"]}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    result = snakemake(tmp_path, "-n")
+    (sitting,) = planned_inputs(result, "sitting")
+    assert [Path(p).name for p in sitting if Path(p).parent.name == "tiny"] == ["hf", "fp32", "int8-mixed"]
 
 
 def test_one_artifact_builds_only_its_ancestors(tmp_path, tiny_qwen2, texts):

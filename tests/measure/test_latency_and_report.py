@@ -192,3 +192,20 @@ def test_protocol_warms_decode_up_with_a_short_run_then_times_full_runs():
     calls.clear()
     timing_protocol(prefill, generate, np.arange(64), [8], 8, 4, 1, 1)
     assert calls[2:] == [("generate", 8, 4), ("generate", 8, 4)]
+
+
+def test_a_variant_left_out_of_the_sitting_gets_an_empty_speed_row_with_the_reason(tmp_path):
+    from qwen_onnx.measure.latency import NOT_TIMED, untimed_latency
+
+    variants = ["fp32", "preprocessed"]
+    files, machine = fake_reports(tmp_path, variants)
+    assert untimed_latency("preprocessed", output=files["latency"][1]) == {
+        "variant": "preprocessed", "timed": False, "note": NOT_TIMED, "measured_in": None}
+    outputs = dict(markdown=tmp_path / "report.md", html_path=tmp_path / "report.html",
+                   csv_path=tmp_path / "metrics.csv", json_path=tmp_path / "metrics.json",
+                   plots={k: tmp_path / f"{k}.png" for k in ("ppl_vs_size", "decode_tok_s", "prefill_latency")})
+    rows = {r["variant"]: r for r in build_report(["m"], variants, files, machine, prompt_lengths=(8,), **outputs)}
+    assert rows["preprocessed"]["measured_by"] == "not timed" and rows["fp32"]["measured_by"] == "latency"
+    assert rows["preprocessed"]["decode_tok_s"] is None and rows["preprocessed"]["decode_speedup_vs_pytorch"] is None
+    assert rows["preprocessed"]["gate"] == "PASS" and rows["preprocessed"]["top1_pct"] == 99.0
+    assert rows["fp32"]["decode_tok_s"] == 20.0

@@ -234,3 +234,33 @@ def test_every_registered_variant_has_its_rule_config_section_and_command():
         assert v.rule in rules, v.name
         assert v.section in config and v.section in schema, v.name
         assert v.command in commands, v.name
+
+
+def test_the_variants_built_and_timed_by_default_are_the_registrys():
+    """int8-mixed is opt-in, and preprocessed (fp32's kernels) is built but not timed."""
+    from qwen_onnx.settings.variants import DEFAULT_BUILT, DEFAULT_TIMED
+
+    assert schema_defaults("variants") == {"built": list(DEFAULT_BUILT), "timed": list(DEFAULT_TIMED)}
+    assert "int8-mixed" not in DEFAULT_BUILT and "preprocessed" in DEFAULT_BUILT
+    assert DEFAULT_TIMED == ("fp32", "int8-dynamic", "int8-static", "int4", "optimized", "fp16", "tflite")
+
+
+@pytest.mark.parametrize("variants, message", [
+    ({"built": ["fp32", "int8-fast"]}, r"^variants\.built names unknown variant 'int8-fast'; known: fp32, preprocessed, "),
+    ({"built": ["fp32", "int4"], "timed": ["fp32", "int8-mixed"]},
+     r"^variants\.timed names 'int8-mixed', which variants\.built leaves out; add it to variants\.built or remove it "
+     r"from variants\.timed$"),
+    ({"built": ["int4"], "timed": []}, r"^variants\.built leaves out fp32, the reference of every diff and of the "
+                                        r"report; add fp32$"),
+])
+def test_a_variants_section_that_cannot_be_built_is_a_one_line_error(variants, message):
+    from qwen_onnx.errors import OptionError
+    from qwen_onnx.settings.options import check_config
+
+    config = {"models": {"m": {"source": "Qwen/Qwen2.5-0.5B", "params_billion": 0.5}}, "variants": variants}
+    with pytest.raises(OptionError, match=message):
+        check_config(config)
+    # the same section under the model is named there
+    config = {"models": {"m": {"source": "Qwen/Qwen2.5-0.5B", "params_billion": 0.5, "variants": variants}}}
+    with pytest.raises(OptionError, match=message.replace(r"variants\.", r"models\.m\.variants\.")):
+        check_config(config)

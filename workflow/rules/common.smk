@@ -201,9 +201,23 @@ def tflite_scheduled(model):
     return tflite_skip_reason(model, settings.pop("params_billion"), settings) is None
 
 
+def get_built_variants(model):
+    """The variants the config's `variants.built` asks for, in the registry's (the report's) order."""
+    built = get_settings(model, "variants")["built"]
+    return [v for v in VARIANTS if v in built]
+
+
 def get_model_variants(model):
-    """The variants built for a model: every registered one, tflite only when scheduled."""
-    return [v for v in VARIANTS if v != "tflite" or tflite_scheduled(model)]
+    """The variants built for a model: `variants.built`, tflite only when scheduled."""
+    return [
+        v for v in get_built_variants(model) if v != "tflite" or tflite_scheduled(model)
+    ]
+
+
+def get_timed_variants(model):
+    """The variants of the model's timing sitting: the built ones that `variants.timed` names."""
+    timed = get_settings(model, "variants")["timed"]
+    return [v for v in get_model_variants(model) if v in timed]
 
 
 def get_conda_env(wildcards):
@@ -285,10 +299,30 @@ def get_peers_threads(wildcards):
 
 
 def get_peers_variant_dirs(wildcards):
-    """Every ONNX variant folder of the model: the timing sitting (sitting stage) measures them all
-    (the tflite folder comes as an input of its own, get_peers_tflite_input)."""
+    """The ONNX variant folders of the model's timing sitting (`variants.timed`; the tflite folder
+    comes as an input of its own, get_peers_tflite_input)."""
     onnx = {v.name for v in qwen_onnx.settings.variants.VARIANTS if v.format == "onnx"}
-    return [f"{RESULTS}/{wildcards.model}/{v}" for v in VARIANTS if v in onnx]
+    return [
+        f"{RESULTS}/{wildcards.model}/{v}"
+        for v in get_timed_variants(wildcards.model)
+        if v in onnx
+    ]
+
+
+def is_timed(wildcards):
+    """Whether the variant is a row of its model's timing sitting (`variants.timed`)."""
+    return wildcards.variant in get_timed_variants(wildcards.model)
+
+
+def get_latency_row_input(wildcards):
+    """A timed variant's row comes from the sitting, with its profile; an untimed one reads nothing."""
+    if not is_timed(wildcards):
+        return {}
+    return {"sitting": f"{RESULTS}/{wildcards.model}/reports/peers.json"} | (
+        {"profile": get_profile_input(wildcards)}
+        if get_profile_input(wildcards)
+        else {}
+    )
 
 
 def get_profile_input(wildcards):
@@ -299,8 +333,8 @@ def get_profile_input(wildcards):
 
 
 def get_peers_tflite_input(wildcards):
-    """The model's tflite folder, measured by the sitting stage when the workflow builds it."""
-    if tflite_scheduled(wildcards.model):
+    """The model's tflite folder, measured by the sitting stage when the workflow builds and times it."""
+    if "tflite" in get_timed_variants(wildcards.model):
         return f"{RESULTS}/{wildcards.model}/tflite"
     return []
 

@@ -123,10 +123,9 @@ rule profile:
 
 
 rule latency_row:
-    """Latency report of one variant: its row from the model's timing sitting (peers.json), with its profile."""
+    """Latency report of one variant: its row from the model's timing sitting (peers.json), with its profile; a variant left out of the sitting (variants.timed) gets the reason."""
     input:
-        sitting=f"{RESULTS}/{{model}}/reports/peers.json",
-        profile=get_profile_input,
+        unpack(get_latency_row_input),
     output:
         json=f"{RESULTS}/{{model}}/reports/{{variant}}.latency.json",
     log:
@@ -141,6 +140,7 @@ rule latency_row:
         runtime=10,
     params:
         settings=lambda wc: get_settings(wc.model, "latency"),
+        timed=is_timed,
         version=VERSION,
     script:
         "../scripts/latency_row.py"

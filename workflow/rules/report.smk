@@ -53,7 +53,7 @@ rule report:
         runtime=15,
     params:
         models=get_models(),
-        variants=VARIANTS,
+        variants={m: get_built_variants(m) for m in get_models()},
         tflite=lambda wc: {m: get_tflite_settings(m) for m in get_models()},
         prompt_lengths=config["latency"]["prompt_lengths"],
         version=VERSION,

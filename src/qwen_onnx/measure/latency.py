@@ -370,6 +370,24 @@ def median_decode_step(
     return statistics.median(steps)
 
 
+#: Why a built variant has no speed figures: the config's ``variants.timed`` leaves it out of the sitting.
+NOT_TIMED = "not timed: the config's variants.timed leaves it out of the timing sitting (add it there to time it)"
+
+
+def untimed_latency(name: str, *, output: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The latency report of a variant that the timing sitting does not measure (the config's
+    ``variants.timed``): no figures, ``timed`` false and the reason, so that the report shows an
+    empty speed row with the reason rather than a missing file.
+
+    Returns:
+        ``{"variant": name, "timed": False, "note": NOT_TIMED, "measured_in": None}``.
+    """
+    result = {"variant": name, "timed": False, "note": NOT_TIMED, "measured_in": None}
+    if output is not None:
+        write_json(output, result)
+    return result
+
+
 def latency_from_sitting(
     name: str,
     sitting: str | os.PathLike | Mapping[str, Any],

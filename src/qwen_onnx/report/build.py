@@ -242,7 +242,7 @@ def write_report(
 
 def build_report(
     models: Sequence[str],
-    variants: Sequence[str],
+    variants: Sequence[str] | Mapping[str, Sequence[str]],
     files: Mapping[str, Sequence[str | os.PathLike]],
     machine_json: str | os.PathLike,
     *,

@@ -53,12 +53,13 @@ def _diffed(variant: str) -> bool:
     return variant != "fp32" and (variant not in BY_NAME or BY_NAME[variant].format == "onnx")
 
 
-def built_variants(models: Sequence[str], variants: Sequence[str],
+def built_variants(models: Sequence[str], variants: Sequence[str] | Mapping[str, Sequence[str]],
                    tflite: Mapping[str, Mapping[str, Any]] | None = None) -> tuple[dict[str, list[str]], list[str]]:
     """Per model the variants the workflow built, and one line per variant it left out.
 
     Args:
-        variants: the registry's variants (:data:`qwen_onnx.settings.variants.NAMES`), in report order.
+        variants: the variants asked for (the config's ``variants.built``), in report order: one list
+            for every model (e.g. :data:`qwen_onnx.settings.variants.NAMES`) or a list per model.
         tflite: per model its ``params_billion`` and ``tflite`` settings; the tflite variant is left
             out where :func:`qwen_onnx.convert.tflite.tflite_skip_reason` (the workflow's own decision) gives a
             reason. None: every variant of ``variants`` for every model.
@@ -69,10 +70,11 @@ def built_variants(models: Sequence[str], variants: Sequence[str],
     built, skipped = {}, []
     for model in models:
         reason = None
-        if tflite is not None and "tflite" in variants:
+        asked = variants[model] if isinstance(variants, Mapping) else variants
+        if tflite is not None and "tflite" in asked:
             settings = dict(tflite[model])
             reason = tflite_skip_reason(model, settings.pop("params_billion"), settings)
-        built[model] = [v for v in variants if not (v == "tflite" and reason)]
+        built[model] = [v for v in asked if not (v == "tflite" and reason)]
         if reason:
             skipped.append(reason)
     return built, skipped
@@ -92,7 +94,8 @@ def variant_row(model: str, variant: str, inspect: Mapping | None, accuracy: Map
     row["int8_kernel"] = accuracy.get("int8_kernel")
     row["speed_isa"] = latency.get("isa")
     row["timing_load"] = (latency.get("load_note") or "idle") if "busy" in latency else None
-    row["measured_by"] = "peers" if latency.get("measured_in") == "peers.json" else "latency"
+    row["measured_by"] = ("peers" if latency.get("measured_in") == "peers.json"
+                          else "not timed" if latency.get("timed") is False else "latency")
     row["eval_tokens"] = accuracy.get("tokens")
     for key in _ACCURACY_KEYS:
         row[key] = accuracy.get(key)

@@ -13,6 +13,7 @@ from typing import Any
 from qwen_onnx.errors import OptionError
 from qwen_onnx.settings.defaults import EXPORT, EXPORTERS, TFLITE
 from qwen_onnx.settings.defaults import TORCH_EXPORT_MIN_OPSET as MIN_OPSET
+from qwen_onnx.settings.variants import DEFAULT_BUILT, DEFAULT_TIMED, NAMES
 
 __all__ = ["BLOCK_SIZES", "CHOICES", "RANGES", "OptionError", "check_config", "check_option", "check_options"]
 
@@ -220,6 +221,31 @@ def check_config(config: dict[str, Any]) -> None:
             walk({k: v for k, v in model.items() if k != "source"}, f"models.{name}")
     _check_export_route(config)
     _check_tflite_lengths(config)
+    _check_variants(config)
+
+
+def _check_variants(config: dict[str, Any]) -> None:
+    """``variants.built`` and ``variants.timed`` name registered variants, ``built`` holds fp32 (every
+    diff's and the report's reference) and ``timed`` only built ones, for every model once its own
+    ``variants`` section is merged over the global one."""
+    shared = config.get("variants") or {}
+    for name, model in (config.get("models") or {"": {}}).items():
+        own = (model or {}).get("variants") or {} if isinstance(model, dict) else {}
+        merged = {"built": list(DEFAULT_BUILT), "timed": list(DEFAULT_TIMED), **shared, **own}
+        for key in ("built", "timed"):
+            where = f"models.{name}.variants.{key}" if key in own else f"variants.{key}"
+            if not isinstance(merged[key], list):
+                raise OptionError(f"{where} is {merged[key]!r}; give a list of variant names, e.g. [{', '.join(DEFAULT_BUILT)}]")
+            unknown = [v for v in merged[key] if v not in NAMES]
+            if unknown:
+                raise OptionError(f"{where} names unknown variant {unknown[0]!r}; known: {', '.join(NAMES)}")
+        where = f"models.{name}.variants" if own else "variants"
+        if "fp32" not in merged["built"]:
+            raise OptionError(f"{where}.built leaves out fp32, the reference of every diff and of the report; add fp32")
+        untimed = [v for v in merged["timed"] if v not in merged["built"]]
+        if untimed:
+            raise OptionError(f"{where}.timed names {untimed[0]!r}, which {where}.built leaves out; add it to "
+                              f"{where}.built or remove it from {where}.timed")
 
 
 def _check_tflite_lengths(config: dict[str, Any]) -> None:

@@ -31,6 +31,9 @@ class Variant:
         section: the ``config.yaml`` section of the rule's settings.
         command: the ``qwen-onnx`` command that builds the folder outside Snakemake (int8-mixed is
             ``quantize-static`` with the ``quantize_mixed`` settings).
+        built: built by default (the config's ``variants.built``); int8-mixed is opt-in.
+        timed: a row of the default timing sitting (``variants.timed``); preprocessed runs fp32's
+            kernels after onnxruntime's pre-processing, so it is opt-in.
     """
 
     name: str
@@ -41,12 +44,15 @@ class Variant:
     section: str
     command: str
     format: str = "onnx"
+    built: bool = True
+    timed: bool = True
 
 
 VARIANTS: tuple[Variant, ...] = (
     Variant("fp32", "float", "export", "hf", "optimum's fp32 ONNX export with KV cache", "export", "export"),
     Variant("preprocessed", "float", "preprocess", "fp32",
-            "onnxruntime's quantization pre-processing (shape inference, graph optimization)", "preprocess", "preprocess"),
+            "onnxruntime's quantization pre-processing (shape inference, graph optimization)", "preprocess", "preprocess",
+            timed=False),
     Variant("int8-dynamic", "int8_dynamic", "quantize_dynamic", "optimized",
             "INT8 weights, activations quantized at run time (MatMulNBits 8-bit)", "quantize_dynamic", "quantize-dynamic"),
     Variant("int8-static", "int8_static", "quantize_static", "optimized",
@@ -54,7 +60,7 @@ VARIANTS: tuple[Variant, ...] = (
             "quantize_static", "quantize-static"),
     Variant("int8-mixed", "int8_mixed", "quantize_mixed", "optimized",
             "QDQ INT8, the least accurate MatMuls blockwise (MatMulNBits 8-bit, run-time activations)",
-            "quantize_mixed", "quantize-static"),
+            "quantize_mixed", "quantize-static", built=False, timed=False),
     Variant("int4", "int4", "quantize_int4", "optimized", "MatMulNBits 4-bit, accuracy_level 4", "quantize_int4",
             "quantize-int4"),
     Variant("optimized", "float", "optimize", "hf", "fused decoder graph (GroupQueryAttention)", "optimize", "optimize"),
@@ -68,6 +74,9 @@ VARIANTS: tuple[Variant, ...] = (
 #: Variant names in report order.
 NAMES: tuple[str, ...] = tuple(v.name for v in VARIANTS)
 BY_NAME: dict[str, Variant] = {v.name: v for v in VARIANTS}
+#: The variants built, and the rows of the timing sitting, when the config's ``variants`` section says nothing.
+DEFAULT_BUILT: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.built)
+DEFAULT_TIMED: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.timed)
 #: The variants the ``diff`` stage compares with fp32: the ONNX ones but fp32 (a tflite file has no ONNX graph).
 DIFFED: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.format == "onnx" and v.name != "fp32")
 
