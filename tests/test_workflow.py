@@ -205,10 +205,10 @@ def test_full_run_writes_every_artifact(finished_run):
     assert int4_ops["MatMulNBits"] == 2 * 5 + 1 and int4_ops["GroupQueryAttention"] == 2 and int4_ops["GatherBlockQuantized"] == 1
     page = (results / "report.html").read_text()
     # self-contained: the plots inline, no link out (the base64 of a PNG may spell "http" by chance)
-    assert page.count("data:image/png;base64,") == 3
+    assert page.count("data:image/png;base64,") == 4
     text = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", page)
     assert not re.search(r"(src|href)=['\"]?https?:", text) and "http" not in text.replace("http-equiv", "")
-    for plot in ("ppl_vs_size", "decode_tok_s", "prefill_latency"):
+    for plot in ("ppl_vs_size", "decode_tok_s", "prefill_latency", "accuracy_vs_speed"):
         assert (results / "plots" / f"{plot}.png").stat().st_size > 1000
     for rule in ("resolve", "export", "preprocess", "quantize_dynamic", "quantize_static", "optimize"):
         assert f"peak RSS of rule {rule}:" in (results / "logs" / "tiny" / f"{rule}.log").read_text()
@@ -356,9 +356,9 @@ def test_snakemake_report_with_captions(finished_run):
     with zipfile.ZipFile(finished_run / "results" / "snakemake-report.zip") as archive:
         names = archive.namelist()
         html = next(archive.read(n).decode() for n in names if n.endswith("report.html"))
-        # the five report() outputs of the report rule and peers.md, each with its own file
+        # the six report() outputs of the report rule and peers.md, each with its own file
         for name in ("report.md", "metrics.csv", "ppl_vs_size.png", "decode_tok_s.png", "prefill_latency.png",
-                     "peers.md"):
+                     "accuracy_vs_speed.png", "peers.md"):
             entry = next((n for n in names if n.endswith("/" + name)), None)
             assert entry is not None, (name, names)
             assert archive.getinfo(entry).file_size > 100, name

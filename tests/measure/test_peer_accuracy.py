@@ -11,7 +11,7 @@ import pytest
 
 from qwen_onnx.measure.peer_accuracy import peer_accuracy
 from qwen_onnx.measure.reference import write_reference
-from qwen_onnx.report.rows import peer_metric_rows
+from qwen_onnx.report.rows import peer_metric_rows, peer_tables
 from qwen_onnx.settings.gates import DEFAULT_GATES
 
 WINDOW = 32
@@ -97,3 +97,14 @@ def test_peer_rows_carry_the_peers_accuracy(tmp_path):
     # the builder's graph in our runtime is the same graph: the same accuracy
     assert by["genai-builder-int4"]["gate"] == by["genai-builder-int4-ort"]["gate"] == "FAIL"
     assert by["genai-builder-int4-ort"]["gate_failures"] == "top1_pct 83.4 < 90"
+    # the "Against peers" table: speed and accuracy side by side, ours from their report rows
+    results = {"rounds": 3, "threads": 2, "new_tokens": 64, "decode_prompt_tokens": 128, "prompt_lengths": [8],
+               "rows": [rows[0], {**rows[1], "config": {"version": "0.3.36"}}, *rows[2:],
+                        {"peer": "int4", "decode_tok_s": 35.0, "ttft_ms": 60.0}]}
+    (reports / "peers.json").write_text(json.dumps(results))
+    ours = {"model": "m", "variant": "int4", "gate": "PASS", "ppl_delta_pct": 0.6, "kl_mean": 0.02, "top1_pct": 92.3}
+    (table,) = peer_tables(["m"], [reports / "peers.json"], [ours, *by.values()])
+    assert table["columns"][:7] == ["model", "peer", "runtime", "gate", "ppl_delta_pct", "kl_mean", "top1_pct"]
+    cells = {r["peer"]: (r["gate"], r["kl_mean"], r["top1_pct"], r["decode_tok_s"]) for r in table["rows"]}
+    assert cells["int4"] == ("PASS", 0.02, 92.3, 35.0) and cells["llama.cpp"] == ("PASS", 0.031, 91.0, 30.0)
+    assert cells["genai-builder-int4"] == ("FAIL", 0.05, 83.4, 40.0) and cells["pytorch"] == (None, None, None, 5.0)

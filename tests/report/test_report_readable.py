@@ -8,7 +8,13 @@ import pytest
 from matplotlib.colors import to_rgba
 
 from qwen_onnx.report.build import write_report
-from qwen_onnx.report.plots import figure_decode_speed, figure_ppl_vs_size, figure_prefill
+from qwen_onnx.report.plots import (
+    figure_accuracy_vs_speed,
+    figure_decode_speed,
+    figure_ppl_vs_size,
+    figure_prefill,
+    pareto_front,
+)
 from qwen_onnx.report.rows import PEER_VARIANTS, recommend
 from qwen_onnx.report.styles import STYLES, variant_styles
 from qwen_onnx.report.tables import COLUMNS, label
@@ -20,7 +26,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def _row(model, variant, gate, mb, decode, ttft, **extra):
     row = {c: None for c in COLUMNS}
     row.update(model=model, variant=variant, gate=gate, bytes_on_disk=int(mb * 1e6), decode_tok_s=decode,
-               ttft_ms=ttft, ppl=12.0, ppl_delta_pct=0.5, top1_pct=97.0, measured_by="latency",
+               ttft_ms=ttft, ppl=12.0, ppl_delta_pct=0.5, kl_mean=0.01, top1_pct=97.0, measured_by="latency",
                prefill_ms_p50_8=ttft / 2, prefill_ms_p50_64=ttft * 2, gate_failures="")
     row.update(extra)
     return row
@@ -93,7 +99,8 @@ def _drawn(fig):
 def test_plots_draw_each_variant_in_its_one_style_in_every_figure():
     rows = [*_rows(), {**_row("m", "llama.cpp", None, 490, 61.0, 380.0), "measured_by": "peers", "ppl_delta_pct": None},
             _row("m", "fp16", "PASS", 1260, 15.0, 320.0)]
-    figures = [figure_ppl_vs_size(rows), figure_decode_speed(rows), figure_prefill(rows, (8, 64))]
+    figures = [figure_ppl_vs_size(rows), figure_decode_speed(rows), figure_prefill(rows, (8, 64)),
+               figure_accuracy_vs_speed(rows)]
     styles = variant_styles(r["variant"] for r in rows)
     for fig in figures:
         # the legend: one entry per variant drawn, in its colour and marker
@@ -164,7 +171,8 @@ def test_the_legend_and_every_panel_lie_inside_the_figure(models):
 
     rows = [{**r, "model": model} for model in models for r in _rows() if r["model"] == "m"]
     rows.append({**_row(models[0], "genai-builder-int4-ort", None, 862, 84.0, 265.0), "measured_by": "peers"})
-    for fig in (figure_ppl_vs_size(rows), figure_decode_speed(rows), figure_prefill(rows, (8, 64))):
+    for fig in (figure_ppl_vs_size(rows), figure_decode_speed(rows), figure_prefill(rows, (8, 64)),
+                figure_accuracy_vs_speed(rows)):
         fig.canvas.draw()
         box = fig.bbox
         for artist in [fig.legends[0], *[ax for ax in fig.axes if ax.get_visible()]]:
@@ -173,3 +181,30 @@ def test_the_legend_and_every_panel_lie_inside_the_figure(models):
             assert extent.y0 >= box.y0 - 1 and extent.y1 <= box.y1 + 1, (models, artist)
         assert sum(ax.get_visible() for ax in fig.axes) == len(models)
         plt.close(fig)
+
+
+def test_the_pareto_front_keeps_the_rows_nothing_beats_on_both_axes():
+    # (decode tok/s, KL): b is faster than a at the same KL, c slower but more accurate, d beaten by b
+    points = [(40.0, 0.02), (55.0, 0.02), (30.0, 0.001), (50.0, 0.05), (55.0, 0.02)]
+    assert pareto_front(points) == [1, 4, 2]
+    assert pareto_front([(1.0, 1.0)]) == [0] and pareto_front([]) == []
+
+
+def test_the_accuracy_figure_draws_the_front_through_ours_and_the_peers():
+    import matplotlib.pyplot as plt
+
+    rows = [_row("m", "pytorch", "reference", 2500, 5.0, 900.0, kl_mean=0.0),  # the reference: no point
+            _row("m", "int8-dynamic", "PASS", 650, 46.0, 400.0, kl_mean=0.0018),
+            _row("m", "int4", "PASS", 530, 38.0, 500.0, kl_mean=0.02),
+            _row("m", "fp16", "PASS", 1260, 12.0, 700.0, kl_mean=0.00002),
+            _row("m", "preprocessed", "PASS", 2500, None, 1.0, kl_mean=1e-12),  # not timed: no point
+            {**_row("m", "genai-builder-int4", None, 862, 54.0, 600.0, kl_mean=0.05), "measured_by": "peers"}]
+    fig = figure_accuracy_vs_speed(rows)
+    (ax,) = fig.axes
+    assert sorted(c.get_gid() for c in ax.collections) == ["m/fp16", "m/genai-builder-int4", "m/int4",
+                                                            "m/int8-dynamic"]
+    (front,) = ax.lines
+    # the builder is fastest, int8-dynamic next and more accurate, fp16 the most accurate; int4 is beaten by int8-dynamic
+    assert list(front.get_xdata()) == [54.0, 46.0, 12.0] and list(front.get_ydata()) == [0.05, 0.0018, 0.00002]
+    assert ax.get_yscale() == "log"
+    plt.close(fig)

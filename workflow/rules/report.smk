@@ -41,6 +41,11 @@ rule report:
             caption="../report/prefill_latency.rst",
             category="Figures",
         ),
+        accuracy_vs_speed=report(
+            f"{RESULTS}/plots/accuracy_vs_speed.png",
+            caption="../report/accuracy_vs_speed.rst",
+            category="Figures",
+        ),
     log:
         f"{RESULTS}/logs/report.log",
     benchmark:

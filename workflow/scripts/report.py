@@ -27,5 +27,6 @@ with logged(snakemake):
         html_path=out.html,
         csv_path=out.csv,
         json_path=out.json,
-        plots={"ppl_vs_size": out.ppl_vs_size, "decode_tok_s": out.decode_tok_s, "prefill_latency": out.prefill_latency},
+        plots={"ppl_vs_size": out.ppl_vs_size, "decode_tok_s": out.decode_tok_s, "prefill_latency": out.prefill_latency,
+               "accuracy_vs_speed": out.accuracy_vs_speed},
     )

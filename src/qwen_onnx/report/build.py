@@ -22,6 +22,7 @@ from qwen_onnx.report.pipeline import COLUMNS as PIPELINE_COLUMNS
 from qwen_onnx.report.pipeline import pipeline_markdown, pipeline_table
 from qwen_onnx.report.plots import (
     CAPTIONS,
+    plot_accuracy_vs_speed,
     plot_decode_speed,
     plot_ppl_vs_size,
     plot_prefill,
@@ -98,7 +99,8 @@ def write_report(
     Args:
         rows: from :func:`collect_rows`.
         machine: from :func:`qwen_onnx.run.machine.describe_machine`.
-        plots: paths for ``ppl_vs_size``, ``decode_tok_s`` and ``prefill_latency`` PNGs.
+        plots: paths for ``ppl_vs_size``, ``decode_tok_s``, ``prefill_latency`` and (optional)
+            ``accuracy_vs_speed`` PNGs.
         profiles: per (model, variant), the ``profile`` of its latency JSON.
         generations: per (model, variant), the ``generation`` details of its accuracy JSON.
         graphs: from :func:`graph_rows`.
@@ -124,6 +126,8 @@ def write_report(
     plot_ppl_vs_size(rows, plots["ppl_vs_size"], styles)
     plot_decode_speed([*rows, *(peer_rows or [])], plots["decode_tok_s"], styles)
     plot_prefill([*rows, *(peer_rows or [])], prompt_lengths, plots["prefill_latency"], styles)
+    if "accuracy_vs_speed" in plots:
+        plot_accuracy_vs_speed([*rows, *(peer_rows or [])], plots["accuracy_vs_speed"], styles)
 
     failing = [r for r in rows if r.get("gate") == "FAIL"]
     verdict = (f"{len(failing)} variant(s) FAIL their gate: "
@@ -281,9 +285,10 @@ def build_report(
         writer.writeheader()
         writer.writerows(pipeline["rows"])
         write_text(pipeline_csv, buffer.getvalue())
+    peer_rows = peer_metric_rows(models, peer_paths, prompt_lengths)
     write_report(rows, machine, profiles=profiles, generations=generations, prompt_lengths=prompt_lengths,
-                 graphs=graphs, sensitivity=sensitivity, peers=peer_tables(models, peer_paths),
-                 peer_rows=peer_metric_rows(models, peer_paths, prompt_lengths), pipeline=pipeline, skipped=skipped,
+                 graphs=graphs, sensitivity=sensitivity, peers=peer_tables(models, peer_paths, [*rows, *peer_rows]),
+                 peer_rows=peer_rows, pipeline=pipeline, skipped=skipped,
                  **outputs)
     return rows
 

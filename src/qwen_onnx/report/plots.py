@@ -1,5 +1,5 @@
 """Report figures with matplotlib (Agg backend, PNG): perplexity change vs size, decode speed,
-prefill latency vs prompt length.
+prefill latency vs prompt length, and KL divergence vs decode speed with the Pareto front.
 
 Every figure has one panel per model (models in report order, left to right) and one legend
 below the panels; a variant keeps its colour and marker (:func:`qwen_onnx.report.styles.variant_styles`)
@@ -35,6 +35,7 @@ PPL_DELTA_LABEL = "perplexity Δ vs PyTorch (%)"
 DECODE_LABEL = "decode (tokens/s)"
 PREFILL_LABEL = "prefill latency, median (ms)"
 PROMPT_LABEL = "prompt length (tokens)"
+KL_LABEL = "KL divergence from PyTorch, mean (nats, log)"
 #: The caption under each figure in report.html (Snakemake's report has its own, workflow/report/*.rst).
 CAPTIONS = {
     "ppl_vs_size": "Perplexity change against PyTorch vs size on disk, one panel per model; lower left is better. "
@@ -43,6 +44,10 @@ CAPTIONS = {
                     "are the peers, measured by the sitting stage (interleaved rounds), the others by the latency stage.",
     "prefill_latency": "Median prefill latency vs prompt length, log-log. Hollow markers fail their gate; dashed "
                        "lines are the peers, measured by the sitting stage.",
+    "accuracy_vs_speed": "KL divergence from PyTorch (mean per token, log scale) vs decode tokens/s, our variants and "
+                         "the peers on the same evaluation windows and in the same sitting; lower right is better. "
+                         "The line joins the Pareto front: the rows no other row beats on both axes. Hollow markers "
+                         "fail their gate; peers have a black ring.",
 }
 _PANEL_W, _PANEL_H, _DPI = 5.0, 3.8, 110
 _MARKER_S = 64  # scatter marker area, points²
@@ -247,6 +252,65 @@ def figure_prefill(rows: Sequence[Mapping[str, Any]], lengths: Sequence[int],
         extra.append(Line2D([], [], color="#444444", linestyle="--", label="dashed: sitting stage"))
     _legend(fig, drawn, styles, extra)
     return fig
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """The indices of the points on the accuracy–speed Pareto front, fastest first.
+
+    A point ``(decode tokens/s, divergence)`` is on the front when no other point decodes at least as
+    fast with at most the same divergence and is strictly better in one of the two (the usual
+    definition of Pareto dominance, maximising speed and minimising divergence). Equal points are
+    both on the front.
+
+    Args:
+        points: ``(x, y)`` pairs: x higher is better, y lower is better.
+    """
+    front = []
+    for i, (x, y) in enumerate(points):
+        if not any((xo >= x and yo <= y) and (xo > x or yo < y) for xo, yo in points):
+            front.append(i)
+    return sorted(front, key=lambda i: (-points[i][0], points[i][1]))
+
+
+def figure_accuracy_vs_speed(rows: Sequence[Mapping[str, Any]], styles: Mapping[str, Style] | None = None):
+    """KL divergence from PyTorch (nats per token, mean; log axis) vs decode tokens/s, one panel per
+    model, our variants and the peers (a black ring), the Pareto front (:func:`pareto_front`) drawn
+    as a step line. Rows without both figures (PyTorch, the reference, has KL 0; untimed variants)
+    are left out. Returns the figure."""
+    rows = [r for r in rows if r.get("decode_tok_s") is not None and (r.get("kl_mean") or 0) > 0]
+    styles = styles or variant_styles(r["variant"] for r in rows)
+    models = _models(rows)
+    fig, axes = _panels(max(1, len(models)))
+    for ax, model in zip(axes, models):
+        mine = [r for r in rows if r["model"] == model]
+        points = [(r["decode_tok_s"], r["kl_mean"]) for r in mine]
+        front = [points[i] for i in pareto_front(points)]
+        ax.step([x for x, _ in front], [y for _, y in front], where="post", color="#888888", linewidth=1.0,
+                zorder=1)
+        for r, (x, y) in zip(mine, points):
+            s = styles[r["variant"]]
+            ax.scatter([x], [y], s=_MARKER_S, marker=s.marker, linewidths=1.6 if _is_peer(r) else 1.4,
+                       edgecolors="black" if _is_peer(r) else s.colour,
+                       facecolors="none" if _failed(r) else s.colour, zorder=3, gid=_gid(r))
+        ax.set_yscale("log")
+        ax.margins(0.1)
+        ax.set_xlabel(DECODE_LABEL)
+        ax.set_ylabel(KL_LABEL)
+        ax.set_title(model, fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+    fig.suptitle("Accuracy vs decode speed (lower right is better; the line is the Pareto front)", fontsize=11)
+    extra = _fail_key(rows)
+    if any(_is_peer(r) for r in rows):
+        extra.append(Line2D([], [], color="#444444", marker="o", markeredgecolor="black", markerfacecolor="#dddddd",
+                            linestyle="", label="black ring: peer"))
+    _legend(fig, rows, styles, extra)
+    return fig
+
+
+def plot_accuracy_vs_speed(rows: Sequence[dict[str, Any]], path: str | os.PathLike,
+                           styles: Mapping[str, Style] | None = None) -> None:
+    """:func:`figure_accuracy_vs_speed` as a PNG at ``path``."""
+    _save(figure_accuracy_vs_speed(rows, styles), path)
 
 
 def plot_ppl_vs_size(rows: Sequence[dict[str, Any]], path: str | os.PathLike,

@@ -241,15 +241,27 @@ def peer_metric_rows(models: Sequence[str], paths: Sequence[str | os.PathLike],
     return out
 
 
-def peer_tables(models: Sequence[str], paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
-    """Per model the "Against peers" table: ``model``, ``notes`` (lines), ``columns`` and ``rows``."""
+#: The accuracy columns the "Against peers" table takes from each row's report row (ours and the peers').
+PEER_TABLE_ACCURACY = ("gate", "ppl_delta_pct", "kl_mean", "top1_pct")
 
+
+def peer_tables(models: Sequence[str], paths: Sequence[str | os.PathLike],
+                report_rows: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Per model the "Against peers" table: ``model``, ``notes`` (lines), ``columns`` and ``rows``.
+
+    Each row of the sitting gets the accuracy columns (:data:`PEER_TABLE_ACCURACY`) of the report row
+    of the same model and name in ``report_rows`` (our variants' from their accuracy stage, the peers'
+    from :func:`peer_metric_rows`), so that speed and accuracy sit side by side.
+    """
+    accuracy = {(r["model"], r["variant"]): r for r in report_rows}
     out = []
     for model, path in zip(models, paths):
         result = read_json(path)
-        rows = [{"model": model, **r} for r in result["rows"]]
-        out.append({"model": model, "notes": peers_notes(result), "rows": rows,
-                    "columns": ["model", *peer_columns(result["prompt_lengths"])]})
+        rows = [{"model": model, **r, **{c: accuracy.get((model, r["peer"]), {}).get(c) for c in PEER_TABLE_ACCURACY}}
+                for r in result["rows"]]
+        columns = ["model", *peer_columns(result["prompt_lengths"])]
+        columns[3:3] = PEER_TABLE_ACCURACY  # after model, peer, runtime
+        out.append({"model": model, "notes": peers_notes(result), "rows": rows, "columns": columns})
     return out
 
 
