@@ -102,7 +102,7 @@ rule quantize_mixed:
 
 
 rule quantize_int4:
-    """Weight-only 4-bit MatMulNBits (accuracy_level 4), 8-bit lm_head, quantized embedding table."""
+    """Weight-only 4-bit MatMulNBits (accuracy_level 4), 8-bit lm_head, quantized embedding table; or, with search, each MatMul's precision searched."""
     input:
         model_dir=get_quantize_input,
         sensitivity=get_sensitivity_input("quantize_int4"),
@@ -122,6 +122,12 @@ rule quantize_int4:
         runtime=get_runtime("quantize_int4"),
     params:
         settings=lambda wc: get_settings(wc.model, "quantize_int4"),
+        # the int4 gate the precision search keeps a margin to (only when it searches)
+        gate=lambda wc: (
+            get_settings(wc.model, "gates").get("int4", DEFAULT_GATES["int4"])
+            if get_settings(wc.model, "quantize_int4")["search"]
+            else None
+        ),
         version=VERSION,
     script:
         "../scripts/quantize_int4.py"

@@ -66,8 +66,14 @@ def run_int4(a):
         embedding_symmetric=a.embedding_symmetric, sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
         sensitive_scheme=a.sensitive_scheme, source_bits=a.source_bits, nodes_to_exclude=a.exclude,
         calibration_samples=a.samples, calibration_sequence_length=a.sequence_length,
-        importance_samples=a.importance_samples,
+        importance_samples=a.importance_samples, search=a.search, search_windows=a.search_windows,
     )
+    if a.search:
+        from qwen_onnx.measure.int4_search import search_int4_variant
+        from qwen_onnx.settings.gates import default_gate
+
+        return search_int4_variant(a.input, a.output, settings, default_gate("int4"), calibration_text=a.calibration_text,
+                                   source_info=a.source_info, score_windows=a.search_windows)
     return quantize_int4_variant(a.input, a.output, settings, sensitivity=a.sensitivity,
                                  calibration_text=a.calibration_text, source_info=a.source_info)
 

@@ -139,6 +139,10 @@ class Int4Settings(SensitiveSettings):
         importance_samples: ``k_quant_int`` only (other algorithms ignore it): calibration windows
             (of ``calibration_sequence_length`` tokens) whose activations weight the 4-bit error
             per input channel (llama.cpp's imatrix); 0: unweighted.
+        search: choose every weight MatMul's precision by search instead of the fixed recipe above
+            (:func:`qwen_onnx.measure.int4_search.search_int4_variant`; the workflow's int4 rule
+            calls it when set). :func:`quantize_int4_variant` itself only builds a given map.
+        search_windows: calibration windows (after the importance ones) that score each candidate.
     """
     algorithm: str = "k_quant_int"
     block_size: int = 16
@@ -156,6 +160,8 @@ class Int4Settings(SensitiveSettings):
     calibration_samples: int = 8
     calibration_sequence_length: int = 128
     importance_samples: int = 16
+    search: bool = False
+    search_windows: int = 8
 
     def check(self) -> None:
         """Raises QwenOnnxError with the fix for an unknown algorithm, a bad block size,
@@ -288,6 +294,36 @@ def int4_pass(graph_only: Path, settings: Int4Settings, keep: Sequence[str], scr
     return output
 
 
+def _precision_groups(precision: Mapping[str, str], weights: Sequence[str], settings: Int4Settings
+                      ) -> dict[int, list[str]]:
+    """A precision map as ``{8: [8-bit names], block: [4-bit names at that block], ...}``.
+
+    Raises:
+        QwenOnnxError: the map misses or names other MatMuls than the graph's weight MatMuls, gives
+            an option other than 8-bit at ``block_size_8bit`` or 4-bit, or the algorithm is not
+            ``k_quant_int``.
+    """
+    if settings.algorithm != "k_quant_int":
+        raise QwenOnnxError(f"a precision map needs algorithm k_quant_int (per-block-size passes), not "
+                            f"{settings.algorithm}; set quantize_int4.algorithm: k_quant_int")
+    if set(precision) != set(weights):
+        odd = sorted(set(precision) ^ set(weights))
+        raise QwenOnnxError(f"the precision map must name every weight MatMul and nothing else; it differs in "
+                            f"{len(odd)} (e.g. {odd[0]}); rerun the precision search on this graph")
+    groups: dict[int, list[str]] = {8: []}
+    for name in weights:
+        bits, block = (int(x) for x in precision[name].split("/"))
+        if bits == 8 and block == settings.block_size_8bit:
+            groups[8].append(name)
+        elif bits == 4:
+            check_block_size(block)
+            groups.setdefault(block, []).append(name)
+        else:
+            raise QwenOnnxError(f"precision {precision[name]!r} of {name} is not 8/{settings.block_size_8bit} or "
+                                "4/BLOCK; rerun the precision search")
+    return groups
+
+
 def source_nodes(graph: onnx.GraphProto, min_bits: float, source: str | os.PathLike | Mapping[str, Any] | None,
                  num_layers: int, scratch_dir: Path) -> list[dict[str, Any]]:
     """The MatMuls :func:`qwen_onnx.quantize.source_precision.source_precise_nodes` keeps 8-bit, or [] when
@@ -343,6 +379,9 @@ def quantize_int4_variant(
     calibration_text: str | os.PathLike | None = None,
     source_info: str | os.PathLike | Mapping[str, Any] | None = None,
     threads: int | None = None,
+    precision: Mapping[str, str] | None = None,
+    importance: Mapping[str, Any] | None = None,
+    record: Mapping[str, Any] | None = None,
 ) -> dict:
     """Weight-only 4-bit quantization of the float variant at ``input_dir`` into ``output_dir``.
 
@@ -361,18 +400,29 @@ def quantize_int4_variant(
             ``weight_types`` (GGUF sources) ``settings.source_bits`` reads.
         threads: CPU threads of ``k_quant_int``'s block search (the result does not depend on
             it); default the cores this process may run on.
+        precision: ``{weight MatMul name: "bits/block"}`` for every weight MatMul, e.g. from
+            :mod:`qwen_onnx.quantize.precision_search`: each MatMul at its own option (8-bit ones
+            blockwise, 4-bit ones by ``k_quant_int`` at their block size), instead of ``lm_head_bits``,
+            ``source_bits``, the sensitive nodes and ``block_size``. ``k_quant_int`` only.
+        importance: ``k_quant_int``'s activation importance, when the caller has it already
+            (:func:`qwen_onnx.quantize.kquant.activation_importance`); default measured here.
+        record: more keys for ``quantize.json`` (the precision search's record).
 
     Returns:
         Provenance written to ``output_dir/quantize.json``: settings, 8-bit and float node names,
         the embedding's treatment, seconds, library versions.
 
     Raises:
-        QwenOnnxError: bad settings (the message names the fix), sensitive nodes without a report,
+        QwenOnnxError: bad settings (the message names the fix), ``settings.search`` without a
+            ``precision`` map, a map that does not fit the graph, sensitive nodes without a report,
             an excluded node that does not exist, ``source_bits`` with a GGUF source that
             ``source.json`` has no ``weight_types`` of and that can no longer be read.
         ArtifactError: the input model or its external data is missing.
     """
     settings.check()
+    if settings.search and precision is None:
+        raise QwenOnnxError("settings.search asks for the precision search, which this function does not run; call "
+                            "qwen_onnx.measure.int4_search.search_int4_variant (or qwen-onnx quantize-int4 --search)")
     input_dir = Path(input_dir).resolve()
     source = model_path(input_dir)
     sensitive = sensitive_nodes(settings, "dynamic", sensitivity)
@@ -396,10 +446,12 @@ def quantize_int4_variant(
     if settings.lm_head_bits == 8:
         eight.append(head.name)
     eight = [n for n in dict.fromkeys(eight) if n not in float_names]
+    blocks = _precision_groups(precision, weights, settings) if precision is not None else None
+    if blocks is not None:
+        eight = blocks.pop(8)
     tied = settings.embedding == "shared" and embedding_tied(input_dir)
     started = time.time()
-    importance = None
-    if settings.algorithm == "k_quant_int" and settings.importance_samples:
+    if importance is None and settings.algorithm == "k_quant_int" and settings.importance_samples:
         importance = _importance(input_dir, graph, settings, calibration_text)
     with staged_dir(output_dir) as stage:
         with lazy_quantization(input_dir) as (graph_only, scratch):
@@ -407,8 +459,15 @@ def quantize_int4_variant(
                 # fitted to the hidden size, so that a tied embedding can share the lm_head's blocks
                 graph_only = blockwise_int8(graph_only, eight, fitting_block_size(settings.block_size_8bit, hidden),
                                             scratch)
-            graph_only = int4_pass(graph_only, settings, [*eight, *float_names], scratch, calibration_text,
-                                   importance, threads=threads or len(os.sched_getaffinity(0)))
+            if blocks is None:
+                graph_only = int4_pass(graph_only, settings, [*eight, *float_names], scratch, calibration_text,
+                                       importance, threads=threads or len(os.sched_getaffinity(0)))
+            for block, names in sorted((blocks or {}).items()):  # one k-quant pass per block size
+                # a scratch name per pass: each reads the previous pass's data file
+                graph_only = kquant_int_pass(graph_only, names, block, settings.accuracy_level,
+                                             ScratchFiles(scratch.folder, f"{scratch.tag}-b{block}"), importance,
+                                             threads=threads or len(os.sched_getaffinity(0)),
+                                             symmetric=settings.symmetric_weights)
             shutil.copyfile(graph_only, stage / MODEL_FILE)
             normalise_external_data(stage, search=[input_dir])
         embedding = quantize_embedding(stage, settings.embedding_plan(tied))
@@ -420,6 +479,7 @@ def quantize_int4_variant(
             "settings": {**asdict(settings), "symmetric": settings.symmetric_weights},
             "lm_head": head.name,
             "nodes_8bit": eight,
+            "precision": dict(precision) if precision is not None else None,
             "nodes_float": float_names,
             "sensitive_nodes": sensitive,
             "source_precise_nodes": precise,
@@ -427,6 +487,7 @@ def quantize_int4_variant(
             "embedding": embedding,
             "seconds": round(time.time() - started, 1),
             "library_versions": library_versions(),
+            **(record or {}),
         }
         write_json(stage / "quantize.json", info)
     return info

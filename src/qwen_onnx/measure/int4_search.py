@@ -1,0 +1,172 @@
+"""Build the int4 variant with its per-MatMul precision searched (:mod:`qwen_onnx.quantize.precision_search`):
+the fewest weight bytes read per decode step that pass the int4 gate with margin on calibration text.
+
+Every candidate is built by :func:`qwen_onnx.quantize.int4.quantize_int4_variant` exactly as the shipped
+variant is, and scored against the float graph it starts from on calibration windows that the
+activation importance did not see; the evaluation windows the report scores are never used.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import onnx
+
+from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.measure.metrics import AccuracyAccumulator
+from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
+from qwen_onnx.quantize.kquant import activation_importance
+from qwen_onnx.quantize.matmuls import weight_matmuls
+from qwen_onnx.quantize.precision_search import (
+    OPTIONS,
+    greedy_steps,
+    longest_passing_prefix,
+    option_errors,
+    option_key,
+    precision_after,
+    precision_by_role,
+    weight_bytes,
+)
+from qwen_onnx.run.runtime import OnnxCausalLM
+from qwen_onnx.settings.gates import check_gate, gate_margins
+from qwen_onnx.source.text import CALIBRATION_TEXT, load_tokenizer, shipped_text, token_windows
+from qwen_onnx.store.artifacts import model_path
+
+log = logging.getLogger(__name__)
+
+
+def _logits(model: OnnxCausalLM, window: np.ndarray) -> np.ndarray:
+    """float32 [sequence, vocab] of one int64 [sequence] window, one prefill."""
+    return model.forward(window[None, :])[0][0]
+
+
+def score_on_windows(folder: str | os.PathLike, windows: np.ndarray, reference: np.ndarray,
+                     threads: int | None = None) -> dict[str, float]:
+    """Perplexity change, KL and top-1 agreement of the variant at ``folder`` against ``reference``.
+
+    Args:
+        windows: int64 [windows, sequence] token ids.
+        reference: float32 [windows, sequence, vocab], the float graph's logits on them.
+
+    Returns:
+        :meth:`qwen_onnx.measure.metrics.AccuracyAccumulator.summary` over the ``sequence - 1``
+        predicted positions of each window.
+    """
+    model = OnnxCausalLM(folder, threads=threads)
+    acc = AccuracyAccumulator()
+    for window, ref in zip(windows, reference):
+        acc.add(ref[:-1], _logits(model, window)[:-1], window[1:])
+    return acc.summary()
+
+
+def search_int4_variant(
+    input_dir: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    settings: Int4Settings,
+    gate: Mapping[str, float],
+    *,
+    calibration_text: str | os.PathLike | None = None,
+    source_info: str | os.PathLike | Mapping[str, Any] | None = None,
+    score_windows: int = 8,
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """The int4 variant of the float graph at ``input_dir`` with the precision map that reads the
+    fewest weight bytes per token and still passes ``gate`` with margin on calibration text.
+
+    Calibration text (default the shipped ``calibration.txt``) cut into windows of
+    ``settings.calibration_sequence_length`` tokens: the first ``settings.importance_samples`` give
+    the activation importance, the last ``score_windows`` score the candidates (the float graph's
+    logits on them are the reference). The search (module docstring of
+    :mod:`qwen_onnx.quantize.precision_search`) builds about ``log2(3 x MatMuls)`` candidates.
+
+    Args:
+        gate: the int4 gate's limits (``ppl_delta_pct``, ``top1_pct``, ``kl_mean``); a candidate
+            passes when :func:`~qwen_onnx.settings.gates.check_gate` passes and
+            :func:`~qwen_onnx.settings.gates.gate_margins` finds no figure within the margin.
+        score_windows: calibration windows that score each candidate.
+
+    Returns:
+        The variant's ``quantize.json`` record, whose ``precision_search`` holds the precision per
+        layer kind, the weight bytes read per token (all 8-bit, chosen), each candidate's figures
+        and the chosen one's margin to the gate.
+
+    Raises:
+        QwenOnnxError: the calibration text is too short for the importance and score windows, or
+            a bad setting (:func:`~qwen_onnx.quantize.int4.quantize_int4_variant`).
+    """
+    settings.check()
+    if settings.algorithm != "k_quant_int":
+        raise QwenOnnxError("the precision search builds k_quant_int candidates; set quantize_int4.algorithm: "
+                            "k_quant_int or search: false")
+    started = time.time()
+    input_dir = Path(input_dir).resolve()
+    text = shipped_text(CALIBRATION_TEXT) if calibration_text is None else calibration_text
+    windows = token_windows(load_tokenizer(input_dir), text, settings.calibration_sequence_length)
+    needed = settings.importance_samples + score_windows
+    if len(windows) < needed:
+        raise QwenOnnxError(f"the calibration text gives {len(windows)} windows of "
+                            f"{settings.calibration_sequence_length} tokens; the precision search needs {needed} "
+                            f"({settings.importance_samples} for importance, {score_windows} to score): use a "
+                            "longer text or fewer importance_samples")
+    scored = windows[-score_windows:]
+    graph = onnx.load(str(model_path(input_dir)), load_external_data=False).graph
+    matmuls = weight_matmuls(graph)
+    importance = activation_importance(input_dir, windows[:settings.importance_samples], [n for n, _ in matmuls],
+                                       threads)
+    sizes = {node.name: int(np.prod(tensor.dims)) for node, tensor in matmuls}
+    reference_model = OnnxCausalLM(input_dir, threads=threads)
+    reference = np.stack([_logits(reference_model, w) for w in scored])
+    del reference_model
+    errors = option_errors(input_dir, importance, OPTIONS, threads=threads or len(os.sched_getaffinity(0)))
+    steps = greedy_steps(errors, sizes)
+    names = list(sizes)
+    candidates: list[dict[str, Any]] = []
+    scratch_root = Path(output_dir).resolve().parent
+
+    def passes(taken: int) -> bool:
+        precision = precision_after(steps, names, taken)
+        with tempfile.TemporaryDirectory(prefix=".qwen-onnx-search-", dir=scratch_root) as scratch:
+            folder = Path(scratch) / "candidate"
+            quantize_int4_variant(input_dir, folder, settings, calibration_text=calibration_text,
+                                  source_info=source_info, threads=threads, precision=precision, importance=importance)
+            figures = score_on_windows(folder, scored, reference, threads)
+        verdict, failures = check_gate(figures, gate)
+        marginal = gate_margins(figures, gate) if verdict == "PASS" else []
+        candidates.append({"moves": taken, "weight_bytes_per_token": weight_bytes(precision, sizes),
+                           **{k: figures[k] for k in ("ppl_delta_pct", "kl_mean", "top1_pct")},
+                           "gate": verdict, "failures": failures, "marginal": marginal})
+        log.info("precision search: %d of %d moves, %.1f MB a token: %s", taken, len(steps),
+                 candidates[-1]["weight_bytes_per_token"] / 1e6, verdict if not marginal else "marginal")
+        return verdict == "PASS" and not marginal
+
+    taken = longest_passing_prefix(len(steps), passes)
+    precision = precision_after(steps, names, taken)
+    chosen = next((c for c in candidates if c["moves"] == taken), None)
+    widest = precision_after(steps, names, 0)
+    record = {
+        "method": "greedy error-per-byte path from all 8-bit, longest prefix passing the int4 gate with margin "
+                  "on calibration text (qwen_onnx.quantize.precision_search)",
+        "options": [option_key(*o) for o in OPTIONS],
+        "moves": taken,
+        "of_moves": len(steps),
+        "weight_bytes_per_token": weight_bytes(precision, sizes),
+        "weight_bytes_per_token_all_8bit": weight_bytes(widest, sizes),
+        "by_role": precision_by_role(precision),
+        "gate": dict(gate),
+        "chosen": chosen,
+        "candidates": candidates,
+        "score_windows": score_windows,
+        "importance_samples": settings.importance_samples,
+        "sequence_length": settings.calibration_sequence_length,
+        "search_seconds": round(time.time() - started, 1),
+    }
+    info = quantize_int4_variant(input_dir, output_dir, settings, calibration_text=calibration_text,
+                                 source_info=source_info, threads=threads, precision=precision, importance=importance,
+                                 record={"precision_search": record})
+    return info

@@ -1,0 +1,182 @@
+"""The int4 variant's per-MatMul precision chosen by search: the fewest weight bytes read per token
+that still pass the int4 gate with a margin on the calibration text.
+
+Method, after Olive's ``SelectiveMixedPrecision`` (its ``snr`` selector ranks layers by the
+signal-to-noise ratio of their quantized weights) and llama.cpp's Q4_K_M mix (wider types where
+they matter), on the options MatMulNBits offers a CPU (:data:`OPTIONS`):
+
+1. **Error of every option of every weight MatMul** (:func:`option_errors`): the weight quantized
+   by the int4 stage's own k-quant search (:func:`qwen_onnx.quantize.kquant.quantize_blocks`, with
+   the calibration text's activation importance), and its relative product error
+   ``sum_k imp_k sum_n (w - ŵ)^2 / sum_k imp_k sum_n w^2`` (``imp_k`` the mean squared activation
+   of input channel ``k``: the expected ``|X(W - Ŵ)|^2 / |XW|^2`` for independent channels; the
+   inverse of Olive's SNR).
+2. **One path from all-8-bit to all-narrowest** (:func:`greedy_steps`): from every MatMul at the
+   widest option, the next step is always the one move (one MatMul one option narrower) that adds
+   the least error per byte saved.
+3. **The longest prefix of that path that passes** (:func:`longest_passing_prefix`): a binary
+   search over the number of steps taken, each candidate built as the shipped variant is and
+   scored on calibration windows against the float graph (never on the evaluation windows the
+   report scores); it passes when it clears every limit of the int4 gate with the margin the
+   report calls non-marginal (:func:`qwen_onnx.settings.gates.gate_margins`).
+
+Bytes (:func:`bytes_per_weight`): MatMulNBits stores ``bits / 8`` bytes a weight, a float32 scale
+and a ``bits``-bit zero point per block; a decode step reads every weight MatMul once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from qwen_onnx.quantize.kquant import quantize_blocks
+from qwen_onnx.quantize.matmuls import node_role, weight_matmuls
+
+log = logging.getLogger(__name__)
+
+#: (bits, block size) MatMulNBits options, widest first: 8-bit at the int4 stage's ``block_size_8bit``,
+#: then 4-bit at blocks of 16, 32 and 64 inputs (128 measured +11% perplexity on the 0.5B, docs/int4.md).
+OPTIONS: tuple[tuple[int, int], ...] = ((8, 128), (4, 16), (4, 32), (4, 64))
+
+
+def bytes_per_weight(bits: int, block: int) -> float:
+    """Bytes MatMulNBits stores per weight: ``bits / 8``, plus a float32 scale and a ``bits``-bit
+    zero point per ``block`` weights (onnxruntime contrib op ``MatMulNBits``)."""
+    return bits / 8 + (4 + bits / 8) / block
+
+
+def option_errors(model_dir: str | os.PathLike, importance: Mapping[str, np.ndarray],
+                  options: Sequence[tuple[int, int]] = OPTIONS, threads: int = 1,
+                  names: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
+    """The relative product error of every option for every weight MatMul of the float graph.
+
+    Args:
+        model_dir: a float variant folder (``model.onnx`` with external data).
+        importance: ``{node name: float32 [in_features]}``, the mean squared input activation of each
+            channel on calibration text (:func:`qwen_onnx.quantize.kquant.activation_importance`).
+        options: (bits, block) pairs.
+        threads: threads of the block search.
+        names: the MatMuls to score (default every weight MatMul).
+
+    Returns:
+        ``{node name: {"bits/block": relative error}}``, dimensionless (0 is exact).
+    """
+    from onnxruntime.quantization.neural_compressor.weight_only import pad_tensor
+
+    path = Path(model_dir) / "model.onnx"
+    graph = onnx.load(str(path), load_external_data=False).graph
+    out: dict[str, dict[str, float]] = {}
+    for node, tensor in weight_matmuls(graph):
+        if names is not None and node.name not in names:
+            continue
+        weight = onnx.numpy_helper.to_array(tensor, base_dir=str(path.parent)).astype(np.float32)  # [K, N]
+        k = weight.shape[0]
+        imp = np.asarray(importance[node.name], dtype=np.float64)
+        signal = float(np.einsum("k,kn,kn->", imp, weight, weight, dtype=np.float64))
+        out[node.name] = {}
+        for bits, block in options:
+            k_blocks = (k - 1) // block + 1
+            padded = pad_tensor(weight, block, k_blocks)  # [K_padded, N]
+            channel = np.zeros(padded.shape[0], dtype=np.float32)
+            channel[:k] = importance[node.name]
+            q, scale, zero = quantize_blocks(padded.T, bits, block, channel, threads=threads)
+            restored = (scale * (q - zero.astype(np.float32))).reshape(padded.T.shape).T[:k]
+            noise = float(np.einsum("k,kn,kn->", imp, weight - restored, weight - restored, dtype=np.float64))
+            out[node.name][option_key(bits, block)] = noise / signal if signal > 0 else 0.0
+            del q, scale, zero, restored, padded
+        del weight
+    return out
+
+
+def option_key(bits: int, block: int) -> str:
+    """``"4/32"`` for 4-bit at block 32: the precision map's spelling of an option."""
+    return f"{bits}/{block}"
+
+
+def parse_option(key: str) -> tuple[int, int]:
+    """``"4/32"`` -> ``(4, 32)``."""
+    bits, block = key.split("/")
+    return int(bits), int(block)
+
+
+def greedy_steps(errors: Mapping[str, Mapping[str, float]], weights: Mapping[str, int],
+                 options: Sequence[tuple[int, int]] = OPTIONS) -> list[tuple[str, str]]:
+    """The path from every MatMul at ``options[0]`` to every one at ``options[-1]``, one move at a time.
+
+    Each move takes one MatMul one option narrower; the next move is always the one with the least
+    added error per byte saved (error from ``errors``, bytes ``weights[name] x`` the drop in
+    :func:`bytes_per_weight`). A move that saves no bytes, or one whose error goes down, comes first.
+
+    Args:
+        errors: from :func:`option_errors`.
+        weights: ``{node name: number of weights (K x N)}``.
+
+    Returns:
+        ``[(node name, option key after the move), ...]``, ``len(errors) x (len(options) - 1)`` moves.
+    """
+    keys = [option_key(*o) for o in options]
+    sizes = [bytes_per_weight(*o) for o in options]
+    level = dict.fromkeys(errors, 0)
+    steps = []
+
+    def price(name: str) -> float:
+        i = level[name]
+        saved = weights[name] * (sizes[i] - sizes[i + 1])
+        added = errors[name][keys[i + 1]] - errors[name][keys[i]]
+        return added / saved if saved > 0 else float("-inf")
+
+    while True:
+        movable = [n for n in errors if level[n] + 1 < len(options)]
+        if not movable:
+            return steps
+        name = min(movable, key=lambda n: (price(n), n))
+        level[name] += 1
+        steps.append((name, keys[level[name]]))
+
+
+def precision_after(steps: Sequence[tuple[str, str]], names: Sequence[str], taken: int,
+                    widest: tuple[int, int] = OPTIONS[0]) -> dict[str, str]:
+    """The precision map after the first ``taken`` moves of ``steps``: ``{node name: option key}``."""
+    precision = dict.fromkeys(names, option_key(*widest))
+    for name, key in steps[:taken]:
+        precision[name] = key
+    return precision
+
+
+def weight_bytes(precision: Mapping[str, str], weights: Mapping[str, int]) -> float:
+    """Bytes of the weight MatMuls under ``precision``: what one decode step reads of them."""
+    return float(sum(weights[n] * bytes_per_weight(*parse_option(k)) for n, k in precision.items()))
+
+
+def longest_passing_prefix(total: int, passes: Callable[[int], bool]) -> int:
+    """The most moves ``t`` in ``[0, total]`` with ``passes(t)``, by binary search (``passes`` is
+    taken to be monotone: true up to some ``t``, false after). 0 when no prefix passes but the
+    first is assumed (all 8-bit) to; ``passes(0)`` is never called.
+
+    Returns:
+        ``t``; ``passes`` is called about ``log2(total)`` times.
+    """
+    low, high = 0, total  # passes(low) holds (assumed for 0); the answer is in [low, high]
+    while low < high:
+        mid = (low + high + 1) // 2
+        if passes(mid):
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def precision_by_role(precision: Mapping[str, str]) -> dict[str, dict[str, int]]:
+    """How many MatMuls of each layer kind (``q_proj``, ``down_proj``, ``lm_head`` ...) got each
+    option: ``{role: {option key: count}}``, for the report's one line per layer kind."""
+    out: dict[str, Counter] = {}
+    for name, key in precision.items():
+        role = node_role(name)[1]
+        out.setdefault(role, Counter())[key] += 1
+    return {role: dict(sorted(c.items())) for role, c in sorted(out.items())}

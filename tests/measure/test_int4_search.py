@@ -1,0 +1,92 @@
+"""The int4 precision search: its pieces with hand-made values, and a whole search on the tiny Qwen2."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from qwen_onnx.measure.int4_search import score_on_windows, search_int4_variant
+from qwen_onnx.quantize.int4 import Int4Settings
+from qwen_onnx.quantize.precision_search import (
+    bytes_per_weight,
+    greedy_steps,
+    longest_passing_prefix,
+    precision_after,
+    precision_by_role,
+    weight_bytes,
+)
+from qwen_onnx.run.runtime import OnnxCausalLM
+from qwen_onnx.settings.gates import check_gate
+from qwen_onnx.source.text import load_tokenizer, token_windows
+
+
+def test_bytes_per_weight_counts_the_float32_scale_and_the_packed_zero_point():
+    assert bytes_per_weight(4, 32) == pytest.approx(0.5 + 4.5 / 32)  # 0.640625
+    assert bytes_per_weight(8, 128) == pytest.approx(1 + 5 / 128)
+    assert bytes_per_weight(4, 16) > bytes_per_weight(4, 32) > bytes_per_weight(4, 64)
+
+
+def test_the_greedy_path_takes_the_cheapest_error_per_byte_first():
+    options = ((8, 128), (4, 32))
+    # b has twice a's weights and a quarter of its added error: b's move is 8x cheaper per byte
+    errors = {"a": {"8/128": 0.0, "4/32": 0.04}, "b": {"8/128": 0.0, "4/32": 0.01}}
+    steps = greedy_steps(errors, {"a": 100, "b": 200}, options)
+    assert steps == [("b", "4/32"), ("a", "4/32")]
+    assert precision_after(steps, ["a", "b"], 1, (8, 128)) == {"a": "8/128", "b": "4/32"}
+    saved = weight_bytes({"a": "8/128", "b": "8/128"}, {"a": 100, "b": 200}) - weight_bytes(
+        {"a": "8/128", "b": "4/32"}, {"a": 100, "b": 200})
+    assert saved == pytest.approx(200 * (bytes_per_weight(8, 128) - bytes_per_weight(4, 32)))
+
+
+@pytest.mark.parametrize("last_pass", [0, 1, 5, 9, 10])
+def test_the_binary_search_finds_the_last_passing_prefix(last_pass):
+    calls = []
+
+    def passes(t):
+        calls.append(t)
+        return t <= last_pass
+
+    assert longest_passing_prefix(10, passes) == last_pass
+    assert 0 not in calls and len(calls) <= 4
+
+
+def test_the_precision_map_is_summarised_per_layer_kind():
+    precision = {"/model/layers.0/mlp/down_proj/MatMul": "8/128", "/model/layers.1/mlp/down_proj/MatMul": "4/32",
+                 "/model/layers.0/attn/qkv_proj/MatMul": "4/32", "/lm_head/MatMul": "8/128"}
+    assert precision_by_role(precision) == {"down_proj": {"4/32": 1, "8/128": 1}, "lm_head": {"8/128": 1},
+                                            "qkv_proj": {"4/32": 1}}
+
+
+def test_the_search_on_the_tiny_model_saves_bytes_and_its_choice_passes_on_calibration_text(
+        pipeline, texts, tmp_path):
+    settings = Int4Settings(importance_samples=2, calibration_sequence_length=32, embedding="float")
+    # a tiny random model's 4-bit logits move far more than a real one's: a gate it can meet
+    gate = {"ppl_delta_pct": 5.0, "top1_pct": 80.0, "kl_mean": 0.05}
+    info = search_int4_variant(pipeline["optimized"], tmp_path / "int4", settings, gate,
+                               calibration_text=texts["calibration"], score_windows=3)
+    record = info["precision_search"]
+    assert 0 < record["moves"] < record["of_moves"] == 11 * 3  # 2 layers x (qkv, o, gate, up, down) + lm_head, 3 moves each
+    assert record["weight_bytes_per_token"] < record["weight_bytes_per_token_all_8bit"]
+    assert record["chosen"]["gate"] == "PASS" and record["chosen"]["marginal"] == []
+    # the next move would not have passed (or there is none): the search stopped where it had to
+    later = [c for c in record["candidates"] if c["moves"] == record["moves"] + 1]
+    assert all(c["gate"] == "FAIL" or c["marginal"] for c in later)
+    # the shipped graph is the map: each MatMulNBits at its bits and block
+    graph = onnx.load(str(tmp_path / "int4" / "model.onnx"), load_external_data=False).graph
+    built = {n.name: {a.name: helper.get_attribute_value(a) for a in n.attribute}
+             for n in graph.node if n.op_type == "MatMulNBits"}
+    assert len(built) == 11
+    for name, attrs in built.items():
+        # MatMulNBits keeps the MatMul's name with the bits appended (onnxruntime's quantizer: _Q4, _Q8);
+        # the 8-bit blocks are fitted to the hidden size as in every int4 build (64 here, 128 on real models)
+        wanted = info["precision"][name.rsplit("_Q", 1)[0]]
+        assert f"{attrs['bits']}/{attrs['block_size']}" == wanted.replace("8/128", "8/64"), name
+    assert {k for c in record["by_role"].values() for k in c} <= {"8/128", "4/16", "4/32", "4/64"}
+    # scored again here, on the same calibration windows: the shipped variant passes the gate
+    windows = token_windows(load_tokenizer(pipeline["optimized"]), texts["calibration"], 32)[-3:]
+    reference = np.stack([OnnxCausalLM(pipeline["optimized"]).forward(w[None])[0][0] for w in windows])
+    figures = score_on_windows(tmp_path / "int4", windows, reference)
+    assert check_gate(figures, gate)[0] == "PASS"
+    assert figures["kl_mean"] == pytest.approx(record["chosen"]["kl_mean"], rel=1e-6)
