@@ -90,3 +90,15 @@ def test_the_search_on_the_tiny_model_saves_bytes_and_its_choice_passes_on_calib
     figures = score_on_windows(tmp_path / "int4", windows, reference)
     assert check_gate(figures, gate)[0] == "PASS"
     assert figures["kl_mean"] == pytest.approx(record["chosen"]["kl_mean"], rel=1e-6)
+    # the inspection carries the outcome to the report: one line of bytes and figures, one per layer kind
+    import json
+
+    from qwen_onnx.measure.inspect_graph import inspect_variant
+    from qwen_onnx.report.rows import precision_lines
+
+    inspected, _ = inspect_variant(tmp_path / "int4")
+    assert inspected["precision_search"]["by_role"] == record["by_role"]
+    (tmp_path / "int4.inspect.json").write_text(json.dumps(inspected))
+    lines = precision_lines(["tiny"], ["int4"], {"inspect": [tmp_path / "int4.inspect.json"]})
+    assert lines[0].startswith(f"tiny/int4: {record['weight_bytes_per_token'] / 1e6:.0f} MB of weights read per token")
+    assert [line.split(":")[0] for line in lines[1:]] == [f"tiny/int4 {role}" for role in record["by_role"]]

@@ -6,6 +6,7 @@ Initializer sizes come from their dims and dtype, so a 6 GB external data file i
 from __future__ import annotations
 
 import collections
+import json
 import os
 import re
 from pathlib import Path
@@ -330,6 +331,12 @@ def inspect_variant(path: str | os.PathLike) -> tuple[dict[str, Any], str]:
         info = inspect_tflite(path)
         return info, inspect_tflite_markdown(info)
     info = inspect_model(path)
+    record = Path(path) / "quantize.json" if os.path.isdir(path) else Path(path).parent / "quantize.json"
+    if record.is_file() and (search := json.loads(record.read_text(encoding="utf-8")).get("precision_search")):
+        # the int4 precision search's outcome, for the report: per layer kind, bytes, the margin kept
+        info["precision_search"] = {k: search[k] for k in ("by_role", "weight_bytes_per_token",
+                                                            "weight_bytes_per_token_all_8bit", "chosen", "gate",
+                                                            "moves", "of_moves")}
     return info, to_markdown(info)
 
 

@@ -38,6 +38,7 @@ from qwen_onnx.report.rows import (
     graph_rows,
     peer_metric_rows,
     peer_tables,
+    precision_lines,
     recommend,
     sensitivity_rows,
     variant_keys,
@@ -84,6 +85,7 @@ def write_report(
     prompt_lengths: Sequence[int] = (32, 128, 512),
     graphs: Sequence[Mapping[str, Any]] | None = None,
     sensitivity: Sequence[Mapping[str, Any]] | None = None,
+    precision: Sequence[str] | None = None,
     peers: Sequence[Mapping[str, Any]] | None = None,
     peer_rows: Sequence[Mapping[str, Any]] | None = None,
     pipeline: Mapping[str, Any] | None = None,
@@ -105,6 +107,7 @@ def write_report(
         generations: per (model, variant), the ``generation`` details of its accuracy JSON.
         graphs: from :func:`graph_rows`.
         sensitivity: from :func:`sensitivity_rows`.
+        precision: from :func:`precision_lines` (the searched int4 variants' precision per layer kind).
         peers: from :func:`peer_tables` (the "Against peers" section).
         peer_rows: from :func:`peer_metric_rows`, appended to metrics.csv/json and drawn, hatched or
             dashed, in the decode and prefill plots (not in the tables, nor in "Which variant to ship").
@@ -162,6 +165,8 @@ def write_report(
                markdown_table(table["rows"], table["columns"])]
     if graphs:
         md += ["## Graphs (inspection, and the change from fp32)", "", markdown_table(graphs, GRAPH_COLUMNS)]
+    if precision:
+        md += ["## int4 precision, searched (bits/block per layer kind)", "", *[f"- {x}" for x in precision], ""]
     if sensitivity:
         md += [f"## INT8 sensitivity per MatMul role ({SENSITIVITY_NOTE})", "",
                markdown_table(sensitivity, SENSITIVITY_COLUMNS)]
@@ -214,6 +219,9 @@ def write_report(
                   html_table(table["rows"], table["columns"], styles)]
     if graphs:
         parts += ["<h2>Graphs (inspection, and the change from fp32)</h2>", html_table(graphs, GRAPH_COLUMNS, styles)]
+    if precision:
+        parts += ["<h2>int4 precision, searched (bits/block per layer kind)</h2><ul>",
+                  *[f"<li>{html.escape(x)}</li>" for x in precision], "</ul>"]
     if sensitivity:
         parts += [f"<h2>INT8 sensitivity per MatMul role</h2><p>{html.escape(SENSITIVITY_NOTE)}</p>",
                   html_table(sensitivity, SENSITIVITY_COLUMNS)]
@@ -287,7 +295,8 @@ def build_report(
         write_text(pipeline_csv, buffer.getvalue())
     peer_rows = peer_metric_rows(models, peer_paths, prompt_lengths)
     write_report(rows, machine, profiles=profiles, generations=generations, prompt_lengths=prompt_lengths,
-                 graphs=graphs, sensitivity=sensitivity, peers=peer_tables(models, peer_paths, [*rows, *peer_rows]),
+                 graphs=graphs, sensitivity=sensitivity, precision=precision_lines(models, variants, files),
+                 peers=peer_tables(models, peer_paths, [*rows, *peer_rows]),
                  peer_rows=peer_rows, pipeline=pipeline, skipped=skipped,
                  **outputs)
     return rows

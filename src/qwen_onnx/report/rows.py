@@ -374,6 +374,28 @@ def graph_rows(models: Sequence[str], variants: Sequence[str] | Mapping[str, Seq
     return out
 
 
+def precision_lines(models: Sequence[str], variants: Sequence[str] | Mapping[str, Sequence[str]],
+                    files: Mapping[str, Sequence]) -> list[str]:
+    """One line per searched int4 variant and per layer kind: the options the precision search chose
+    (``quantize_int4.search``; :mod:`qwen_onnx.quantize.precision_search`), the weight bytes read per
+    token against all 8-bit, and the chosen map's figures on calibration text against the gate."""
+    lines = []
+    for (model, variant), path in zip(variant_keys(models, variants), files["inspect"]):
+        search = read_json(path).get("precision_search")
+        if not search:
+            continue
+        chosen, gate = search.get("chosen") or {}, search["gate"]
+        lines.append(f"{model}/{variant}: {search['weight_bytes_per_token'] / 1e6:.0f} MB of weights read per token "
+                     f"(all 8-bit: {search['weight_bytes_per_token_all_8bit'] / 1e6:.0f} MB), {search['moves']} of "
+                     f"{search['of_moves']} moves; on calibration text: perplexity "
+                     f"{chosen.get('ppl_delta_pct', float('nan')):+.2f}% (gate {gate.get('ppl_delta_pct')}), KL "
+                     f"{chosen.get('kl_mean', float('nan')):.4f} ({gate.get('kl_mean')}), top-1 "
+                     f"{chosen.get('top1_pct', float('nan')):.1f}% ({gate.get('top1_pct')})")
+        lines += [f"{model}/{variant} {role}: " + ", ".join(f"{n} × {k}" for k, n in options.items())
+                  for role, options in search["by_role"].items()]
+    return lines
+
+
 SENSITIVITY_COLUMNS = ("model", "role", "nodes", "sqnr_dynamic_db", "sqnr_static_db", "sqnr_blockwise_db",
                        "sqnr_weight_only_db", "worst_node", "worst_sqnr_dynamic_db")
 
