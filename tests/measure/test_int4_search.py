@@ -11,6 +11,7 @@ from qwen_onnx.measure.int4_search import score_on_windows, search_int4_variant
 from qwen_onnx.quantize.int4 import Int4Settings
 from qwen_onnx.quantize.precision_search import (
     bytes_per_weight,
+    calibrate_errors,
     greedy_steps,
     longest_passing_prefix,
     precision_after,
@@ -102,3 +103,15 @@ def test_the_search_on_the_tiny_model_saves_bytes_and_its_choice_passes_on_calib
     lines = precision_lines(["tiny"], ["int4"], {"inspect": [tmp_path / "int4.inspect.json"]})
     assert lines[0].startswith(f"tiny/int4: {record['weight_bytes_per_token'] / 1e6:.0f} MB of weights read per token")
     assert [line.split(":")[0] for line in lines[1:]] == [f"tiny/int4 {role}" for role in record["by_role"]]
+
+
+def test_calibrated_errors_add_up_to_each_layer_kinds_kl():
+    errors = {"q0": {"8/128": 0.001, "4/32": 0.02}, "q1": {"8/128": 0.001, "4/32": 0.06},
+              "head": {"8/128": 0.0005, "4/32": 0.01}}
+    roles = {"q0": "qkv_proj", "q1": "qkv_proj", "head": "lm_head"}
+    scaled = calibrate_errors(errors, roles, {"qkv_proj": 0.004, "lm_head": 0.03}, "4/32")
+    assert scaled["q0"]["4/32"] + scaled["q1"]["4/32"] == pytest.approx(0.004)
+    assert scaled["head"]["4/32"] == pytest.approx(0.03) and scaled["head"]["8/128"] == pytest.approx(0.0015)
+    # the lm_head's small weight error weighs most once scaled: it moves last
+    steps = greedy_steps(scaled, {"q0": 100, "q1": 100, "head": 100}, ((8, 128), (4, 32)))
+    assert steps[-1] == ("head", "4/32")

@@ -22,9 +22,11 @@ from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.measure.metrics import AccuracyAccumulator
 from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
 from qwen_onnx.quantize.kquant import activation_importance
-from qwen_onnx.quantize.matmuls import weight_matmuls
+from qwen_onnx.quantize.matmuls import node_role, weight_matmuls
 from qwen_onnx.quantize.precision_search import (
     OPTIONS,
+    PROBE,
+    calibrate_errors,
     greedy_steps,
     longest_passing_prefix,
     option_errors,
@@ -83,7 +85,8 @@ def search_int4_variant(
     ``settings.calibration_sequence_length`` tokens: the first ``settings.importance_samples`` give
     the activation importance, the last ``score_windows`` score the candidates (the float graph's
     logits on them are the reference). The search (module docstring of
-    :mod:`qwen_onnx.quantize.precision_search`) builds about ``log2(3 x MatMuls)`` candidates.
+    :mod:`qwen_onnx.quantize.precision_search`) builds one candidate per layer kind to calibrate the
+    weight errors, then about ``log2(3 x MatMuls)`` along the path.
 
     Args:
         gate: the int4 gate's limits (``ppl_delta_pct``, ``top1_pct``, ``kl_mean``); a candidate
@@ -124,18 +127,32 @@ def search_int4_variant(
     reference = np.stack([_logits(reference_model, w) for w in scored])
     del reference_model
     errors = option_errors(input_dir, importance, OPTIONS, threads=threads or len(os.sched_getaffinity(0)))
-    steps = greedy_steps(errors, sizes)
     names = list(sizes)
-    candidates: list[dict[str, Any]] = []
     scratch_root = Path(output_dir).resolve().parent
 
-    def passes(taken: int) -> bool:
-        precision = precision_after(steps, names, taken)
+    def build_and_score(precision: Mapping[str, str]) -> dict[str, float]:
         with tempfile.TemporaryDirectory(prefix=".qwen-onnx-search-", dir=scratch_root) as scratch:
             folder = Path(scratch) / "candidate"
             quantize_int4_variant(input_dir, folder, settings, calibration_text=calibration_text,
                                   source_info=source_info, threads=threads, precision=precision, importance=importance)
-            figures = score_on_windows(folder, scored, reference, threads)
+            return score_on_windows(folder, scored, reference, threads)
+
+    # the weights' error to the model's: per layer kind, the KL of that kind alone at the probe option
+    roles = {name: node_role(name)[1] for name in names}
+    probe, widest = option_key(*PROBE), option_key(*OPTIONS[0])
+    role_kl = {}
+    for role in sorted(set(roles.values())):
+        figures = build_and_score({n: probe if roles[n] == role else widest for n in names})
+        role_kl[role] = figures["kl_mean"]
+        log.info("precision search: %s alone at %s: KL %.4f, top-1 %.2f%%", role, probe, figures["kl_mean"],
+                 figures["top1_pct"])
+    scaled = calibrate_errors(errors, roles, role_kl, probe)
+    steps = greedy_steps(scaled, sizes)
+    candidates: list[dict[str, Any]] = []
+
+    def passes(taken: int) -> bool:
+        precision = precision_after(steps, names, taken)
+        figures = build_and_score(precision)
         verdict, failures = check_gate(figures, gate)
         marginal = gate_margins(figures, gate) if verdict == "PASS" else []
         candidates.append({"moves": taken, "weight_bytes_per_token": weight_bytes(precision, sizes),
@@ -153,6 +170,7 @@ def search_int4_variant(
         "method": "greedy error-per-byte path from all 8-bit, longest prefix passing the int4 gate with margin "
                   "on calibration text (qwen_onnx.quantize.precision_search)",
         "options": [option_key(*o) for o in OPTIONS],
+        "role_kl_at_probe": {"probe": probe, **role_kl},
         "moves": taken,
         "of_moves": len(steps),
         "weight_bytes_per_token": weight_bytes(precision, sizes),
