@@ -264,3 +264,22 @@ def test_a_variants_section_that_cannot_be_built_is_a_one_line_error(variants, m
     config = {"models": {"m": {"source": "Qwen/Qwen2.5-0.5B", "params_billion": 0.5, "variants": variants}}}
     with pytest.raises(OptionError, match=message.replace(r"variants\.", r"models\.m\.variants\.")):
         check_config(config)
+
+
+@pytest.mark.parametrize("command, section", [("quantize-static", "quantize_static"), ("quantize-mixed", "quantize_mixed")])
+def test_the_static_commands_default_to_their_config_sections(command, section):
+    """``qwen-onnx quantize-mixed`` builds int8-mixed as the workflow does: its defaults are the
+    ``quantize_mixed`` section's (``qwen_onnx.settings.defaults.QUANTIZE_MIXED`` over StaticSettings')."""
+    cli = cli_defaults(command)
+    library = {f.name: f.default for f in dataclasses.fields(StaticSettings)}
+    compared = 0
+    for key, value in schema_defaults(section).items():
+        dest = "exclude" if key == "nodes_to_exclude" else key.replace(".", "_")
+        if value is None:  # unset in the section: StaticSettings' own (sensitive.rank: static)
+            value = library.get(dest)
+        if key == "calibration_text":
+            assert Path(cli[dest]).read_bytes() == (REPO / value).read_bytes()
+        elif dest in cli and (section, key) not in LIBRARY_ONLY:
+            assert plain(cli[dest]) == value, (command, key)
+            compared += 1
+    assert compared >= 20
