@@ -217,25 +217,6 @@ def test_an_unknown_key_in_a_quantize_section_is_named():
         StaticSettings.from_config({**CONFIG["quantize_static"], "sampels": 8})
 
 
-def test_every_registered_variant_has_its_rule_config_section_and_command():
-    """The registry entry is the one place a variant's names are declared: its rule exists in the
-    workflow, its section in config.yaml and the schema, its command in the CLI."""
-    import re
-
-    from qwen_onnx.cli import build_parser
-    from qwen_onnx.settings.variants import VARIANTS
-
-    rules = set(re.findall(r"^rule (\w+):", "".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk")),
-                           re.M))
-    config = yaml.safe_load((REPO / "config.yaml").read_text())
-    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())["properties"]
-    commands = set(next(a for a in build_parser()._actions if a.dest == "command").choices)
-    for v in VARIANTS:
-        assert v.rule in rules, v.name
-        assert v.section in config and v.section in schema, v.name
-        assert v.command in commands, v.name
-
-
 def test_the_variants_built_and_timed_by_default_are_the_registrys():
     """int8-mixed is opt-in, and preprocessed (fp32's kernels) is built but not timed."""
     from qwen_onnx.settings.variants import DEFAULT_BUILT, DEFAULT_TIMED

@@ -73,7 +73,7 @@ MEM_PER_FP32_GB = {  # GiB of peak RSS per GB of fp32 weights
     "optimize": 1.8,
     # fp32 graph and weights in memory, then their float16 copy and its serialisation: 6.5 GB measured
     # on the 0.5B (/usr/bin/time), 7.4 GB declared
-    "convert_float16": 3.3,
+    "float16": 3.3,
     "accuracy": 2.5,
     # PyTorch fp32 (eager) + one window's logits: 3.5 GB measured on the 0.5B (1.97 GB fp32), 4.6 GB declared
     "reference": 1.8,
@@ -101,7 +101,7 @@ RUNTIME_MIN_PER_FP32_GB = {
     "quantize_int4": 0.7,
     "sensitivity": 0.4,
     "optimize": 0.3,
-    "convert_float16": 0.4,  # 44 s on the 0.5B
+    "float16": 0.4,  # 44 s on the 0.5B
     "reference": 2.0,  # 6.6 min on the 0.5B at load ~7 (3.3 per GB): PyTorch logits and greedy generation
     "accuracy": 1.3,
     "profile": 0.5,  # one profiled session: a prefill and 16 decode steps
@@ -109,7 +109,7 @@ RUNTIME_MIN_PER_FP32_GB = {
     # for 5 of the 8 variants
     "sitting": 6.0,
     "genai_builder": 0.5,  # the builder's INT4 graph: the model builder as optimize, plus 4-bit RTN
-    "convert_tflite": 0.9,  # 104 s for the 0.5B with litert-torch 0.10 (0.88 min per fp32 GB)
+    "tflite": 0.9,  # 104 s for the 0.5B with litert-torch 0.10 (0.88 min per fp32 GB)
 }
 
 # The tflite conversion's memory is declared from its own measurement instead (get_tflite_mem_mb):
@@ -176,7 +176,7 @@ def get_runtime(stage):
 
 
 def get_tflite_mem_mb(wildcards):
-    """Declared memory of a model's convert_tflite job, in MB (see TFLITE_MIN_RSS_GIB above)."""
+    """Declared memory of a model's tflite job, in MB (see TFLITE_MIN_RSS_GIB above)."""
     settings = get_settings(wildcards.model, "tflite")
     gib = conversion_rss_gib(
         config["models"][wildcards.model]["params_billion"],
