@@ -6,6 +6,7 @@ import types
 
 import yaml
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 import qwen_onnx
@@ -26,12 +27,13 @@ with open(
 # validation fills schema defaults into them too (which would override the global values).
 MODEL_OVERRIDES = copy.deepcopy(config.get("models", {}))
 
-# Numbers out of range answered in one line naming the range, as the CLI does (then the schema).
+# Numbers out of range answered in one line naming the range and the fix, as the CLI does (then the
+# schema): a WorkflowError, so Snakemake reports it as it reports the schema's, and -n, --lint and every
+# API caller get an error instead of an exit from inside the parse.
 try:
     qwen_onnx.settings.options.check_config(config)
 except qwen_onnx.settings.options.OptionError as exc:
-    sys.stderr.write(f"qwen-onnx config: {exc}\n")
-    sys.exit(2)
+    raise WorkflowError(f"qwen-onnx config: {exc}") from None
 validate(config, schema="../schemas/config.schema.yaml")
 
 VERSION = qwen_onnx.__version__
@@ -125,14 +127,8 @@ wildcard_constraints:
 
 
 def get_models():
-    """Short names of the models to build: `run` from the config, else all configured models."""
-    run = config.get("run") or list(config["models"])
-    unknown = [m for m in run if m not in config["models"]]
-    if unknown:
-        raise ValueError(
-            f"config `run` names {', '.join(unknown)}, not in `models` ({', '.join(config['models'])})"
-        )
-    return run
+    """Short names of the models to build: `run` from the config (checked above), else all configured models."""
+    return config.get("run") or list(config["models"])
 
 
 def get_settings(model, section):
