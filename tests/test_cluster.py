@@ -188,7 +188,7 @@ def test_slurm_profile_resources_apply_to_every_job(tmp_path, tiny_qwen2, texts,
     jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", result.stdout, re.M)
     resources = {rule: dict(item.split("=", 1) for item in line.split(", ")) for rule, line in jobs}
     assert set(resources) == {"resolve", "export", "preprocess", "sensitivity", "quantize_dynamic", "quantize_static", "quantize_mixed",
-                              "quantize_int4", "convert_float16", "optimize", "inspect", "diff", "reference", "accuracy", "profile",
+                              "quantize_int4", "float16", "optimize", "inspect", "diff", "reference", "accuracy", "profile",
                               "latency_row", "latency_row_pytorch", "genai_builder", "sitting", "accuracy_peer", "machine",
                               "report", "all"}
     for rule, res in resources.items():
@@ -202,7 +202,7 @@ def test_slurm_profile_resources_apply_to_every_job(tmp_path, tiny_qwen2, texts,
     export = ("40000", "180") if override else ("22827", "43")
     assert (resources["export"]["mem_mb"], resources["export"]["runtime"]) == export
     assert resources["profile"]["mem_mb"] == "22827" and resources["accuracy"]["mem_mb"] == "17535"
-    assert resources["sitting"]["mem_mb"] == "22827" and resources["convert_float16"]["mem_mb"] == "22827"
+    assert resources["sitting"]["mem_mb"] == "22827" and resources["float16"]["mem_mb"] == "22827"
     assert resources["latency_row"]["mem_mb"] == "1000" and resources["latency_row_pytorch"]["mem_mb"] == "1000"
 
 
@@ -211,7 +211,7 @@ def test_every_rule_declares_threads_memory_and_runtime():
                      flags=re.M)[1:]
     from qwen_onnx.settings.variants import VARIANTS
 
-    assert {v.rule for v in VARIANTS} <= {body.split(":", 1)[0] for body in rules}
+    assert {v.stage for v in VARIANTS} <= {body.split(":", 1)[0] for body in rules}
     for body in rules:
         name = body.split(":", 1)[0]
         for directive in ("    threads: ", "        mem_mb=", "        runtime=", "    log:", "    conda:"):

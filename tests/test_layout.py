@@ -125,3 +125,22 @@ def test_jobs_that_share_cores_get_a_passive_openmp_wait_policy(monkeypatch):
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's choice wins
     assert share_cores_politely("export") is False
     assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_no_workflow_script_is_named_like_a_module_onnxruntime_imports_by_its_bare_name():
+    """Snakemake appends workflow/scripts/ to a job's sys.path; onnxruntime.transformers appends its own
+    folder after it and imports its modules by their bare names (``from float16 import ...``), so a
+    wrapper of such a name would be imported in their place (why the float16 rule's script is
+    convert_float16.py)."""
+    import importlib.util
+    import re
+
+    ort = Path(importlib.util.find_spec("onnxruntime.transformers").origin).parent
+    own = {p.stem for p in ort.rglob("*.py")}
+    bare = set()
+    for path in ort.rglob("*.py"):
+        bare.update(re.findall(r"^\s*(?:from|import) (\w+)", path.read_text(encoding="utf-8", errors="replace"), re.MULTILINE))
+    shadowed = own & bare
+    assert "float16" in shadowed  # the check sees the module a float16.py wrapper would replace
+    scripts = {p.stem for p in (PACKAGE.parents[1] / "workflow" / "scripts").glob("*.py")}
+    assert scripts & shadowed == set()

@@ -127,6 +127,18 @@ def test_schema_and_library_ranges_agree():
         assert ranges == {CHOICES[key] if key in CHOICES else RANGES[key]}, key
 
 
+def config_error(result) -> str:
+    """The one line of a configuration error: Snakemake stops the parse with a WorkflowError (exit status 1)
+    and prints the message under its ``WorkflowError in file ...`` header (on stdout, as its other errors),
+    without a Python traceback."""
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-3000:]
+    assert "Traceback" not in output
+    lines = output.strip().splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("WorkflowError in file "))
+    return lines[header + 1]
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"export": {"opset": 25}}, "export.opset 25 is out of range; give an integer from 14 to 23"),
     ({"latency": {"threads": 0}}, "latency.threads 0 is out of range; give an integer of at least 1"),
@@ -136,9 +148,17 @@ def test_workflow_refuses_the_same_numbers_in_one_line(tiny_qwen2, texts, tmp_pa
 
     write_config(tmp_path, str(tiny_qwen2), texts, **overrides)
     result = snakemake(tmp_path, "-n")
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == f"qwen-onnx config: {message}"
-    assert "Traceback" not in result.stderr and not (tmp_path / "results").exists()
+    assert config_error(result) == f"qwen-onnx config: {message}"
+    assert not (tmp_path / "results").exists()
+
+
+def test_workflow_refuses_a_run_of_an_unconfigured_model(tiny_qwen2, texts, tmp_path):
+    from test_workflow import snakemake, write_config
+
+    write_config(tmp_path, str(tiny_qwen2), texts)
+    result = snakemake(tmp_path, "-n", "--config", "run=[tiny,tiny-qwen9]")
+    assert config_error(result) == ("qwen-onnx config: run names tiny-qwen9, not a configured model (models: tiny); "
+                                    "add it under models or remove it from run")
 
 
 def test_nested_command_line_values_are_typed_by_the_schema(tiny_qwen2, texts, tmp_path):
@@ -160,8 +180,7 @@ def test_nested_command_line_values_are_typed_by_the_schema(tiny_qwen2, texts, t
     result = snakemake(tmp_path, "-n", "--config", "export={opset: 18}")
     assert result.returncode == 0, result.stderr[-2000:]
     result = snakemake(tmp_path, "-n", "--config", "export={opset: 25}")
-    assert result.stderr.strip().splitlines()[-1] == (
-        "qwen-onnx config: export.opset 25 is out of range; give an integer from 14 to 23")
+    assert config_error(result) == "qwen-onnx config: export.opset 25 is out of range; give an integer from 14 to 23"
 
 
 def test_a_model_override_replaces_one_nested_key_and_keeps_its_siblings():
@@ -190,7 +209,7 @@ def test_workflow_names_a_model_override_by_its_path(tiny_qwen2, texts, tmp_path
     config["models"]["tiny"]["quantize_static"] = {"samples": -2}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     result = snakemake(tmp_path, "-n")
-    assert result.stderr.strip().splitlines()[-1] == (
+    assert config_error(result) == (
         "qwen-onnx config: models.tiny.quantize_static.samples -2 is out of range; give an integer of at least 1")
 
 
@@ -695,8 +714,7 @@ def test_a_model_name_with_a_slash_is_refused_in_one_line(tiny_qwen2, texts, tmp
     config["models"] = {"Qwen/tiny": config["models"]["tiny"]}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     result = snakemake(tmp_path, "-n")
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == (
+    assert config_error(result) == (
         "qwen-onnx config: model name 'Qwen/tiny' is not a folder name; use letters, digits, '.', '-' and '_' only "
         "(it names results/NAME/), e.g. 'Qwen-tiny'")
 

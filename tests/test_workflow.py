@@ -176,7 +176,7 @@ def test_full_run_writes_every_artifact(finished_run):
                                       "quantize_dynamic", "quantize_static", "quantize_int4", "latency_row.pytorch", "sitting")}
     expected |= {("tiny", f"{rule}.{v}") for v in VARIANTS for rule in ("inspect", "accuracy", "latency_row")}
     expected |= {("tiny", f"profile.{v}") for v in VARIANTS if v != "tflite"}
-    expected |= {("tiny", f"diff.{v}") for v in DIFFED} | {("", "machine"), ("tiny", "convert_tflite")}
+    expected |= {("tiny", f"diff.{v}") for v in DIFFED} | {("", "machine"), ("tiny", "tflite")}
     assert expected <= set(pipeline)
     assert all(float(r["wall_s"]) > 0 and float(r["peak_rss_mib"]) > 50 for r in pipeline.values())
     assert "## Pipeline: where the time goes" in report and "critical path:" in report
@@ -275,10 +275,10 @@ def test_float16_settings_rerun_only_the_fp16_variant_and_the_exporter_reruns_al
         exporter = planned_jobs(snakemake(finished_run, "-n"))
     finally:
         (finished_run / "config.yaml").write_text(original)
-    per_model = {"convert_float16": 1, "inspect": 1, "diff": 1, "accuracy": 1, "profile": 1, "sitting": 1,
+    per_model = {"float16": 1, "inspect": 1, "diff": 1, "accuracy": 1, "profile": 1, "sitting": 1,
                  "latency_row": len(VARIANTS), "latency_row_pytorch": 1}
     assert blocked == {**{rule: 3 for rule in per_model}, "latency_row": 3 * len(VARIANTS) - 2, "report": 1, "all": 1}
-    assert exporter["export"] == 3 and exporter["preprocess"] == 3 and exporter["convert_float16"] == 3
+    assert exporter["export"] == 3 and exporter["preprocess"] == 3 and exporter["float16"] == 3
     assert "optimize" not in exporter  # the builder starts from hf, not from the export
 
 
@@ -294,7 +294,7 @@ def test_adding_a_model_reruns_only_that_models_stages(finished_run, tiny_qwen2)
     n = len(ONNX_VARIANTS)  # the copy has no tflite variant (tflite.enabled is false but for `tiny`)
     assert planned_jobs(result) == {"resolve": 1, "export": 1, "preprocess": 1, "sensitivity": 1, "quantize_dynamic": 1,
                                     "quantize_static": 1, "quantize_mixed": 1, "quantize_int4": 1,
-                                    "convert_float16": 1,
+                                    "float16": 1,
                     "optimize": 1, "inspect": n, "diff": n - 1, "reference": 1, "accuracy": n, "profile": n,
                     "latency_row": n, "latency_row_pytorch": 1, "genai_builder": 1, "sitting": 1,
                     "accuracy_peer": 2, "report": 1, "all": 1}
@@ -341,11 +341,11 @@ def test_tflite_is_scheduled_only_within_the_memory_budget(tmp_path, tiny_qwen2,
         return planned_jobs(result), result.stdout
 
     jobs, out = plan()
-    assert jobs["convert_tflite"] == 1 and "output: results/tiny/tflite\n" in out and "results/big/tflite" not in out
+    assert jobs["tflite"] == 1 and "output: results/tiny/tflite\n" in out and "results/big/tflite" not in out
     assert jobs["accuracy"] == len(VARIANTS) + len(ONNX_VARIANTS) and jobs["diff"] == 2 * len(DIFFED)
     assert "results/tiny/reports/tflite.latency.json" in out and "results/big/reports/tflite" not in out
-    assert plan(max_rss_gib=41)[0]["convert_tflite"] == 2
-    assert "convert_tflite" not in plan(enabled=False)[0]
+    assert plan(max_rss_gib=41)[0]["tflite"] == 2
+    assert "tflite" not in plan(enabled=False)[0]
 
 
 def test_snakemake_report_with_captions(finished_run):

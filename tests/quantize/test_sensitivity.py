@@ -335,3 +335,38 @@ def test_dynamic_blockwise_scheme_turns_every_weight_matmul_into_matmulnbits(pip
     assert (logits.argmax(-1) == reference.argmax(-1)).mean() > 0.9
     with pytest.raises(QwenOnnxError, match="dynamic scheme 'per_block' unknown"):
         quantize_dynamic_variant(pipeline["preprocessed"], tmp_path / "x", DynamicSettings(scheme="per_block"))
+
+
+def test_quantize_mixed_is_quantize_static_with_the_mixed_defaults(pipeline, texts, sensitivity, tmp_path, capsys):
+    """``qwen-onnx quantize-mixed`` writes the int8-mixed variant (its gate kind recorded) with the
+    config's quantize_mixed recipe; the same folder comes from ``quantize-static`` given those flags."""
+    from qwen_onnx.cli import main
+    from qwen_onnx.cli.parser import build_parser
+
+    defaults = build_parser().parse_args(["quantize-mixed", "IN", "-o", "OUT"])
+    assert (defaults.method, defaults.samples, defaults.hadamard_roles) == ("MinMax", 8, [])
+    assert (defaults.sensitive_max_nodes, defaults.sensitive_below_sqnr_db, defaults.sensitive_scheme) == (
+        120, 31, "blockwise")
+    result, folder = sensitivity
+    report = str(folder / "sensitivity.json")
+    sqnr = {r["name"]: r["sqnr_static_db"] for r in result["nodes"]}
+    below = result["rank_static"][:3]  # the tiny model's MatMuls are all above 31 dB: a threshold that picks 3
+    small = ["--calibration-text", str(texts["calibration"]), "--samples", "2", "--sequence-length", "32",
+             "--block-size", "16", "--sensitive-below-sqnr-db", str(sqnr[below[-1]] + 1e-3)]
+    assert main(["quantize-mixed", str(pipeline["preprocessed"]), "-o", str(tmp_path / "m"), "--sensitivity", report,
+                 *small]) == 0
+    mixed = json.loads((tmp_path / "m" / "quantize.json").read_text())
+    assert mixed["gate_kind"] == "int8_mixed"
+    assert {k: mixed["settings"][k] for k in ("method", "hadamard_roles", "sensitive_scheme")} == {
+        "method": "MinMax", "hadamard_roles": [], "sensitive_scheme": "blockwise"}
+    assert [n["name"] for n in mixed["sensitive_nodes"]] == below
+    capsys.readouterr()
+    assert main(["quantize-static", str(pipeline["preprocessed"]), "-o", str(tmp_path / "s"), "--sensitivity", report,
+                 *small, "--method", "MinMax", "--hadamard-roles", "--sensitive-max-nodes", "120",
+                 "--sensitive-scheme", "blockwise"]) == 0
+    static = json.loads((tmp_path / "s" / "quantize.json").read_text())
+    assert static["settings"] == mixed["settings"] and static["gate_kind"] == "int8_mixed"
+    # without the sensitivity report: one line naming the flag
+    assert main(["quantize-mixed", str(pipeline["preprocessed"]), "-o", str(tmp_path / "x"), *small]) == 2
+    assert "pass it with --sensitivity" in capsys.readouterr().err.splitlines()[-1]
+    assert not (tmp_path / "x").exists()

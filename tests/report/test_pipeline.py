@@ -27,12 +27,12 @@ def _job(results, model, job, wall, rss, cpu, log_peak=None, child=0, ended=None
 def test_registry_names_kinds_and_parents():
     assert NAMES == ("fp32", "preprocessed", "int8-dynamic", "int8-static", "int8-mixed", "int4", "optimized",
                      "fp16", "tflite")
-    assert variant("tflite").rule == "convert_tflite" and variant("tflite").parent == "hf"
+    assert variant("tflite").stage == "tflite" and variant("tflite").parent == "hf"
     assert variant("tflite").format == "tflite" and variant("fp16").format == "onnx"
-    assert variant("fp16").rule == "convert_float16" and variant("fp16").parent == "fp32"
+    assert variant("fp16").stage == "float16" and variant("fp16").parent == "fp32"
     assert variant("fp16").kind == "float16"
-    assert variant("int8-mixed").rule == "quantize_mixed" and variant("int8-mixed").kind == "int8_mixed"
-    assert variant("int4").rule == "quantize_int4" and variant("int4").parent == "optimized"
+    assert variant("int8-mixed").stage == "quantize_mixed" and variant("int8-mixed").kind == "int8_mixed"
+    assert variant("int4").stage == "quantize_int4" and variant("int4").parent == "optimized"
     with pytest.raises(KeyError, match="unknown variant 'int2'; known: fp32, preprocessed"):
         variant("int2")
 
@@ -42,8 +42,8 @@ def test_dependencies_follow_the_registry():
     assert dependencies("quantize_int4", {"int4": "preprocessed"}) == ["preprocess", "sensitivity"]
     assert dependencies("sensitivity") == ["optimize"]
     assert dependencies("preprocess") == ["export"]
-    assert dependencies("convert_float16") == ["export"]
-    assert dependencies("accuracy.fp16") == ["convert_float16", "resolve", "reference"]
+    assert dependencies("float16") == ["export"]
+    assert dependencies("accuracy.fp16") == ["float16", "resolve", "reference"]
     assert dependencies("diff.int8-static") == ["quantize_static", "export"]
     assert dependencies("accuracy.fp32") == ["export", "resolve", "reference"]
     assert dependencies("latency_row.pytorch") == ["resolve"]
@@ -106,7 +106,7 @@ def test_jobs_of_unregistered_variants_are_tabled_without_a_producer(tmp_path):
     """Benchmarks of a folder the registry does not know (a removed variant, a user's own rule) stay in
     the table; they once raised KeyError in the critical path."""
     assert dependencies("accuracy.coreml") == ["resolve", "reference"]
-    assert dependencies("accuracy.tflite") == ["convert_tflite", "resolve", "reference"]  # registered now, as fp16
+    assert dependencies("accuracy.tflite") == ["tflite", "resolve", "reference"]  # registered now, as fp16
     assert dependencies("latency_row.coreml") == []
     assert dependencies("quantize_int4", {"int4": "elsewhere"}) == ["sensitivity"]
     _job(tmp_path, "m", "resolve", 10.0, 900, 8, ended=1000)

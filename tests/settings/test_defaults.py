@@ -217,25 +217,6 @@ def test_an_unknown_key_in_a_quantize_section_is_named():
         StaticSettings.from_config({**CONFIG["quantize_static"], "sampels": 8})
 
 
-def test_every_registered_variant_has_its_rule_config_section_and_command():
-    """The registry entry is the one place a variant's names are declared: its rule exists in the
-    workflow, its section in config.yaml and the schema, its command in the CLI."""
-    import re
-
-    from qwen_onnx.cli import build_parser
-    from qwen_onnx.settings.variants import VARIANTS
-
-    rules = set(re.findall(r"^rule (\w+):", "".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk")),
-                           re.M))
-    config = yaml.safe_load((REPO / "config.yaml").read_text())
-    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())["properties"]
-    commands = set(next(a for a in build_parser()._actions if a.dest == "command").choices)
-    for v in VARIANTS:
-        assert v.rule in rules, v.name
-        assert v.section in config and v.section in schema, v.name
-        assert v.command in commands, v.name
-
-
 def test_the_variants_built_and_timed_by_default_are_the_registrys():
     """int8-mixed is opt-in, and preprocessed (fp32's kernels) is built but not timed."""
     from qwen_onnx.settings.variants import DEFAULT_BUILT, DEFAULT_TIMED
@@ -264,3 +245,22 @@ def test_a_variants_section_that_cannot_be_built_is_a_one_line_error(variants, m
     config = {"models": {"m": {"source": "Qwen/Qwen2.5-0.5B", "params_billion": 0.5, "variants": variants}}}
     with pytest.raises(OptionError, match=message.replace(r"variants\.", r"models\.m\.variants\.")):
         check_config(config)
+
+
+@pytest.mark.parametrize("command, section", [("quantize-static", "quantize_static"), ("quantize-mixed", "quantize_mixed")])
+def test_the_static_commands_default_to_their_config_sections(command, section):
+    """``qwen-onnx quantize-mixed`` builds int8-mixed as the workflow does: its defaults are the
+    ``quantize_mixed`` section's (``qwen_onnx.settings.defaults.QUANTIZE_MIXED`` over StaticSettings')."""
+    cli = cli_defaults(command)
+    library = {f.name: f.default for f in dataclasses.fields(StaticSettings)}
+    compared = 0
+    for key, value in schema_defaults(section).items():
+        dest = "exclude" if key == "nodes_to_exclude" else key.replace(".", "_")
+        if value is None:  # unset in the section: StaticSettings' own (sensitive.rank: static)
+            value = library.get(dest)
+        if key == "calibration_text":
+            assert Path(cli[dest]).read_bytes() == (REPO / value).read_bytes()
+        elif dest in cli and (section, key) not in LIBRARY_ONLY:
+            assert plain(cli[dest]) == value, (command, key)
+            compared += 1
+    assert compared >= 20

@@ -6,6 +6,7 @@ import types
 
 import yaml
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 import qwen_onnx
@@ -26,12 +27,13 @@ with open(
 # validation fills schema defaults into them too (which would override the global values).
 MODEL_OVERRIDES = copy.deepcopy(config.get("models", {}))
 
-# Numbers out of range answered in one line naming the range, as the CLI does (then the schema).
+# Numbers out of range answered in one line naming the range and the fix, as the CLI does (then the
+# schema): a WorkflowError, so Snakemake reports it as it reports the schema's, and -n, --lint and every
+# API caller get an error instead of an exit from inside the parse.
 try:
     qwen_onnx.settings.options.check_config(config)
 except qwen_onnx.settings.options.OptionError as exc:
-    sys.stderr.write(f"qwen-onnx config: {exc}\n")
-    sys.exit(2)
+    raise WorkflowError(f"qwen-onnx config: {exc}") from None
 validate(config, schema="../schemas/config.schema.yaml")
 
 VERSION = qwen_onnx.__version__
@@ -73,7 +75,7 @@ MEM_PER_FP32_GB = {  # GiB of peak RSS per GB of fp32 weights
     "optimize": 1.8,
     # fp32 graph and weights in memory, then their float16 copy and its serialisation: 6.5 GB measured
     # on the 0.5B (/usr/bin/time), 7.4 GB declared
-    "convert_float16": 3.3,
+    "float16": 3.3,
     "accuracy": 2.5,
     # PyTorch fp32 (eager) + one window's logits: 3.5 GB measured on the 0.5B (1.97 GB fp32), 4.6 GB declared
     "reference": 1.8,
@@ -101,7 +103,7 @@ RUNTIME_MIN_PER_FP32_GB = {
     "quantize_int4": 0.7,
     "sensitivity": 0.4,
     "optimize": 0.3,
-    "convert_float16": 0.4,  # 44 s on the 0.5B
+    "float16": 0.4,  # 44 s on the 0.5B
     "reference": 2.0,  # 6.6 min on the 0.5B at load ~7 (3.3 per GB): PyTorch logits and greedy generation
     "accuracy": 1.3,
     "profile": 0.5,  # one profiled session: a prefill and 16 decode steps
@@ -109,7 +111,7 @@ RUNTIME_MIN_PER_FP32_GB = {
     # for 5 of the 8 variants
     "sitting": 6.0,
     "genai_builder": 0.5,  # the builder's INT4 graph: the model builder as optimize, plus 4-bit RTN
-    "convert_tflite": 0.9,  # 104 s for the 0.5B with litert-torch 0.10 (0.88 min per fp32 GB)
+    "tflite": 0.9,  # 104 s for the 0.5B with litert-torch 0.10 (0.88 min per fp32 GB)
 }
 
 # The tflite conversion's memory is declared from its own measurement instead (get_tflite_mem_mb):
@@ -125,14 +127,8 @@ wildcard_constraints:
 
 
 def get_models():
-    """Short names of the models to build: `run` from the config, else all configured models."""
-    run = config.get("run") or list(config["models"])
-    unknown = [m for m in run if m not in config["models"]]
-    if unknown:
-        raise ValueError(
-            f"config `run` names {', '.join(unknown)}, not in `models` ({', '.join(config['models'])})"
-        )
-    return run
+    """Short names of the models to build: `run` from the config (checked above), else all configured models."""
+    return config.get("run") or list(config["models"])
 
 
 def get_settings(model, section):
@@ -176,7 +172,7 @@ def get_runtime(stage):
 
 
 def get_tflite_mem_mb(wildcards):
-    """Declared memory of a model's convert_tflite job, in MB (see TFLITE_MIN_RSS_GIB above)."""
+    """Declared memory of a model's tflite job, in MB (see TFLITE_MIN_RSS_GIB above)."""
     settings = get_settings(wildcards.model, "tflite")
     gib = conversion_rss_gib(
         config["models"][wildcards.model]["params_billion"],

@@ -1,4 +1,4 @@
-rule convert_tflite:
+rule tflite:
     """tflite variant: LiteRT (TFLite) via litert-torch from the hf folder, prefill and decode signatures, fixed KV cache.
 
     Scheduled for a model only when tflite.enabled and litert-torch's estimated conversion peak
@@ -9,15 +9,15 @@ rule convert_tflite:
     output:
         model_dir=directory(f"{RESULTS}/{{model}}/tflite"),
     log:
-        f"{RESULTS}/logs/{{model}}/convert_tflite.log",
+        f"{RESULTS}/logs/{{model}}/tflite.log",
     benchmark:
-        f"{RESULTS}/benchmarks/{{model}}/convert_tflite.tsv"
+        f"{RESULTS}/benchmarks/{{model}}/tflite.tsv"
     conda:
         "../../envs/tflite.yaml"
     threads: 2
     resources:
         mem_mb=get_tflite_mem_mb,
-        runtime=get_runtime("convert_tflite"),
+        runtime=get_runtime("tflite"),
     params:
         settings=lambda wc: {
             k: get_settings(wc.model, "tflite")[k]
@@ -25,4 +25,4 @@ rule convert_tflite:
         },
         version=VERSION,
     script:
-        "../scripts/convert_tflite.py"
+        "../scripts/tflite.py"

@@ -40,6 +40,7 @@ from qwen_onnx.settings.defaults import (
     EXPORT,
     FLOAT16,
     LATENCY,
+    QUANTIZE_MIXED,
     TFLITE,
     TFLITE_QUANTIZATIONS,
 )
@@ -77,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, help_text in (
         ("quantize-dynamic", run_dynamic, "INT8 weights, activations quantized at run time (default: blockwise MatMulNBits 8-bit)"),
         ("quantize-static", run_static, "INT8 static QDQ quantization calibrated on text"),
+        ("quantize-mixed", run_static, ("int8-mixed: quantize-static with the quantize_mixed defaults (MinMax, "
+                                        "the MatMuls under 31 dB static SQNR blockwise; needs --sensitivity)")),
     ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("input", help="pre-processed variant folder")
@@ -86,13 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--exclude", nargs="*", default=[], metavar="NODE", help="node names kept float")
         p.add_argument("--sensitivity", default=None, help="sensitivity report JSON (qwen-onnx sensitivity)")
         p.add_argument("--sensitive-max-nodes", type=int, default=0,
-                       help="treat this many of the most sensitive MatMuls apart (needs --sensitivity)")
+                       help="treat this many of the most sensitive MatMuls apart (needs --sensitivity; default: %(default)s)")
         p.add_argument("--sensitive-max-fraction", type=float, default=None,
                        help="at most this fraction of the weight MatMuls treated apart (e.g. 0.1)")
         p.add_argument("--sensitive-below-sqnr-db", type=float, default=None,
-                       help="only sensitive MatMuls whose simulated SQNR is under this (dB)")
+                       help="only sensitive MatMuls whose simulated SQNR is under this (dB; default: %(default)s)")
         p.add_argument("--sensitive-scheme", choices=["float", "blockwise"], default="float",
-                       help="float, or INT8 with per-block scales (MatMulNBits 8-bit, accuracy_level 4)")
+                       help="float, or INT8 with per-block scales (MatMulNBits 8-bit, accuracy_level 4; default: %(default)s)")
         p.add_argument("--block-size", type=int, default=128, help="block length of the blockwise scheme")
         p.add_argument("--embedding", choices=["shared", "quantized", "float"], default="shared",
                        help="embedding table: shared with an INT8 MatMulNBits lm_head when tied, else its own "
@@ -102,17 +105,18 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "quantize-dynamic":
             p.add_argument("--scheme", choices=["per_tensor", "blockwise"], default="blockwise",
                            help="blockwise (default): MatMulNBits 8-bit, accuracy_level 4, one scale per block; per_tensor: onnxruntime quantize_dynamic")
-        if name == "quantize-static":
+        if name in ("quantize-static", "quantize-mixed"):
             p.add_argument("--calibration-text", default=str(shipped_text(CALIBRATION_TEXT)))
             p.add_argument("--method", choices=["MinMax", "Entropy", "Percentile", "Search"], default="Percentile",
                            help="calibration method, streamed one window at a time (Search: the clipping of "
-                                "each MinMax range with the lowest MatMul output error)")
+                                "each MinMax range with the lowest MatMul output error; default: %(default)s)")
             p.add_argument("--smooth", action=argparse.BooleanOptionalAction, default=False,
                            help="SmoothQuant scale migration before calibration, alpha searched per MatMul group")
             p.add_argument("--smooth-alphas", nargs="+", type=float, default=[0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
             p.add_argument("--search-tokens", type=int, default=512,
                            help="activation rows per tensor kept to score alpha and the Search clipping")
-            p.add_argument("--samples", type=int, default=72, help="calibration windows (72: the whole shipped text)")
+            p.add_argument("--samples", type=int, default=72,
+                           help="calibration windows (72: the whole shipped text; default: %(default)s)")
             p.add_argument("--sequence-length", type=int, default=128)
             p.add_argument("--activation-type", choices=["QUInt8", "QInt8"], default="QUInt8")
             p.add_argument("--weight-type", choices=["QInt8", "QUInt8"], default="QInt8")
@@ -132,7 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
                            help="MatMul roles whose outlier channels are split off (down_proj: massive activations)")
             p.add_argument("--hadamard-roles", nargs="*", default=list(HADAMARD_ROLES), choices=ROLES, metavar="ROLE",
                            help="MatMul roles whose input is rotated online by a block Hadamard matrix before "
-                                "calibration (QuaRot; default: every role); give the flag alone for none")
+                                "calibration (QuaRot; quantize-static: every role, quantize-mixed: none); give the "
+                                "flag alone for none")
+        if name == "quantize-mixed":  # the config's quantize_mixed section, as quantize-static takes it
+            mixed = {k: list(v) if isinstance(v, tuple) else v for k, v in QUANTIZE_MIXED.items() if k != "sensitive"}
+            p.set_defaults(**mixed, **{f"sensitive_{k}": v for k, v in QUANTIZE_MIXED["sensitive"].items()})
 
     p = sub.add_parser("quantize-int4", help="weight-only 4-bit MatMulNBits (accuracy_level 4), quantized embedding")
     p.add_argument("input", help="float variant folder (pre-processed or fused)")

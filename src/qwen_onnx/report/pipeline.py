@@ -12,8 +12,8 @@ Sources, per job ``{rule}`` or ``{rule}.{variant}`` of a model:
 
 The critical path is the longest chain of dependent jobs by wall time (the lower bound of a run
 with unlimited cores). Dependencies come from the variant registry (:mod:`qwen_onnx.settings.variants`):
-a variant's rule depends on its parent's rule, and every per-variant job (inspect, accuracy,
-latency, diff) on its variant's rule.
+a variant's stage (its rule) depends on its parent's, and every per-variant job (inspect, accuracy,
+latency, diff) on its variant's stage.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from qwen_onnx.settings.variants import VARIANTS
+from qwen_onnx.settings.variants import BY_STAGE, VARIANTS
 
 _PEAK = re.compile(r"peak RSS of rule \S+: (\d+) MiB \(largest child process: (\d+) MiB\)")
-#: Folder -> the rule that writes it (``hf`` by ``resolve``, each variant by its rule).
-PRODUCER = {"hf": "resolve", **{v.name: v.rule for v in VARIANTS}}
+#: Folder -> the rule that writes it (``hf`` by ``resolve``, each variant by its stage).
+PRODUCER = {"hf": "resolve", **{v.name: v.stage for v in VARIANTS}}
 #: Jobs run once per variant (``{rule}.{variant}``).
 PER_VARIANT = ("inspect", "accuracy", "latency_row", "diff")
 COLUMNS = ("model", "job", "wall_s", "cpu_s", "peak_rss_mib", "critical")
@@ -134,13 +134,13 @@ def dependencies(job: str, parents: Mapping[str, str] | None = None) -> list[str
     if rule == "reference":
         return ["resolve"]
     if rule == "sitting":
-        return ["resolve", *(v.rule for v in VARIANTS)]
-    for v in VARIANTS:
-        if v.rule == rule:
-            needs = [PRODUCER[parent_of[v.name]]] if parent_of[v.name] in PRODUCER else []
-            if rule.startswith("quantize_"):
-                needs.append("sensitivity")
-            return needs
+        return ["resolve", *(v.stage for v in VARIANTS)]
+    if rule in BY_STAGE:
+        name = BY_STAGE[rule].name
+        needs = [PRODUCER[parent_of[name]]] if parent_of[name] in PRODUCER else []
+        if rule.startswith("quantize_"):
+            needs.append("sensitivity")
+        return needs
     return []
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
-__all__ = ["EVALUATION", "EXPORT", "EXPORTERS", "FLOAT16", "LATENCY", "TFLITE", "TFLITE_CONVERSION", "TFLITE_QUANTIZATIONS", "section"]
+__all__ = ["EVALUATION", "EXPORT", "EXPORTERS", "FLOAT16", "LATENCY", "QUANTIZE_MIXED", "TFLITE", "TFLITE_CONVERSION", "TFLITE_QUANTIZATIONS", "section"]
 
 #: ``export:`` (the fp32 export). ``exporter``: ``optimum`` (optimum-onnx) or ``torch``
 #: (``torch.onnx.export(dynamo=True)``, which needs ``opset`` 18 or newer); docs/export.md.
@@ -32,6 +32,18 @@ TORCH_EXPORT_MIN_OPSET = 18
 FLOAT16: Mapping[str, Any] = MappingProxyType({
     "blocked_ops": ("Pow", "ReduceMean", "Softmax"),
     "blocked_nodes": (),
+})
+
+#: ``quantize_mixed:`` (the int8-mixed variant) where it differs from ``quantize_static:``, whose
+#: defaults are :class:`qwen_onnx.quantize.int8.StaticSettings`'s: static MinMax QDQ calibrated on 8
+#: windows, no Hadamard rotation, and up to 120 MatMuls whose static SQNR is under 31 dB blockwise
+#: (MatMulNBits 8-bit, activations quantized at run time; docs/int8.md). ``qwen-onnx quantize-mixed``
+#: starts from these; ``sensitive`` needs the sensitivity report (``--sensitivity``).
+QUANTIZE_MIXED: Mapping[str, Any] = MappingProxyType({
+    "method": "MinMax",
+    "samples": 8,
+    "hadamard_roles": (),
+    "sensitive": MappingProxyType({"max_nodes": 120, "below_sqnr_db": 31, "scheme": "blockwise"}),
 })
 
 #: ``evaluation:`` (accuracy against PyTorch and its reference stage). ``text`` is the shipped
@@ -66,7 +78,7 @@ LATENCY: Mapping[str, Any] = MappingProxyType({
 #: dynamic-range int8 weights, litert-torch's default. The workflow builds the variant when ``enabled`` and
 #: litert-torch's estimated conversion peak, ``params_billion`` x ``rss_gib_per_billion_params`` GiB, is at most
 #: ``max_rss_gib`` (:func:`qwen_onnx.convert.tflite.tflite_skip_reason`): 26 GiB per billion parameters rounds up the
-#: 12,871 MiB peak RSS of the workflow's convert_tflite job on the 0.5B (0.49 B parameters, litert-torch 0.10,
+#: 12,871 MiB peak RSS of the workflow's tflite job on the 0.5B (0.49 B parameters, litert-torch 0.10,
 #: commit c20bf2a, 2026-12-02; 25.7 GiB per billion), so the 0.5B (13 GiB) converts under 16 GiB and the 1.5B (40 GiB) does not.
 TFLITE: Mapping[str, Any] = MappingProxyType({
     "enabled": True,

@@ -194,8 +194,9 @@ def check_config(config: dict[str, Any]) -> None:
     the same one line as on the command line, named by its config path.
 
     Raises:
-        OptionError: e.g. ``export.opset 25 is out of range; give an integer from 14 to 23``, or a
-            model name that cannot name a folder (the schema's pattern, ``[A-Za-z0-9._-]+``).
+        OptionError: e.g. ``export.opset 25 is out of range; give an integer from 14 to 23``, a
+            model name that cannot name a folder (the schema's pattern, ``[A-Za-z0-9._-]+``), or a
+            ``run`` entry that is not a configured model.
     """
     def walk(section: Any, path: str) -> None:
         if not isinstance(section, dict):
@@ -222,6 +223,7 @@ def check_config(config: dict[str, Any]) -> None:
     _check_export_route(config)
     _check_tflite_lengths(config)
     _check_variants(config)
+    _check_run(config)
 
 
 def _check_variants(config: dict[str, Any]) -> None:
@@ -246,6 +248,15 @@ def _check_variants(config: dict[str, Any]) -> None:
         if untimed:
             raise OptionError(f"{where}.timed names {untimed[0]!r}, which {where}.built leaves out; add it to "
                               f"{where}.built or remove it from {where}.timed")
+
+
+def _check_run(config: dict[str, Any]) -> None:
+    """Every model ``run`` names is configured under ``models``."""
+    run, models = config.get("run"), config.get("models") or {}
+    unknown = [str(m) for m in run if m not in models] if isinstance(run, list) else []
+    if unknown:
+        raise OptionError(f"run names {', '.join(unknown)}, not a configured model (models: "
+                          f"{', '.join(map(str, models))}); add it under models or remove it from run")
 
 
 def _check_tflite_lengths(config: dict[str, Any]) -> None:
