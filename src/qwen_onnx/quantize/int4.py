@@ -172,6 +172,7 @@ class Int4Settings(SensitiveSettings):
         check_option("block_size_8bit", self.block_size_8bit)
         check_option("embedding_block_size", self.embedding_block_size)
         check_option("importance_samples", self.importance_samples)
+        check_option("search_windows", self.search_windows)
         if self.symmetric and self.algorithm in ("k_quant", "hqq"):
             raise QwenOnnxError(f"int4 algorithm {self.algorithm} stores a zero point per block and has no symmetric "
                                 "form; drop symmetric (or --symmetric), or use k_quant_int, rtn, default or gptq")

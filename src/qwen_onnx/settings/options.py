@@ -45,6 +45,7 @@ RANGES: dict[str, tuple[int, int | None]] = {
     "calibration_sequence_length": (8, None),
     "search_tokens": (1, None),
     "importance_samples": (0, None),
+    "search_windows": (1, None),
     "prefill_length": (1, None),
     "kv_cache_length": (1, None),
     "outlier_channels": (0, None),
