@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -86,9 +86,10 @@ class LlamaCppCausalLM:
         return logits[None], self.position
 
     def generate(self, prompt_ids: np.ndarray, max_new_tokens: int, *, eos_ids: Sequence[int] = (),
-                 loop: str = "bound") -> tuple[np.ndarray, None]:
+                 loop: str = "bound", stop: Callable[[list[int]], bool] | None = None) -> tuple[np.ndarray, None]:
         """Greedy generation after a prefill of ``prompt_ids``: up to ``max_new_tokens`` argmax tokens,
-        stopping at a token of ``eos_ids`` (included) or a full context (``loop`` has no meaning here).
+        stopping at a token of ``eos_ids`` (included), a full context, or when ``stop`` (called with the new
+        ids after each token) returns True (``loop`` has no meaning here).
 
         Returns:
             The generated ids int64 [generated] and None (no prefill time measured).
@@ -99,7 +100,7 @@ class LlamaCppCausalLM:
         while len(new) < max_new_tokens:
             token = int(np.argmax(last))
             new.append(token)
-            if token in eos or self.position >= self.context:
+            if token in eos or self.position >= self.context or (stop is not None and stop(new)):
                 break
             last = self.forward(np.asarray([[token]]), past=self.position)[0][0, -1]
         return np.asarray(new, dtype=np.int64), None

@@ -30,7 +30,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -232,12 +232,15 @@ class BoundDecoder:
         eos_ids: Sequence[int] = (),
         timings: list[float] | None = None,
         step_logits: list[np.ndarray] | None = None,
+        stop: Callable[[list[int]], bool] | None = None,
     ) -> tuple[np.ndarray, float]:
         """Prefill ``prompt_ids`` int64 [prompt] (or [1, prompt]) then decode greedily.
 
         Args:
             max_new_tokens: tokens to generate (exactly this many when ``eos_ids`` is empty).
             eos_ids: stop after generating one of these ids (kept in the output).
+            stop: if given, called with the ids generated so far after each token; generation ends when
+                it returns True (e.g. at a closed code block).
             timings: if given, receives the seconds of each single-token decode step.
             step_logits: if given, receives a copy of the last-position logits float32 [vocab]
                 that chose each generated token (for tests; copying costs time).
@@ -253,7 +256,7 @@ class BoundDecoder:
             raise QwenOnnxError(f"{length} prompt + {max_new_tokens} new tokens exceed the graph's "
                                 f"{self.max_positions} positions")
         self._allocate(needed)
-        stop = set(int(i) for i in eos_ids)
+        eos = set(int(i) for i in eos_ids)
         started = time.perf_counter()
         prefill_logits = np.empty((1, length, self.vocab), dtype=self.logits_dtype)
         self._run(prompt, prefill_logits, 0, 0)
@@ -263,7 +266,7 @@ class BoundDecoder:
             step_logits.append(prefill_logits[0, -1].astype(np.float32))
         generated = [token]
         parity = 1  # the prefill wrote present into buffer 1 (alternating scheme)
-        while len(generated) < max_new_tokens and token not in stop:
+        while len(generated) < max_new_tokens and token not in eos and not (stop is not None and stop(generated)):
             step = time.perf_counter()
             self._step_ids[0, 0] = token
             self._run(self._step_ids, self._step_logits, length, parity)
@@ -431,9 +434,11 @@ class OnnxCausalLM:
         timings: list[float] | None = None,
         loop: str = "bound",
         step_logits: list[np.ndarray] | None = None,
+        stop: Callable[[list[int]], bool] | None = None,
     ) -> tuple[np.ndarray, float]:
         """Greedy generation of up to ``max_new_tokens`` after ``prompt_ids`` int64 [prompt], stopping
-        after one of ``eos_ids`` (kept in the output); see :meth:`greedy` for the other arguments.
+        after one of ``eos_ids`` (kept in the output) or when ``stop`` (called with the ids generated so far
+        after each token) returns True; see :meth:`greedy` for the other arguments.
 
         Returns:
             The generated ids int64 [generated] and the prefill time in seconds.
@@ -445,8 +450,8 @@ class OnnxCausalLM:
             raise ValueError(f"loop must be one of {LOOPS}, got {loop!r}")
         if loop == "bound":
             return self.decoder.generate(prompt_ids, max_new_tokens, eos_ids=eos_ids, timings=timings,
-                                         step_logits=step_logits)
-        stop = set(int(i) for i in eos_ids)
+                                         step_logits=step_logits, stop=stop)
+        eos = set(int(i) for i in eos_ids)
         prompt_ids = np.asarray(prompt_ids, dtype=np.int64).reshape(1, -1)
         started = time.perf_counter()
         logits, past = self.forward(prompt_ids)
@@ -456,7 +461,7 @@ class OnnxCausalLM:
             step_logits.append(logits[0, -1].astype(np.float32))
         generated = [token]
         mask = np.ones((1, prompt_ids.shape[1] + 1), dtype=np.int64)
-        while len(generated) < max_new_tokens and token not in stop:
+        while len(generated) < max_new_tokens and token not in eos and not (stop is not None and stop(generated)):
             step = time.perf_counter()
             logits, past = self.forward(np.array([[token]], dtype=np.int64), mask, past)
             token = int(logits[0, -1].argmax())

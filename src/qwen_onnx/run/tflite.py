@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -200,10 +200,12 @@ class TfliteCausalLM:
         self.position = position + 1
         return out[0, 0]
 
-    def generate(self, ids: Iterable[int], max_new_tokens: int, eos_token_ids: Iterable[int] = ()) -> list[int]:
+    def generate(self, ids: Iterable[int], max_new_tokens: int, eos_token_ids: Iterable[int] = (),
+                 stop: Callable[[list[int]], bool] | None = None) -> list[int]:
         """Greedy generation: the prompt's prefill, then up to ``max_new_tokens`` argmax tokens.
 
-        Stops early at a token of ``eos_token_ids`` (included) or when the KV cache is full.
+        Stops early at a token of ``eos_token_ids`` (included), when the KV cache is full, or when
+        ``stop`` (called with the new ids after each token) returns True.
 
         Returns:
             The new token ids (without the prompt).
@@ -214,7 +216,7 @@ class TfliteCausalLM:
         while len(new) < max_new_tokens:
             token = int(np.argmax(logits))
             new.append(token)
-            if token in eos or self.position >= self.kv_cache_length:
+            if token in eos or self.position >= self.kv_cache_length or (stop is not None and stop(new)):
                 break
             logits = self.decode(token)
         return new
