@@ -15,15 +15,16 @@ import yaml
 from timing_checks import assert_timed
 
 from qwen_onnx.cli import main
-from qwen_onnx.settings.gates import DEFAULT_GATES, check_gate
+from qwen_onnx.settings.gates import DEFAULT_GATES, DEFAULT_TASK_GATE, check_gate
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_config_yaml_states_the_default_gates():
     config = yaml.safe_load((REPO / "config.yaml").read_text(encoding="utf-8"))
-    gates = {kind: limits for kind, limits in config["gates"].items() if kind != "fail_rule"}
+    gates = {kind: limits for kind, limits in config["gates"].items() if kind not in ("fail_rule", "task")}
     assert gates == DEFAULT_GATES
+    assert config["gates"]["task"] == DEFAULT_TASK_GATE
 
 
 def test_cli_accuracy_applies_the_default_gate_of_the_variant_kind(pipeline, texts, tmp_path, caplog):

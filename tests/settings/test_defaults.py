@@ -68,7 +68,7 @@ def test_config_yaml_states_the_schema_defaults(section):
     assert {k: v for k, v in flat(CONFIG[section]).items()} == {k: expected[k] for k in flat(CONFIG[section])}
 
 
-@pytest.mark.parametrize("section", ["export", "float16", "evaluation", "latency", "tflite"])
+@pytest.mark.parametrize("section", ["export", "float16", "evaluation", "latency", "tflite", "task_accuracy"])
 def test_defaults_module_is_the_schema_and_config_yaml(section):
     assert defaults.section(section) == {k: schema_defaults(section)[k] for k in defaults.section(section)}
     assert defaults.section(section) == {k: CONFIG[section][k] for k in defaults.section(section)}

@@ -203,6 +203,20 @@ def run_accuracy(a):
     )
 
 
+def run_task_accuracy(a):
+    from qwen_onnx.measure.task_accuracy import task_accuracy
+    from qwen_onnx.settings.gates import DEFAULT_TASK_GATE
+
+    problems = a.problems[0] if len(a.problems) == 1 else a.problems  # `all`, a count, or task ids
+    gate = {} if a.no_gate else {**DEFAULT_TASK_GATE, **({"pass_at_1_drop_points": a.gate} if a.gate is not None else {})}
+    result = task_accuracy(a.variant, a.hf_dir, reference=a.reference, problems=problems,
+                           max_new_tokens=a.max_new_tokens, timeout_s=a.timeout_s, memory_mb=a.memory_mb,
+                           threads=a.threads, gate_limits=gate, output=a.output)
+    print(f"{result['name']}: pass@1 {result['pass_at_1_pct']:.1f}% ({result['passed']}/{result['problems']}, 95% "
+          f"{result['pass_at_1_low_pct']:.1f}-{result['pass_at_1_high_pct']:.1f}), gate {result['gate']}")
+    return None
+
+
 def run_reference(a):
     from qwen_onnx.measure.reference import write_reference
 

@@ -29,6 +29,7 @@ from qwen_onnx.cli.commands import (
     run_resolve,
     run_sensitivity,
     run_static,
+    run_task_accuracy,
     run_tflite,
 )
 from qwen_onnx.errors import QwenOnnxError
@@ -41,6 +42,7 @@ from qwen_onnx.settings.defaults import (
     FLOAT16,
     LATENCY,
     QUANTIZE_MIXED,
+    TASK_ACCURACY,
     TFLITE,
     TFLITE_QUANTIZATIONS,
 )
@@ -294,6 +296,26 @@ def build_parser() -> argparse.ArgumentParser:
                         "(no integer-kernel saturation); slower")
     p.add_argument("-o", "--output", default=None)
     p.set_defaults(func=run_accuracy)
+
+    p = sub.add_parser("task-accuracy", help="HumanEval pass@1 (greedy, chat template, sandboxed tests), paired against a reference")
+    p.add_argument("variant", help="an ONNX variant folder, a tflite folder or a .gguf file")
+    p.add_argument("--hf", dest="hf_dir", required=True,
+                   help="the model's Hugging Face folder (results/MODEL/hf): tokenizer, chat template, end-of-sequence ids")
+    p.add_argument("--reference", default=None,
+                   help="the reference's task.json (fp32's) to pair against; without it this run is the reference")
+    p.add_argument("--problems", nargs="+", default=[str(TASK_ACCURACY["problems"])], metavar="N|all|TASK_ID",
+                   help="a count spread evenly over the 164, `all`, or task ids (HumanEval/0 ...) (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=TASK_ACCURACY["max_new_tokens"])
+    p.add_argument("--timeout-s", type=float, default=TASK_ACCURACY["timeout_s"],
+                   help="wall-time limit per program in the sandbox, seconds")
+    p.add_argument("--memory-mb", type=int, default=TASK_ACCURACY["memory_mb"],
+                   help="address-space limit per program in the sandbox, MiB")
+    p.add_argument("--threads", type=int, default=LATENCY["threads"])
+    p.add_argument("--gate", type=float, default=None, metavar="POINTS",
+                   help="largest pass@1 drop below the reference, points (default: config.yaml's gates.task)")
+    p.add_argument("--no-gate", action="store_true", help="no task gate")
+    p.add_argument("-o", "--output", default=None, help="task JSON")
+    p.set_defaults(func=run_task_accuracy)
 
     p = sub.add_parser("latency", help="load, prefill/TTFT and KV-cache decode tokens/s")
     p.add_argument("variant")

@@ -32,13 +32,20 @@ def shipped_prompts() -> list[str]:
     return list(json.loads(path.read_text(encoding="utf-8"))["prompts"])
 
 
-def chat_prompt_ids(tokenizer, prompts: Sequence[str]) -> list[np.ndarray]:
-    """Token ids of each prompt as a user turn with the generation prompt: int64 [prompt] each."""
+def chat_prompt_ids(tokenizer, prompts: Sequence[str], responses: Sequence[str] | None = None) -> list[np.ndarray]:
+    """Token ids of each prompt as a user turn with the generation prompt: int64 [prompt] each.
+
+    With ``responses``, each prompt's assistant turn starts with its response text (written after the generation
+    prompt, tokenized without special tokens), for the model to go on from.
+    """
     out = []
-    for text in prompts:
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-        )
+    for i, text in enumerate(prompts):
+        messages = [{"role": "user", "content": text}]
+        if responses is None:
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        else:
+            chat = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            ids = tokenizer(chat + responses[i], add_special_tokens=False)
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
         out.append(np.asarray(ids, dtype=np.int64).reshape(-1))

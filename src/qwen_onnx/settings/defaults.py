@@ -13,7 +13,8 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
-__all__ = ["EVALUATION", "EXPORT", "EXPORTERS", "FLOAT16", "LATENCY", "QUANTIZE_MIXED", "TFLITE", "TFLITE_CONVERSION", "TFLITE_QUANTIZATIONS", "section"]
+__all__ = ["EVALUATION", "EXPORT", "EXPORTERS", "FLOAT16", "LATENCY", "QUANTIZE_MIXED", "TASK_ACCURACY", "TASK_PEERS",
+           "TFLITE", "TFLITE_CONVERSION", "TFLITE_QUANTIZATIONS", "section"]
 
 #: ``export:`` (the fp32 export). ``exporter``: ``optimum`` (optimum-onnx) or ``torch``
 #: (``torch.onnx.export(dynamo=True)``, which needs ``opset`` 18 or newer); docs/export.md.
@@ -71,6 +72,23 @@ LATENCY: Mapping[str, Any] = MappingProxyType({
     "profile": True,
 })
 
+#: ``task_accuracy:`` (HumanEval pass@1 of each variant against the fp32 ONNX variant, :mod:`qwen_onnx.measure.task_accuracy`).
+#: ``problems``: a count spread evenly over the 164 (:func:`qwen_onnx.measure.humaneval.subset_indices`), ``all``,
+#: or task ids; PROBLEMS_NOTE. ``max_new_tokens``: MAX_TOKENS_NOTE. ``timeout_s`` (wall time per program),
+#: ``memory_mb`` (its address space): the sandbox's limits (:mod:`qwen_onnx.measure.sandbox`). ``variants``: the
+#: shipped variants; ``peers`` (opt-in): ``llama.cpp`` on the source GGUF, ``genai-builder-int4``.
+TASK_ACCURACY: Mapping[str, Any] = MappingProxyType({
+    "enabled": True,
+    "problems": 20,
+    "max_new_tokens": 384,
+    "timeout_s": 10,
+    "memory_mb": 1024,
+    "variants": ("fp32", "int8-dynamic", "int8-static", "int4", "fp16", "tflite"),
+    "peers": (),
+})
+#: The peers ``task_accuracy.peers`` may name.
+TASK_PEERS: tuple[str, ...] = ("llama.cpp", "genai-builder-int4")
+
 #: ``tflite:`` (the LiteRT variant through litert-torch, :mod:`qwen_onnx.convert.tflite`). ``prefill_length``
 #: (tokens of the fixed prefill signature) is the evaluation window, so one prefill covers a window;
 #: ``kv_cache_length`` (positions of the fixed KV cache, prompt plus generated tokens) covers the
@@ -96,11 +114,13 @@ TFLITE_QUANTIZATIONS: tuple[str, ...] = (
     "dynamic_int8", "weight_only_int8", "fp16", "none", "dynamic_int4_block32", "dynamic_int4_block128",
 )
 
-_SECTIONS = {"export": EXPORT, "float16": FLOAT16, "evaluation": EVALUATION, "latency": LATENCY, "tflite": TFLITE}
+_SECTIONS = {"export": EXPORT, "float16": FLOAT16, "evaluation": EVALUATION, "latency": LATENCY, "tflite": TFLITE,
+             "task_accuracy": TASK_ACCURACY}
 
 
 def section(name: str) -> dict[str, Any]:
-    """A copy of the defaults of config section ``name`` (``export``, ``float16``, ``evaluation``, ``latency``, ``tflite``), lists as lists.
+    """A copy of the defaults of config section ``name`` (``export``, ``float16``, ``evaluation``, ``latency``, ``tflite``,
+    ``task_accuracy``), lists as lists.
 
     Raises:
         KeyError: no defaults are kept here for ``name``.

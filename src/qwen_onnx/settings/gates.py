@@ -190,3 +190,48 @@ def check_gate(metrics: Mapping[str, Any], limits: Mapping[str, float]) -> tuple
         elif not value <= limit:  # also catches NaN
             failures.append(f"{figure} {value:.4g} > {limit:g}")
     return ("FAIL" if failures else "PASS"), failures
+
+
+#: The task gate: HumanEval pass@1 of a variant against the reference (the fp32 ONNX variant) on the same
+#: problems, in percentage points (:func:`check_task_gate`). ``config.yaml``'s ``gates.task`` states it.
+DEFAULT_TASK_GATE: dict[str, float] = {"pass_at_1_drop_points": 3.0}
+#: A paired difference whose McNemar exact p is at least this is within chance (two-sided, 5%).
+TASK_CHANCE_P = 0.05
+
+
+def check_task_gate(drop_points: float, problems: int, mcnemar_p: float,
+                    limits: Mapping[str, float]) -> tuple[str, list[str], list[str]]:
+    """The task gate's verdict on a variant whose pass@1 is ``drop_points`` below the reference's on the same
+    ``problems`` (negative: above it).
+
+    Args:
+        drop_points: reference pass@1 minus the variant's, percentage points (lost minus gained problems,
+            over ``problems``, x 100).
+        problems: problems both ran.
+        mcnemar_p: McNemar's exact two-sided p of the paired outcomes.
+        limits: ``{"pass_at_1_drop_points": limit}`` (empty: PASS).
+
+    Returns:
+        ``(status, failures, marginal)``: ``PASS``/``FAIL``; each failure as ``"pass_at_1_drop_points 5 > 3"``;
+        marginal notes, as the accuracy gates' (:func:`gate_margins`): a verdict one problem would flip
+        (one problem is ``100 / problems`` points), or a FAIL within chance (McNemar p >= :data:`TASK_CHANCE_P`).
+
+    Raises:
+        KeyError: a limit other than ``pass_at_1_drop_points``.
+    """
+    unknown = set(limits) - set(DEFAULT_TASK_GATE)
+    if unknown:
+        raise KeyError(f"task gate names {', '.join(sorted(unknown))}; the task gate has {', '.join(DEFAULT_TASK_GATE)}")
+    if "pass_at_1_drop_points" not in limits:
+        return "PASS", [], []
+    limit = float(limits["pass_at_1_drop_points"])
+    step = 100.0 / problems if problems else float("inf")
+    if not drop_points <= limit + 1e-9:
+        chance = (f"pass@1 {drop_points:.3g} points below the reference is within chance (McNemar p "
+                  f"{mcnemar_p:.2g} >= {TASK_CHANCE_P:g} on {problems} problems)")
+        return "FAIL", [f"pass_at_1_drop_points {drop_points:.3g} > {limit:g}"], [chance] if mcnemar_p >= TASK_CHANCE_P else []
+    if drop_points + step > limit + 1e-9:
+        thin = (f"pass_at_1_drop_points {drop_points:.3g}: one more lost problem of {problems} ({step:.2g} points) "
+                f"fails > {limit:g}")
+        return "PASS", [], [thin]
+    return "PASS", [], []

@@ -49,6 +49,8 @@ RANGES: dict[str, tuple[int, int | None]] = {
     "prefill_length": (1, None),
     "kv_cache_length": (1, None),
     "outlier_channels": (0, None),
+    "max_new_tokens": (1, None),
+    "memory_mb": (64, None),
 }
 #: Block lengths of MatMulNBits (a power of 2 from 16 to 256; onnxruntime contrib op MatMulNBits).
 BLOCK_SIZES = (16, 32, 64, 128, 256)

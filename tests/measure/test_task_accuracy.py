@@ -1,0 +1,217 @@
+"""Task accuracy: the HumanEval harness (every canonical solution passes, a wrong one fails), the answer's
+extraction, the statistics and the gate, and the stage end to end on the tiny Qwen2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qwen_onnx.cli import main
+from qwen_onnx.errors import ArtifactError, OptionError
+from qwen_onnx.measure.humaneval import (
+    HUMANEVAL_SIZE,
+    Problem,
+    block_closed,
+    canonical_program,
+    extract_code,
+    load_problems,
+    program,
+    response_prefix,
+    select_problems,
+    subset_indices,
+    user_message,
+)
+from qwen_onnx.measure.sandbox import run_program
+from qwen_onnx.measure.task_accuracy import (
+    RECORD_KEYS,
+    mcnemar_exact_p,
+    paired_comparison,
+    summarize,
+    task_accuracy,
+    wilson_interval,
+)
+from qwen_onnx.report.rows import task_columns
+from qwen_onnx.settings.gates import DEFAULT_TASK_GATE, check_task_gate
+
+PROBLEMS = load_problems()
+#: Problems whose chat prompt fits the tiny model's 512 positions with the tiny tokenizer (279 and 325 tokens).
+TINY_PROBLEMS = ["HumanEval/53", "HumanEval/23"]
+
+
+# --- the harness ---------------------------------------------------------------------------------------------
+
+def test_every_canonical_solution_passes_and_a_wrong_one_fails_in_the_sandbox():
+    assert [p.task_id for p in PROBLEMS] == [f"HumanEval/{i}" for i in range(HUMANEVAL_SIZE)]
+    outcomes = {p.task_id: run_program(canonical_program(p)) for p in PROBLEMS}
+    assert {t: (o.outcome, o.reason) for t, o in outcomes.items() if o.outcome != "passed"} == {}
+    wrong = {p.task_id: run_program(program(p, p.prompt + "    return None\n")) for p in PROBLEMS}
+    assert [t for t, o in wrong.items() if o.outcome == "passed"] == []
+    assert wrong["HumanEval/0"].reason == "AssertionError"
+
+
+HAS_CLOSE = PROBLEMS[0]
+BODY = ("    for i, a in enumerate(numbers):\n        for b in numbers[i + 1:]:\n            if abs(a - b) < threshold:\n"
+        "                return True\n    return False\n")
+
+
+def test_a_fenced_whole_function_follows_the_prompt():
+    answer = f"Here it is:\n```python\nfrom typing import List\n\ndef has_close_elements(numbers, threshold):\n{BODY}```\nDone."
+    code = extract_code(HAS_CLOSE, answer)
+    assert code == (HAS_CLOSE.prompt.rstrip("\n") + "\n\n\nfrom typing import List\n\n"
+                    "def has_close_elements(numbers, threshold):\n" + BODY)
+    assert run_program(program(HAS_CLOSE, code)).outcome == "passed"
+
+
+def test_a_fenced_body_continues_the_prompt_and_a_bare_answer_is_taken_whole():
+    assert extract_code(HAS_CLOSE, f"```\n{BODY}```") == HAS_CLOSE.prompt + BODY
+    assert extract_code(HAS_CLOSE, BODY) == HAS_CLOSE.prompt + BODY  # no fence: the raw answer, as a body
+    bare = f"def has_close_elements(numbers, threshold):\n{BODY}"  # no fence, whole function
+    assert extract_code(HAS_CLOSE, bare) == HAS_CLOSE.prompt.rstrip("\n") + "\n\n\n" + bare
+    # a block cut at the token limit is read to the end; only the first block counts
+    assert extract_code(HAS_CLOSE, f"```py\n{BODY}") == HAS_CLOSE.prompt + BODY
+    assert extract_code(HAS_CLOSE, f"```python\n{BODY}```\n```python\n    return 1\n```") == HAS_CLOSE.prompt + BODY
+    # a nested def of the same name is not a top-level definition
+    assert extract_code(HAS_CLOSE, "    def has_close_elements(x):\n        return x\n").startswith(HAS_CLOSE.prompt)
+
+
+def test_the_answer_after_the_response_prefix_ends_at_the_closing_fence():
+    """The assistant's turn starts with the opened block and the prompt (:data:`RESPONSE_PREFIX`): the model writes
+    the body and closes the block; what follows is never read, so generation stops there."""
+    problem = PROBLEMS[53]
+    prefix = response_prefix(problem)
+    assert prefix == "```python\n" + problem.prompt and not block_closed(prefix)
+    answer = prefix + problem.canonical_solution + "```\n\nThis adds x and y."
+    assert block_closed(prefix + problem.canonical_solution + "```")
+    assert extract_code(problem, answer) == problem.prompt.rstrip("\n") + "\n\n\n" + (problem.prompt +
+                                                                                      problem.canonical_solution).strip("\n") + "\n"
+    assert run_program(program(problem, extract_code(problem, answer))).outcome == "passed"
+    assert user_message(problem) == ("Complete the following Python function. Answer with the whole function in one "
+                                     f"```python code block.\n```python\n{problem.prompt}```")
+
+
+def test_problem_selection():
+    assert subset_indices(4) == [0, 41, 82, 123]
+    assert [p.index for p in select_problems(PROBLEMS, 20)] == [i * 164 // 20 for i in range(20)]
+    assert select_problems(PROBLEMS, "all") == PROBLEMS and select_problems(PROBLEMS, "164") == PROBLEMS
+    assert [p.task_id for p in select_problems(PROBLEMS, ["HumanEval/3", 7])] == ["HumanEval/3", "HumanEval/7"]
+    for bad, message in ((0, "problems 0 is out of range"), (165, "problems 165 is out of range"),
+                         (["HumanEval/164"], "names 'HumanEval/164', no HumanEval problem"),
+                         (["HumanEval/3", 3], "names a problem twice"), ("some", "'some' is not understood")):
+        with pytest.raises(OptionError, match=message):
+            select_problems(PROBLEMS, bad)
+
+
+# --- statistics and the gate ---------------------------------------------------------------------------------
+
+def test_wilson_interval_and_mcnemar_exact_p_have_their_textbook_values():
+    assert wilson_interval(10, 20) == pytest.approx((0.29930, 0.70070), abs=1e-5)
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.27753), abs=1e-5)
+    assert wilson_interval(20, 20) == pytest.approx((0.83887, 1.0), abs=1e-5)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    assert mcnemar_exact_p(0, 6) == 0.03125 == mcnemar_exact_p(6, 0)  # 2 x 0.5^6
+    assert mcnemar_exact_p(1, 5) == 0.21875  # 2 x (1 + 6) / 64
+    assert mcnemar_exact_p(3, 3) == 1.0 and mcnemar_exact_p(0, 0) == 1.0
+
+
+def _records(outcomes: dict[str, str]) -> list[dict]:
+    return [{"task_id": t, "outcome": o, "tokens": 10, "generate_s": 1.0, "execute_s": 0.1} for t, o in outcomes.items()]
+
+
+def test_paired_comparison_summary_and_gate():
+    ids = [f"HumanEval/{i}" for i in range(20)]
+    reference = _records({t: "passed" if i < 12 else "failed" for i, t in enumerate(ids)})
+    # loses 0-3 and 5 (crash, timeout, fail), gains 12: 8 passed of 20
+    mine = _records({t: ("crashed" if i == 0 else "timeout" if i == 1 else "failed") if i in (0, 1, 2, 3, 5)
+                     else "passed" if i < 13 else "failed" for i, t in enumerate(ids)})
+    summary = summarize(mine)
+    assert (summary["problems"], summary["passed"], summary["pass_at_1_pct"]) == (20, 8, 40.0)
+    assert summary["outcomes"] == {"passed": 8, "failed": 10, "timeout": 1, "crashed": 1, "skipped": 0}
+    assert (summary["pass_at_1_low_pct"], summary["pass_at_1_high_pct"]) == pytest.approx((21.88, 61.34), abs=0.01)
+    paired = paired_comparison(mine, reference)
+    assert (paired["gained"], paired["lost"], paired["both_passed"], paired["both_failed"]) == (1, 5, 7, 7)
+    assert paired["gained_ids"] == ["HumanEval/12"] and paired["lost_ids"] == [f"HumanEval/{i}" for i in (0, 1, 2, 3, 5)]
+    assert paired["mcnemar_p"] == 0.21875 and paired["pass_at_1_delta_points"] == -20.0
+    assert check_task_gate(20.0, 20, 0.21875, DEFAULT_TASK_GATE) == (
+        "FAIL", ["pass_at_1_drop_points 20 > 3"],
+        ["pass@1 20 points below the reference is within chance (McNemar p 0.22 >= 0.05 on 20 problems)"])
+    assert check_task_gate(0.0, 20, 1.0, DEFAULT_TASK_GATE) == ("PASS", [], [
+        "pass_at_1_drop_points 0: one more lost problem of 20 (5 points) fails > 3"])
+    assert check_task_gate(-5.0, 20, 1.0, DEFAULT_TASK_GATE) == ("PASS", [], [])
+    assert check_task_gate(2.5, 164 * 2, 0.5, {"pass_at_1_drop_points": 3.0})[0] == "PASS"
+    assert check_task_gate(50.0, 20, 0.0, {}) == ("PASS", [], [])
+    with pytest.raises(KeyError, match="task gate names top1_pct"):
+        check_task_gate(0.0, 20, 1.0, {"top1_pct": 90})
+    with pytest.raises(ArtifactError, match="other problems"):
+        paired_comparison(mine[:-1], reference)
+
+
+# --- the stage on the tiny model -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def fp32_task(pipeline, tmp_path_factory):
+    out = tmp_path_factory.mktemp("task") / "fp32.task.json"
+    result = task_accuracy(pipeline["fp32"], pipeline["hf"], problems=TINY_PROBLEMS, max_new_tokens=8, threads=1,
+                           output=out)
+    return out, result
+
+
+def test_the_stage_on_the_tiny_model_records_every_problem(pipeline, fp32_task):
+    out, result = fp32_task
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    records = result["records"]
+    assert [r["task_id"] for r in records] == TINY_PROBLEMS
+    assert all(set(r) == set(RECORD_KEYS) for r in records)
+    for record, problem in zip(records, select_problems(PROBLEMS, TINY_PROBLEMS)):
+        assert 1 <= record["tokens"] <= 8 and record["answer"].startswith(response_prefix(problem))
+        assert record["stopped"] in ("eos", "block closed", "max_new_tokens")
+        assert record["outcome"] in ("passed", "failed", "timeout", "crashed")
+    passed = sum(r["outcome"] == "passed" for r in records)
+    assert (result["problems"], result["passed"], result["pass_at_1_pct"]) == (2, passed, 50.0 * passed)
+    assert result["tokens"] == sum(r["tokens"] for r in records)
+    assert result["gate"] == "reference" and result["settings"]["problems"] == TINY_PROBLEMS
+    assert result["eos_token_ids"] == json.loads((pipeline["hf"] / "generation_config.json").read_text())["eos_token_id"]
+
+
+def test_a_variant_is_paired_against_the_reference_and_gated(pipeline, fp32_task, tmp_path):
+    reference, ref = fp32_task
+    result = task_accuracy(pipeline["int8-dynamic"], pipeline["hf"], reference=reference, problems=TINY_PROBLEMS,
+                           max_new_tokens=8, threads=1, output=tmp_path / "int8-dynamic.task.json")
+    paired = paired_comparison(result["records"], ref["records"])
+    assert result["paired"] == paired and result["reference_pass_at_1_pct"] == ref["pass_at_1_pct"]
+    status, failures, marginal = check_task_gate(-paired["pass_at_1_delta_points"], 2, paired["mcnemar_p"],
+                                                 DEFAULT_TASK_GATE)
+    assert (result["gate"], result["gate_failures"], result["gate_marginal"]) == (status, failures, marginal)
+    columns = task_columns(result)
+    assert (columns["task_problems"], columns["task_gained"], columns["task_lost"], columns["task_gate"]) == (
+        2, paired["gained"], paired["lost"], status)
+
+
+def test_a_reference_of_other_settings_is_refused_and_nothing_is_written(pipeline, fp32_task, tmp_path):
+    reference, _ = fp32_task
+    out = tmp_path / "int4.task.json"
+    with pytest.raises(ArtifactError, match=r"other settings: max_new_tokens 4 \(the reference has 8\)"):
+        task_accuracy(pipeline["int4"], pipeline["hf"], reference=reference, problems=TINY_PROBLEMS, max_new_tokens=4,
+                      output=out)
+    with pytest.raises(OptionError, match="max_new_tokens 0 is out of range"):
+        task_accuracy(pipeline["int4"], pipeline["hf"], problems=TINY_PROBLEMS, max_new_tokens=0, output=out)
+    assert not out.exists()
+
+
+def test_the_cli_runs_the_same_stage(pipeline, fp32_task, tmp_path, capsys):
+    reference, ref = fp32_task
+    out = tmp_path / "fp32-again.task.json"
+    code = main(["task-accuracy", str(pipeline["fp32"]), "--hf", str(pipeline["hf"]), "--problems", *TINY_PROBLEMS,
+                 "--max-new-tokens", "8", "--threads", "1", "--reference", str(reference), "-o", str(out)])
+    assert code == 0
+    again = json.loads(out.read_text())
+    # the same graph, greedy: the same answers, nothing gained or lost, and the gate passes
+    assert [r["answer"] for r in again["records"]] == [r["answer"] for r in ref["records"]]
+    assert (again["paired"]["gained"], again["paired"]["lost"], again["gate"]) == (0, 0, "PASS")
+    assert f"fp32: pass@1 {ref['pass_at_1_pct']:.1f}%" in capsys.readouterr().out
+
+
+def test_problem_records_name_the_stop_and_the_skip():
+    problem = Problem("HumanEval/0", "def f():\n", "f", "    return 1\n", "def check(c):\n    assert c() == 1\n")
+    assert run_program(program(problem, extract_code(problem, "```python\n    return 1\n```"))).outcome == "passed"
+    assert summarize([{"task_id": "HumanEval/0", "outcome": "skipped"}])["outcomes"]["skipped"] == 1
