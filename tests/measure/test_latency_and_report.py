@@ -209,3 +209,45 @@ def test_a_variant_left_out_of_the_sitting_gets_an_empty_speed_row_with_the_reas
     assert rows["preprocessed"]["decode_tok_s"] is None and rows["preprocessed"]["decode_speedup_vs_pytorch"] is None
     assert rows["preprocessed"]["gate"] == "PASS" and rows["preprocessed"]["top1_pct"] == 99.0
     assert rows["fp32"]["decode_tok_s"] == 20.0
+
+
+def test_the_report_carries_task_accuracy_with_the_paired_comparison(tmp_path):
+    from qwen_onnx.measure.task_accuracy import paired_comparison, summarize
+    from qwen_onnx.settings.gates import DEFAULT_TASK_GATE, check_task_gate
+
+    variants = ["fp32", "int8-static"]
+    files, machine = fake_reports(tmp_path, variants)
+    reports = tmp_path / "m" / "reports"
+    reports.mkdir(parents=True)
+    ids = [f"HumanEval/{i}" for i in range(16)]
+    fp32 = summarize([{"task_id": t, "outcome": "passed" if i < 10 else "failed", "tokens": 100} for i, t in enumerate(ids)])
+    fp32.update(gate="reference", gate_failures=[], gate_marginal=[], seconds=300.0)
+    static = summarize([{"task_id": t, "outcome": "passed" if 2 <= i < 10 else "timeout" if i < 2 else "failed",
+                         "tokens": 90} for i, t in enumerate(ids)])
+    paired = paired_comparison(static["records"], fp32["records"])
+    status, failures, marginal = check_task_gate(-paired["pass_at_1_delta_points"], 16, paired["mcnemar_p"],
+                                                 DEFAULT_TASK_GATE)
+    static.update(paired=paired, gate=status, gate_failures=failures, gate_marginal=marginal, seconds=120.0)
+    files["task"] = []
+    for name, task in (("fp32", fp32), ("int8-static", static)):
+        (reports / f"{name}.task.json").write_text(json.dumps(task))
+        files["task"].append(reports / f"{name}.task.json")
+    outputs = dict(markdown=tmp_path / "report.md", html_path=tmp_path / "report.html",
+                   csv_path=tmp_path / "metrics.csv", json_path=tmp_path / "metrics.json",
+                   plots={k: tmp_path / f"{k}.png" for k in ("ppl_vs_size", "decode_tok_s", "prefill_latency")})
+    rows = {r["variant"]: r for r in build_report(["m"], variants, files, machine, prompt_lengths=(8,), **outputs)}
+    assert (rows["fp32"]["pass_at_1_pct"], rows["fp32"]["task_gate"], rows["fp32"]["task_lost"]) == (62.5, "reference",
+                                                                                                     None)
+    static_row = rows["int8-static"]
+    assert (static_row["pass_at_1_pct"], static_row["task_gained"], static_row["task_lost"]) == (50.0, 0, 2)
+    assert (static_row["task_mcnemar_p"], static_row["task_gate"], static_row["task_tokens"]) == (0.5, "FAIL", 1440)
+    assert static_row["task_gate_note"] == ("pass_at_1_drop_points 12.5 > 3; pass@1 12.5 points below the reference is "
+                                            "within chance (McNemar p 0.5 >= 0.05 on 16 problems)")
+    assert rows["pytorch"]["pass_at_1_pct"] is None
+    md = (tmp_path / "report.md").read_text()
+    assert "## Task accuracy (HumanEval pass@1)" in md and "pass@1 on 16 of the 164 HumanEval problems" in md
+    assert "| m | int8-static | 16 | 50.00 | 28.00 | 72.00 | 0 | 2 | 0.5 | FAIL |" in md
+    assert "1 FAIL the task gate (HumanEval pass@1 against fp32): m/int8-static: pass_at_1_drop_points 12.5 > 3" in md
+    with open(tmp_path / "metrics.csv", newline="") as f:
+        by_variant = {r["variant"]: r for r in csv.DictReader(f)}
+    assert by_variant["int8-static"]["pass_at_1_low_pct"].startswith("27.99")

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from qwen_onnx.measure.humaneval import HUMANEVAL_SIZE
 from qwen_onnx.report.pipeline import COLUMNS as PIPELINE_COLUMNS
 from qwen_onnx.report.pipeline import pipeline_markdown, pipeline_table
 from qwen_onnx.report.plots import (
@@ -48,6 +49,7 @@ from qwen_onnx.report.tables import (
     ACCURACY,
     RATIOS,
     SUMMARY,
+    TASK,
     columns,
     html_table,
     label,
@@ -69,6 +71,24 @@ def _machine_lines(machine: Mapping) -> list[str]:
         f"{machine.get('memory_bandwidth_gb_s')} GB/s",
         f"Libraries: {versions}",
     ]
+
+
+def task_intro(task_rows: Sequence[Mapping[str, Any]]) -> str:
+    """The sentence above the task accuracy table: how many problems, how they were scored, what the interval buys."""
+    sizes = sorted({int(r["task_problems"]) for r in task_rows})
+    if not sizes:
+        return ""
+    n = "/".join(map(str, sizes))
+    half = max((r["pass_at_1_high_pct"] - r["pass_at_1_low_pct"]) / 2 for r in task_rows)
+    full = sizes == [HUMANEVAL_SIZE]
+    subset = ("all 164 HumanEval problems" if full else
+              f"{n} of the 164 HumanEval problems, spread evenly over the set (`task_accuracy.problems`; all 164 with "
+              "`--config task_accuracy='{problems: all}'`)")
+    return (f"pass@1 on {subset}: one chat turn per problem, greedy decoding, the answer's code and the problem's "
+            f"tests run in a sandboxed process. The 95% interval is Wilson's, here up to ±{half:.0f} points wide, so "
+            "compare variants by the paired columns: problems gained and lost against fp32 on the same problems, "
+            "and McNemar's exact p. The task gate fails a variant more than "
+            "`gates.task.pass_at_1_drop_points` below fp32 (docs/evaluation.md, \"Task accuracy\").")
 
 
 def write_report(
@@ -136,6 +156,12 @@ def write_report(
     verdict = (f"{len(failing)} variant(s) FAIL their gate: "
                + "; ".join(f"{r['model']}/{r['variant']}: {r['gate_failures']}" for r in failing)) if failing \
         else "Every variant passes its gate."
+    task_rows = [r for r in [*rows, *(peer_rows or [])] if r.get("pass_at_1_pct") is not None]
+    task_failing = [r for r in task_rows if r.get("task_gate") == "FAIL"]
+    if task_failing:
+        verdict += (f" {len(task_failing)} FAIL the task gate (HumanEval pass@1 against fp32): "
+                    + "; ".join(f"{r['model']}/{r['variant']}: {r['task_gate_note']}" for r in task_failing))
+    task_note = task_intro(task_rows)
     models = list(dict.fromkeys(r["model"] for r in rows))
     intro = (f"Models: {', '.join(models)}. Accuracy is against PyTorch fp32 (`pytorch`) on the evaluation text; "
              "latency is single-stream on the CPU, same thread count for every variant.")
@@ -155,7 +181,10 @@ def write_report(
            f"**{verdict}**", "", *[f"- {line}" for line in skipped or []], *([""] if skipped else []),
            *[f"- {line}" for line in _machine_lines(machine)], "",
            "## Summary", "", markdown_table(rows, SUMMARY), "## Accuracy", "",
-           markdown_table(rows, ACCURACY), "## Latency", "", markdown_table(rows, latency),
+           markdown_table(rows, ACCURACY),
+           *(["## Task accuracy (HumanEval pass@1)", "", task_note, "", markdown_table(task_rows, TASK)] if task_rows
+             else []),
+           "## Latency", "", markdown_table(rows, latency),
            "## Latency details and the decode roofline", "", markdown_table(rows, latency_details),
            "## Ratios to PyTorch", "", markdown_table(rows, RATIOS)]
     if len(models) > 1:
@@ -207,6 +236,8 @@ def write_report(
         *[f"<figure><img alt='{name}' src='data:image/png;base64,{data}'>"
           f"<figcaption>{html.escape(CAPTIONS.get(name, ''))}</figcaption></figure>" for name, data in images.items()],
         "<h2>Accuracy</h2>", html_table(rows, ACCURACY, styles),
+        *([f"<h2>Task accuracy (HumanEval pass@1)</h2><p>{html.escape(task_note)}</p>", html_table(task_rows, TASK, styles)]
+          if task_rows else []),
         "<h2>Latency</h2>", html_table(rows, latency, styles),
         "<h2>Latency details and the decode roofline</h2>", html_table(rows, latency_details, styles),
         "<h2>Ratios to PyTorch</h2>", html_table(rows, RATIOS, styles),
@@ -293,7 +324,7 @@ def build_report(
         writer.writeheader()
         writer.writerows(pipeline["rows"])
         write_text(pipeline_csv, buffer.getvalue())
-    peer_rows = peer_metric_rows(models, peer_paths, prompt_lengths)
+    peer_rows = peer_metric_rows(models, peer_paths, prompt_lengths, files.get("task", []))
     write_report(rows, machine, profiles=profiles, generations=generations, prompt_lengths=prompt_lengths,
                  graphs=graphs, sensitivity=sensitivity, precision=precision_lines(models, variants, files),
                  peers=peer_tables(models, peer_paths, [*rows, *peer_rows]),

@@ -42,6 +42,30 @@ _RATIO_OF = {
 }
 
 
+def task_files(paths: Sequence[str | os.PathLike]) -> dict[tuple[str, str], Path]:
+    """``{(model, name): path}`` of task results ``results/{model}/reports/{name}.task.json`` (a variant or a peer)."""
+    out = {}
+    for path in map(Path, paths):
+        out[(path.parents[1].name, path.name.removesuffix(".task.json"))] = path
+    return out
+
+
+def task_columns(task: Mapping[str, Any]) -> dict[str, Any]:
+    """A row's task accuracy columns from its ``task.json`` (:func:`qwen_onnx.measure.task_accuracy.task_accuracy`):
+    pass@1 with its interval, the paired comparison with fp32, the task gate, tokens and time."""
+    if task.get("skipped"):
+        return {"task_gate_note": f"task accuracy not measured: {task['skipped']}"}
+    paired = task.get("paired") or {}
+    return {
+        "task_problems": task["problems"], "pass_at_1_pct": task["pass_at_1_pct"],
+        "pass_at_1_low_pct": task["pass_at_1_low_pct"], "pass_at_1_high_pct": task["pass_at_1_high_pct"],
+        "task_gained": paired.get("gained"), "task_lost": paired.get("lost"), "task_mcnemar_p": paired.get("mcnemar_p"),
+        "task_gate": task.get("gate"),
+        "task_gate_note": "; ".join([*task.get("gate_failures", []), *task.get("gate_marginal", [])]) or None,
+        "task_tokens": task.get("tokens"), "task_s": task.get("seconds"),
+    }
+
+
 def variant_keys(models: Sequence[str], variants: Sequence[str] | Mapping[str, Sequence[str]]) -> list[tuple[str, str]]:
     """(model, variant) in report order: ``variants`` is one list for every model, or a list per model."""
     return [(m, v) for m in models for v in (variants[m] if isinstance(variants, Mapping) else variants)]
@@ -154,9 +178,11 @@ def collect_rows(
     Args:
         variants: the variants of every model, or per model its own (:func:`built_variants`).
         files: ``inspect``, ``accuracy``, ``latency``: JSON paths in (model, variant) order;
-            ``pytorch``: one latency JSON per model.
+            ``pytorch``: one latency JSON per model; ``task`` (optional): the task results of the variants that
+            have one (:func:`task_files`), in any order.
     """
     rows = []
+    tasks = task_files(files.get("task", []))
     bandwidth = machine.get("memory_bandwidth_gb_s")
     keys = variant_keys(models, variants)
     by_key = {kind: dict(zip(keys, files[kind])) for kind in ("inspect", "accuracy", "latency")}
@@ -169,6 +195,8 @@ def collect_rows(
             key = (model, variant)
             rows.append(variant_row(model, variant, read_json(by_key["inspect"][key]),
                                     read_json(by_key["accuracy"][key]), read_json(by_key["latency"][key]), bandwidth))
+            if key in tasks:
+                rows[-1].update(task_columns(read_json(tasks[key])))
     add_ratios(rows, prompt_lengths)
     return rows
 
@@ -183,6 +211,10 @@ _PEER_PROVIDER = {"llama.cpp": "llama.cpp CPU", "genai-builder-int4": "onnxrunti
 #: The accuracy file each peer row reads (the builder's graph in our runtime is the builder's graph).
 _PEER_ACCURACY = {"llama.cpp": "llama.cpp", "genai-builder-int4": "genai-builder-int4",
                   "genai-builder-int4-ort": "genai-builder-int4"}
+
+
+#: The task result each peer row reads: the builder's graph was run by qwen-onnx's runtime (the ``-ort`` row).
+_PEER_TASK = {"llama.cpp": "llama.cpp", "genai-builder-int4-ort": "genai-builder-int4"}
 
 
 def peer_accuracy_columns(reports_dir: Path, peer: str) -> dict[str, Any]:
@@ -206,14 +238,16 @@ def peer_accuracy_columns(reports_dir: Path, peer: str) -> dict[str, Any]:
 
 
 def peer_metric_rows(models: Sequence[str], paths: Sequence[str | os.PathLike],
-                     prompt_lengths: Sequence[int]) -> list[dict[str, Any]]:
+                     prompt_lengths: Sequence[int], task: Sequence[str | os.PathLike] = ()) -> list[dict[str, Any]]:
     """metrics.csv/json rows of the measured peers (:data:`PEER_VARIANTS`) of each model's peers JSON
-    (:func:`qwen_onnx.measure.peers.run_peers`), ``variant`` = the peer's name, ``measured_by`` = ``peers``.
+    (:func:`qwen_onnx.measure.peers.run_peers`), ``variant`` = the peer's name, ``measured_by`` = ``peers``; a peer
+    with a task result among ``task`` (the builder's graph: the one run by qwen-onnx's runtime) gets its columns.
 
     Their ``*_vs_pytorch`` ratios divide by the ``pytorch`` row of the same sitting (the same
     interleaved rounds that time our variants).
     """
     out = []
+    tasks = task_files(task)
     for model, path in zip(models, paths):
         result = read_json(path)
         base = next((r for r in result["rows"] if r["peer"] == "pytorch" and not r.get("skipped")), None)
@@ -227,6 +261,9 @@ def peer_metric_rows(models: Sequence[str], paths: Sequence[str | os.PathLike],
             for key in ("load_s", "ttft_ms", "decode_tok_s", "peak_rss_mib", "bytes_on_disk"):
                 row[key] = peer.get(key)
             row.update(peer_accuracy_columns(Path(path).parent, peer["peer"]))
+            task_key = (model, _PEER_TASK.get(peer["peer"]))
+            if task_key in tasks:
+                row.update(task_columns(read_json(tasks[task_key])))
             for n in prompt_lengths:
                 if f"prefill_ms_{n}" in peer:
                     row[f"prefill_ms_p50_{n}"] = peer[f"prefill_ms_{n}"]
@@ -327,6 +364,8 @@ def recommend(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             if best.get("gate_marginal"):
                 note = "; ".join(x for x in (note, f"{best['variant']} passes by a thin margin on "
                                                    f"{best.get('accuracy_isa') or 'this CPU'}: {best['gate_marginal']}") if x)
+            if best.get("task_gate") == "FAIL":
+                note = "; ".join(x for x in (note, f"{best['variant']} fails the task gate: {best['task_gate_note']}") if x)
             if best.get("timing_load") not in (None, "idle") and column in ("decode_tok_s", "ttft_ms"):
                 note = "; ".join(x for x in (note, f"timed beside other load: {best['timing_load']}") if x)
             out.append({**{c: best.get(c) for c in ANSWER}, "goal": goal, "bold": column, "note": note})

@@ -39,6 +39,21 @@ COLUMNS: dict[str, str] = {
     "padded_batch_nonfinite": "NaN/inf count in the padded batch's logits (pad rows included)",
     "kv_cache_max_abs_diff": "max |Δlogit| between prefill + single-token decode steps and one full pass",
     "generation_match_pct": "greedy tokens matched before the first difference from PyTorch, percent of PyTorch's output",
+    "pass_at_1_pct": "HumanEval pass@1, percent: greedy decoding, one answer per problem, the share whose tests pass "
+                     "(task_accuracy stage; problems as `task_problems`)",
+    "pass_at_1_low_pct": "low end of pass@1's 95% Wilson score interval, percent",
+    "pass_at_1_high_pct": "high end of pass@1's 95% Wilson score interval, percent",
+    "task_problems": "HumanEval problems the task accuracy ran (the same for every row of a model)",
+    "task_gained": "problems this row passes and fp32 fails (paired, same problems)",
+    "task_lost": "problems this row fails and fp32 passes",
+    "task_mcnemar_p": "McNemar's exact two-sided p of the paired outcomes against fp32: below 0.05, a difference "
+                      "beyond chance",
+    "task_gate": "PASS or FAIL of the task gate (config `gates.task`: pass@1 at most pass_at_1_drop_points below "
+                 "fp32's on the same problems); `reference` for fp32",
+    "task_gate_note": "the task gate's failure, or why its verdict is marginal (one problem would flip it; a drop "
+                      "within chance), `;`-separated",
+    "task_tokens": "tokens generated over the HumanEval problems",
+    "task_s": "wall time of the task accuracy job (generation and the sandboxed tests), seconds",
     "load_s": "session creation (from_pretrained for pytorch), seconds",
     "ttft_ms": "time to first token: prefill of the decode prompt plus argmax, median, ms",
     "decode_tok_s": "single-stream decode tokens/s with the KV cache, median",
@@ -90,6 +105,17 @@ LABELS: dict[str, str] = {
     "padded_batch_nonfinite": "padded batch NaN/inf (count)",
     "kv_cache_max_abs_diff": "KV cache max |Δlogit|",
     "generation_match_pct": "greedy tokens matched (%)",
+    "pass_at_1_pct": "HumanEval pass@1 (%)",
+    "pass_at_1_low_pct": "pass@1 95% low (%)",
+    "pass_at_1_high_pct": "pass@1 95% high (%)",
+    "task_problems": "HumanEval problems",
+    "task_gained": "gained vs fp32",
+    "task_lost": "lost vs fp32",
+    "task_mcnemar_p": "McNemar p",
+    "task_gate": "task gate",
+    "task_gate_note": "task gate note",
+    "task_tokens": "tokens generated",
+    "task_s": "task time (s)",
     "load_s": "load (s)",
     "ttft_ms": "TTFT (ms)",
     "decode_tok_s": "decode (tokens/s)",
@@ -167,6 +193,10 @@ ACCURACY = ("model", "variant", "gate", "eval_tokens", "ppl", "ppl_delta_pct", "
             "padded_batch_nonfinite", "kv_cache_max_abs_diff", "generation_match_pct")
 
 
+TASK = ("model", "variant", "task_problems", "pass_at_1_pct", "pass_at_1_low_pct", "pass_at_1_high_pct", "task_gained",
+        "task_lost", "task_mcnemar_p", "task_gate", "task_gate_note", "task_tokens", "task_s")
+
+
 def latency_columns(prompt_lengths: Sequence[int]) -> tuple[str, ...]:
     """Columns of the latency table for the configured prompt lengths: the medians people compare."""
     prefill = [f"prefill_ms_p50_{n}" for n in prompt_lengths]
@@ -198,6 +228,8 @@ def format_cell(value: Any, column: str) -> str:
         if column.endswith("ppl_delta_pct"):
             return f"{value:+.2f}" if round(value, 2) != 0 else "+0.00"  # never "-0.00"
         if column.startswith(("kl_", "max_abs", "mean_abs", "padded_batch_max", "kv_cache")):
+            return f"{value:.3g}"
+        if column == "task_mcnemar_p":
             return f"{value:.3g}"
         if column.endswith(("_vs_pytorch", "_vs_peer")):
             return f"{value:.2f}×"
@@ -244,7 +276,8 @@ def html_table(rows: Sequence[Mapping], columns: Iterable[str], styles: Mapping[
                 text = swatch_html(value, styles[value])
             if c == r.get("bold") and value is not None:
                 text = f"<b>{text}</b>"
-            css = (" class='fail'" if c == "gate" and value == "FAIL" else " class='pass'" if c == "gate" and value == "PASS"
+            gate = c in ("gate", "task_gate")
+            css = (" class='fail'" if gate and value == "FAIL" else " class='pass'" if gate and value == "PASS"
                    else _LEFT if isinstance(value, str) else "")
             cells.append(f"<td{css}>{text}</td>")
         group = " class='grp'" if "model" in columns and previous is not None and r.get("model") != previous else ""
