@@ -1,6 +1,6 @@
 # qwen-onnx: Qwen checkpoint -> resolved fp32 folder -> fp32 ONNX export -> optimized (GroupQueryAttention) and
 # preprocessed graphs -> int8-dynamic, int8-static, int8-mixed, int4, fp16 and tflite variants -> per variant
-# inspection, accuracy against PyTorch and one timing sitting per model -> one report.
+# inspection, accuracy against PyTorch, HumanEval pass@1 against fp32 and one timing sitting per model -> one report.
 # This file only wires things together; see workflow/rules/ and the qwen_onnx package.
 from snakemake.utils import min_version
 
@@ -19,6 +19,7 @@ include: "workflow/rules/float16.smk"
 include: "workflow/rules/tflite.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/sitting.smk"
+include: "workflow/rules/task.smk"
 include: "workflow/rules/report.smk"
 
 

@@ -143,6 +143,8 @@ def config_error(result) -> str:
 @pytest.mark.parametrize("overrides, message", [
     ({"export": {"opset": 25}}, "export.opset 25 is out of range; give an integer from 14 to 23"),
     ({"latency": {"threads": 0}}, "latency.threads 0 is out of range; give an integer of at least 1"),
+    ({"task_accuracy": {"problems": 0}}, "task_accuracy.problems 0 is out of range; give a count from 1 to 164, `all`, "
+                                         "or task ids such as [HumanEval/0, HumanEval/12]"),
 ])
 def test_workflow_refuses_the_same_numbers_in_one_line(tiny_qwen2, texts, tmp_path, overrides, message):
     from test_workflow import snakemake, write_config

@@ -33,10 +33,13 @@ pytestmark = pytest.mark.workflow
 
 def write_config(folder: Path, source, texts, extra_models=None, **overrides) -> None:
     """The tiny test configuration; the tflite variant (fp32, prefill 32 = half a window, KV cache 128:
-    the longest chat prompt plus its generation) is built for the model `tiny` only."""
+    the longest chat prompt plus its generation) is built for the model `tiny` only, and only `tiny` gets task
+    accuracy, on the two HumanEval problems whose prompts fit its 512 positions (none fits the tflite KV cache)."""
     config = {
-        "models": {"tiny": {"source": source, "params_billion": 0.001, "tflite": {"enabled": True}},
+        "models": {"tiny": {"source": source, "params_billion": 0.001, "tflite": {"enabled": True},
+                            "task_accuracy": {"enabled": True}},
                    **(extra_models or {})},
+        "task_accuracy": {"enabled": False, "problems": ["HumanEval/53", "HumanEval/23"], "max_new_tokens": 8},
         "tflite": {"enabled": False, "prefill_length": 32, "kv_cache_length": 128, "quantize": "none"},
         "quantize_static": {"samples": 4, "sequence_length": 32, "calibration_text": str(texts["calibration"])},
         "quantize_mixed": {"samples": 4, "sequence_length": 32, "calibration_text": str(texts["calibration"]),
@@ -163,6 +166,26 @@ def test_full_run_writes_every_artifact(finished_run):
         assert check_gate(accuracy, default_gate(kind)) == (accuracy["gate"], accuracy["gate_failures"])
         assert rows[variant]["gate"] == accuracy["gate"]
         assert rows[variant]["gate_failures"] == "; ".join(accuracy["gate_failures"])
+    # task accuracy: tiny's shipped variants, each paired against fp32 on the same two problems
+    fp32_task = json.loads((results / "tiny" / "reports" / "fp32.task.json").read_text())
+    assert fp32_task["gate"] == "reference" and [r["task_id"] for r in fp32_task["records"]] == ["HumanEval/53",
+                                                                                                  "HumanEval/23"]
+    for variant in ("fp32", "int8-dynamic", "int8-static", "int4", "fp16", "tflite"):
+        task = json.loads((results / "tiny" / "reports" / f"{variant}.task.json").read_text())
+        passed = sum(r["outcome"] == "passed" for r in task["records"])
+        assert (task["problems"], task["passed"], task["pass_at_1_pct"]) == (2, passed, 50.0 * passed), variant
+        assert float(rows[variant]["pass_at_1_pct"]) == task["pass_at_1_pct"]
+        assert rows[variant]["task_gate"] == task["gate"]
+        if variant != "fp32":
+            lost = [r["task_id"] for r, ref in zip(task["records"], fp32_task["records"])
+                    if ref["outcome"] == "passed" and r["outcome"] != "passed"]
+            assert task["paired"]["lost_ids"] == lost and int(rows[variant]["task_lost"]) == len(lost), variant
+    tflite_task = json.loads((results / "tiny" / "reports" / "tflite.task.json").read_text())
+    assert [r["reason"] for r in tflite_task["records"]] == [
+        f"the prompt of {r['prompt_tokens']} tokens leaves no room in the litert model's 128 positions"
+        for r in tflite_task["records"]]
+    assert not (results / "tiny-qwen3" / "reports" / "fp32.task.json").exists()
+    assert rows["pytorch"]["pass_at_1_pct"] == "" and "## Task accuracy (HumanEval pass@1)" in (results / "report.md").read_text()
     machine = json.loads((results / "machine.json").read_text())
     assert machine["memory_bandwidth_gb_s"] > 0 and machine["logical_cores"] >= 1
     assert json.loads((results / "metrics.json").read_text())[2]["variant"] == "preprocessed"
@@ -176,6 +199,7 @@ def test_full_run_writes_every_artifact(finished_run):
                                       "quantize_dynamic", "quantize_static", "quantize_int4", "latency_row.pytorch", "sitting")}
     expected |= {("tiny", f"{rule}.{v}") for v in VARIANTS for rule in ("inspect", "accuracy", "latency_row")}
     expected |= {("tiny", f"profile.{v}") for v in VARIANTS if v != "tflite"}
+    expected |= {("tiny", f"task_accuracy.{v}") for v in ("fp32", "int8-dynamic", "int8-static", "int4", "fp16", "tflite")}
     expected |= {("tiny", f"diff.{v}") for v in DIFFED} | {("", "machine"), ("tiny", "tflite")}
     assert expected <= set(pipeline)
     assert all(float(r["wall_s"]) > 0 and float(r["peak_rss_mib"]) > 50 for r in pipeline.values())
@@ -257,9 +281,11 @@ def test_calibration_change_reruns_only_the_static_variant(finished_run, texts):
     # is rewritten from the new sitting, and only the changed variant is profiled again
     per_model = {"quantize_static": 1, "inspect": 1, "diff": 1, "accuracy": 1, "profile": 1, "sitting": 1,
                  "latency_row": len(VARIANTS), "latency_row_pytorch": 1}
-    # the tflite variant is built for `tiny` only (write_config): 9 latency reports there, 8 on the others
-    assert everywhere == {**{rule: 3 for rule in per_model}, "latency_row": 3 * len(VARIANTS) - 2, "report": 1, "all": 1}
-    assert one_model == {**per_model, "report": 1, "all": 1}
+    # the tflite variant is built for `tiny` only (write_config): 9 latency reports there, 8 on the others;
+    # task accuracy is measured for `tiny` only: its int8-static's is measured again
+    assert everywhere == {**{rule: 3 for rule in per_model}, "latency_row": 3 * len(VARIANTS) - 2, "task_accuracy": 1,
+                          "report": 1, "all": 1}
+    assert one_model == {**per_model, "task_accuracy": 1, "report": 1, "all": 1}
 
 
 def test_float16_settings_rerun_only_the_fp16_variant_and_the_exporter_reruns_all(finished_run):
@@ -277,9 +303,28 @@ def test_float16_settings_rerun_only_the_fp16_variant_and_the_exporter_reruns_al
         (finished_run / "config.yaml").write_text(original)
     per_model = {"float16": 1, "inspect": 1, "diff": 1, "accuracy": 1, "profile": 1, "sitting": 1,
                  "latency_row": len(VARIANTS), "latency_row_pytorch": 1}
-    assert blocked == {**{rule: 3 for rule in per_model}, "latency_row": 3 * len(VARIANTS) - 2, "report": 1, "all": 1}
+    assert blocked == {**{rule: 3 for rule in per_model}, "latency_row": 3 * len(VARIANTS) - 2, "task_accuracy": 1,
+                       "report": 1, "all": 1}
     assert exporter["export"] == 3 and exporter["preprocess"] == 3 and exporter["float16"] == 3
     assert "optimize" not in exporter  # the builder starts from hf, not from the export
+
+
+def test_task_settings_rerun_only_the_task_jobs(finished_run):
+    """Generation settings change every task result (fp32's first); the task gate only the paired ones."""
+    config = yaml.safe_load((finished_run / "config.yaml").read_text())
+    original = yaml.safe_dump(config)
+    try:
+        config["task_accuracy"]["max_new_tokens"] = 6
+        (finished_run / "config.yaml").write_text(yaml.safe_dump(config))
+        tokens = planned_jobs(snakemake(finished_run, "-n"))
+        config["task_accuracy"]["max_new_tokens"] = 8
+        config["gates"] = {"task": {"pass_at_1_drop_points": 10.0}}
+        (finished_run / "config.yaml").write_text(yaml.safe_dump(config))
+        gate = planned_jobs(snakemake(finished_run, "-n"))
+    finally:
+        (finished_run / "config.yaml").write_text(original)
+    assert tokens == {"task_accuracy": 6, "report": 1, "all": 1}
+    assert gate == {"task_accuracy": 5, "report": 1, "all": 1}
 
 
 def test_adding_a_model_reruns_only_that_models_stages(finished_run, tiny_qwen2):

@@ -13,9 +13,10 @@ import qwen_onnx
 import qwen_onnx.store.staging
 import qwen_onnx.settings.options
 import qwen_onnx.settings.variants
-from qwen_onnx.settings.gates import DEFAULT_GATES, variant_kind
+from qwen_onnx.settings.gates import DEFAULT_GATES, DEFAULT_TASK_GATE, variant_kind
 from qwen_onnx.source.resolve import hub_snapshot_revision, source_files
 from qwen_onnx.convert.tflite import conversion_rss_gib, tflite_skip_reason
+from qwen_onnx.settings.defaults import HUMANEVAL_SIZE
 
 # --config values nested in a mapping arrive as strings (export='{opset: 18}'): typed by the schema
 with open(
@@ -86,6 +87,10 @@ MEM_PER_FP32_GB = {  # GiB of peak RSS per GB of fp32 weights
     "sitting": 3.3,
     # the model builder again (as optimize: 3.5 / 6.8 GB), writing 4-bit MatMulNBits
     "genai_builder": 1.8,
+    # one variant's session, the tokenizer (transformers) and one sandboxed program at a time: 2.9 GB measured
+    # for the 0.5B's fp32 (/usr/bin/time, 16 problems); declared as a session of the fp16 variant, the largest
+    # (as profile)
+    "task_accuracy": 3.3,
 }
 
 # Declared run time (Snakemake's `runtime` resource, minutes; a cluster executor's time limit,
@@ -381,6 +386,79 @@ def get_gate(wildcards):
         wildcards.variant, get_settings(wildcards.model, "tflite")["quantize"]
     )
     return gates.get(kind, DEFAULT_GATES[kind])
+
+
+def get_task_settings(model):
+    """The task_accuracy settings that change a task.json (problems, generation and sandbox limits)."""
+    settings = get_settings(model, "task_accuracy")
+    return {
+        k: settings[k] for k in ("problems", "max_new_tokens", "timeout_s", "memory_mb")
+    }
+
+
+def task_problem_count(problems):
+    """How many HumanEval problems a task_accuracy.problems value names (`all`, a count or task ids)."""
+    if isinstance(problems, (list, tuple)):
+        return len(problems)
+    if str(problems).strip().lower() == "all":
+        return HUMANEVAL_SIZE
+    return int(problems)
+
+
+# Declared run time of a task_accuracy job: 10 minutes plus 5x the seconds per problem of the slowest shipped
+# variant per GB of fp32 weights: fp16 on the 0.5B (1.97 GB fp32), a 320-token prompt's prefill (1.85 s) and the
+# 104 tokens of an average answer at 12.6 tokens/s, 10.1 s or 5.1 s per GB (the 1.5B: 27 s, 4.4 s per GB); speeds
+# from the idle timing sitting of 2026-12-04 (docs/measurements), lengths from the int8-dynamic 0.5B's answers
+# to all 164 problems.
+TASK_SECONDS_PER_PROBLEM_PER_FP32_GB = 5.1
+
+
+def get_task_runtime(wildcards):
+    """Declared run time of a task_accuracy job, minutes, from the problem count and the model's size."""
+    fp32_gb = 4.0 * float(config["models"][wildcards.model]["params_billion"])
+    problems = task_problem_count(get_task_settings(wildcards.model)["problems"])
+    return int(10 + 5 * problems * TASK_SECONDS_PER_PROBLEM_PER_FP32_GB * fp32_gb / 60)
+
+
+def get_task_reference(wildcards):
+    """The reference's task results a variant is paired against: the fp32 variant's (none for fp32 itself)."""
+    if wildcards.variant == "fp32":
+        return []
+    return f"{RESULTS}/{wildcards.model}/reports/fp32.task.json"
+
+
+def get_task_gate(wildcards):
+    """The task gate's limits for this model (qwen_onnx.settings.gates.DEFAULT_TASK_GATE when the config leaves it
+    out); none for fp32, the reference, so that a changed gate reruns only the paired jobs."""
+    if wildcards.get("variant") == "fp32":
+        return {}
+    return get_settings(wildcards.model, "gates").get("task", DEFAULT_TASK_GATE)
+
+
+def get_task_inputs():
+    """Every model's task results: the fp32 reference, the configured variants the workflow builds, the peers asked for."""
+    out = []
+    for model in get_models():
+        settings = get_settings(model, "task_accuracy")
+        if not settings["enabled"]:
+            continue
+        built = get_model_variants(model)
+        variants = ["fp32", *(v for v in settings["variants"] if v != "fp32")]
+        out += [
+            f"{RESULTS}/{model}/reports/{v}.task.json" for v in variants if v in built
+        ]
+        out += [f"{RESULTS}/{model}/reports/{p}.task.json" for p in settings["peers"]]
+    return out
+
+
+def get_task_peer_genai_input(wildcards):
+    """The builder's INT4 graph for the genai-builder-int4 peer's task accuracy, when onnxruntime-genai can build it."""
+    if (
+        wildcards.peer == "genai-builder-int4"
+        and importlib.util.find_spec("onnxruntime_genai") is not None
+    ):
+        return f"{RESULTS}/{wildcards.model}/peers/genai-builder-int4"
+    return []
 
 
 def get_variant_dir(wildcards):

@@ -14,6 +14,7 @@ rule report:
         machine=f"{RESULTS}/machine.json",
         peers=get_peers_inputs(),
         peer_accuracy=get_peer_accuracy_inputs(),
+        task=get_task_inputs(),
     output:
         markdown=report(
             f"{RESULTS}/report.md", caption="../report/report.rst", category="Summary"

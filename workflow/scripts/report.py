@@ -17,6 +17,7 @@ with logged(snakemake):
             "diff": inp.diff,
             "sensitivity": inp.sensitivity,
             "peers": inp.peers,
+            "task": inp.task,
         },
         inp.machine,
         prompt_lengths=snakemake.params.prompt_lengths,

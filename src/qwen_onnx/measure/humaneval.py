@@ -23,9 +23,7 @@ from importlib import resources
 from typing import Any
 
 from qwen_onnx.errors import ArtifactError, OptionError
-
-#: Problems in HumanEval.
-HUMANEVAL_SIZE = 164
+from qwen_onnx.settings.defaults import HUMANEVAL_SIZE
 #: The user message: the problem's prompt inside a fenced block after one instruction line.
 INSTRUCTION = ("Complete the following Python function. Answer with the whole function in one ```python code "
                "block.\n```python\n{prompt}```")

@@ -74,18 +74,24 @@ LATENCY: Mapping[str, Any] = MappingProxyType({
 
 #: ``task_accuracy:`` (HumanEval pass@1 of each variant against the fp32 ONNX variant, :mod:`qwen_onnx.measure.task_accuracy`).
 #: ``problems``: a count spread evenly over the 164 (:func:`qwen_onnx.measure.humaneval.subset_indices`), ``all``,
-#: or task ids; PROBLEMS_NOTE. ``max_new_tokens``: MAX_TOKENS_NOTE. ``timeout_s`` (wall time per program),
+#: or task ids; 16 keeps the six shipped variants of the 0.5B near 10 minutes on 2 cores (about 36 s per problem for
+#: the six, from their idle decode and prefill speeds and 104 generated tokens per answer) for a 95% interval of about
+#: ±22 points (docs/evaluation.md). ``max_new_tokens``: the int8-dynamic 0.5B's answers over all 164 problems took 104
+#: tokens on average, 231 at the 95th percentile and 305 at most but for one answer that never closed its block, so
+#: 384 cuts none that ends. ``timeout_s`` (wall time per program),
 #: ``memory_mb`` (its address space): the sandbox's limits (:mod:`qwen_onnx.measure.sandbox`). ``variants``: the
 #: shipped variants; ``peers`` (opt-in): ``llama.cpp`` on the source GGUF, ``genai-builder-int4``.
 TASK_ACCURACY: Mapping[str, Any] = MappingProxyType({
     "enabled": True,
-    "problems": 20,
+    "problems": 16,
     "max_new_tokens": 384,
     "timeout_s": 10,
     "memory_mb": 1024,
     "variants": ("fp32", "int8-dynamic", "int8-static", "int4", "fp16", "tflite"),
     "peers": (),
 })
+#: Problems in HumanEval (Chen et al. 2021; :mod:`qwen_onnx.measure.humaneval`).
+HUMANEVAL_SIZE = 164
 #: The peers ``task_accuracy.peers`` may name.
 TASK_PEERS: tuple[str, ...] = ("llama.cpp", "genai-builder-int4")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from qwen_onnx.errors import OptionError
-from qwen_onnx.settings.defaults import EXPORT, EXPORTERS, TFLITE
+from qwen_onnx.settings.defaults import EXPORT, EXPORTERS, HUMANEVAL_SIZE, TFLITE
 from qwen_onnx.settings.defaults import TORCH_EXPORT_MIN_OPSET as MIN_OPSET
 from qwen_onnx.settings.variants import DEFAULT_BUILT, DEFAULT_TIMED, NAMES
 
@@ -227,6 +227,7 @@ def check_config(config: dict[str, Any]) -> None:
     _check_tflite_lengths(config)
     _check_variants(config)
     _check_run(config)
+    _check_task_problems(config)
 
 
 def _check_variants(config: dict[str, Any]) -> None:
@@ -260,6 +261,20 @@ def _check_run(config: dict[str, Any]) -> None:
     if unknown:
         raise OptionError(f"run names {', '.join(unknown)}, not a configured model (models: "
                           f"{', '.join(map(str, models))}); add it under models or remove it from run")
+
+
+def _check_task_problems(config: dict[str, Any]) -> None:
+    """``task_accuracy.problems``, global and per model: a count from 1 to 164 (also as ``--config``'s digit string)
+    or ``all``; the schema checks the rest of its shape (:func:`qwen_onnx.measure.humaneval.select_problems` the ids)."""
+    sections = [("task_accuracy", config.get("task_accuracy") or {})]
+    sections += [(f"models.{name}.task_accuracy", (model or {}).get("task_accuracy") or {})
+                 for name, model in (config.get("models") or {}).items() if isinstance(model, dict)]
+    for where, section in sections:
+        value = section.get("problems") if isinstance(section, dict) else None
+        text = str(value).strip() if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+        if text is not None and text.isdigit() and not 1 <= int(text) <= HUMANEVAL_SIZE:
+            raise OptionError(f"{where}.problems {text} is out of range; give a count from 1 to {HUMANEVAL_SIZE}, "
+                              "`all`, or task ids such as [HumanEval/0, HumanEval/12]")
 
 
 def _check_tflite_lengths(config: dict[str, Any]) -> None:
