@@ -51,12 +51,13 @@ def test_every_canonical_solution_passes_and_a_wrong_one_fails_in_the_sandbox():
 
 
 HAS_CLOSE = PROBLEMS[0]
-BODY = ("    for i, a in enumerate(numbers):\n        for b in numbers[i + 1:]:\n            if abs(a - b) < threshold:\n"
-        "                return True\n    return False\n")
+BODY = ("    for i, a in enumerate(numbers):\n        for b in numbers[i + 1:]:\n"
+        "            if abs(a - b) < threshold:\n                return True\n    return False\n")
 
 
 def test_a_fenced_whole_function_follows_the_prompt():
-    answer = f"Here it is:\n```python\nfrom typing import List\n\ndef has_close_elements(numbers, threshold):\n{BODY}```\nDone."
+    whole = f"from typing import List\n\ndef has_close_elements(numbers, threshold):\n{BODY}"
+    answer = f"Here it is:\n```python\n{whole}```\nDone."
     code = extract_code(HAS_CLOSE, answer)
     assert code == (HAS_CLOSE.prompt.rstrip("\n") + "\n\n\nfrom typing import List\n\n"
                     "def has_close_elements(numbers, threshold):\n" + BODY)
@@ -83,8 +84,8 @@ def test_the_answer_after_the_response_prefix_ends_at_the_closing_fence():
     assert prefix == "```python\n" + problem.prompt and not block_closed(prefix)
     answer = prefix + problem.canonical_solution + "```\n\nThis adds x and y."
     assert block_closed(prefix + problem.canonical_solution + "```")
-    assert extract_code(problem, answer) == problem.prompt.rstrip("\n") + "\n\n\n" + (problem.prompt +
-                                                                                      problem.canonical_solution).strip("\n") + "\n"
+    block = (problem.prompt + problem.canonical_solution).strip("\n")
+    assert extract_code(problem, answer) == problem.prompt.rstrip("\n") + "\n\n\n" + block + "\n"
     assert run_program(program(problem, extract_code(problem, answer))).outcome == "passed"
     assert user_message(problem) == ("Complete the following Python function. Answer with the whole function in one "
                                      f"```python code block.\n```python\n{problem.prompt}```")
@@ -115,7 +116,8 @@ def test_wilson_interval_and_mcnemar_exact_p_have_their_textbook_values():
 
 
 def _records(outcomes: dict[str, str]) -> list[dict]:
-    return [{"task_id": t, "outcome": o, "tokens": 10, "generate_s": 1.0, "execute_s": 0.1} for t, o in outcomes.items()]
+    return [{"task_id": t, "outcome": o, "tokens": 10, "generate_s": 1.0, "execute_s": 0.1}
+            for t, o in outcomes.items()]
 
 
 def test_paired_comparison_summary_and_gate():
@@ -130,15 +132,21 @@ def test_paired_comparison_summary_and_gate():
     assert (summary["pass_at_1_low_pct"], summary["pass_at_1_high_pct"]) == pytest.approx((21.88, 61.34), abs=0.01)
     paired = paired_comparison(mine, reference)
     assert (paired["gained"], paired["lost"], paired["both_passed"], paired["both_failed"]) == (1, 5, 7, 7)
-    assert paired["gained_ids"] == ["HumanEval/12"] and paired["lost_ids"] == [f"HumanEval/{i}" for i in (0, 1, 2, 3, 5)]
+    assert paired["gained_ids"] == ["HumanEval/12"]
+    assert paired["lost_ids"] == [f"HumanEval/{i}" for i in (0, 1, 2, 3, 5)]
     assert paired["mcnemar_p"] == 0.21875 and paired["pass_at_1_delta_points"] == -20.0
-    assert check_task_gate(20.0, 20, 0.21875, DEFAULT_TASK_GATE) == (
-        "FAIL", ["pass_at_1_drop_points 20 > 3"],
-        ["pass@1 20 points below the reference is within chance (McNemar p 0.22 >= 0.05 on 20 problems)"])
-    assert check_task_gate(0.0, 20, 1.0, DEFAULT_TASK_GATE) == ("PASS", [], [
-        "pass_at_1_drop_points 0: one more lost problem of 20 (5 points) fails > 3"])
+    # 20 points lost on 20 problems, but 1 gained and 5 lost happen by chance: a marginal pass
+    marginal = ("pass@1 20 points below the reference, over 3 but within chance (McNemar p 0.22 > 0.05 on 20 "
+                "problems): more problems settle it")
+    assert check_task_gate(20.0, 20, 0.21875, DEFAULT_TASK_GATE) == ("PASS", [], [marginal])
+    # 0 gained, 6 lost: beyond chance
+    assert check_task_gate(30.0, 20, mcnemar_exact_p(0, 6), DEFAULT_TASK_GATE) == (
+        "FAIL", ["pass_at_1_drop_points 30 > 3 (McNemar p 0.031 <= 0.05)"], [])
+    # the point limit alone
+    assert check_task_gate(20.0, 20, 0.21875, {"pass_at_1_drop_points": 3.0, "mcnemar_p": 1.0})[0] == "FAIL"
+    assert check_task_gate(20.0, 20, 0.21875, {"pass_at_1_drop_points": 3.0})[0] == "FAIL"
+    assert check_task_gate(0.0, 20, 1.0, DEFAULT_TASK_GATE) == ("PASS", [], [])
     assert check_task_gate(-5.0, 20, 1.0, DEFAULT_TASK_GATE) == ("PASS", [], [])
-    assert check_task_gate(2.5, 164 * 2, 0.5, {"pass_at_1_drop_points": 3.0})[0] == "PASS"
     assert check_task_gate(50.0, 20, 0.0, {}) == ("PASS", [], [])
     with pytest.raises(KeyError, match="task gate names top1_pct"):
         check_task_gate(0.0, 20, 1.0, {"top1_pct": 90})
@@ -170,7 +178,8 @@ def test_the_stage_on_the_tiny_model_records_every_problem(pipeline, fp32_task):
     assert (result["problems"], result["passed"], result["pass_at_1_pct"]) == (2, passed, 50.0 * passed)
     assert result["tokens"] == sum(r["tokens"] for r in records)
     assert result["gate"] == "reference" and result["settings"]["problems"] == TINY_PROBLEMS
-    assert result["eos_token_ids"] == json.loads((pipeline["hf"] / "generation_config.json").read_text())["eos_token_id"]
+    generation_config = json.loads((pipeline["hf"] / "generation_config.json").read_text())
+    assert result["eos_token_ids"] == generation_config["eos_token_id"]
 
 
 def test_a_variant_is_paired_against_the_reference_and_gated(pipeline, fp32_task, tmp_path):
@@ -193,6 +202,10 @@ def test_a_reference_of_other_settings_is_refused_and_nothing_is_written(pipelin
     with pytest.raises(ArtifactError, match=r"other settings: max_new_tokens 4 \(the reference has 8\)"):
         task_accuracy(pipeline["int4"], pipeline["hf"], reference=reference, problems=TINY_PROBLEMS, max_new_tokens=4,
                       output=out)
+    with pytest.raises(ArtifactError, match=r"other settings: problems 1: HumanEval/53 … HumanEval/53 \(the reference "
+                                            r"has 2: HumanEval/53 … HumanEval/23\)"):
+        task_accuracy(pipeline["int4"], pipeline["hf"], reference=reference, problems=["HumanEval/53"],
+                      max_new_tokens=8, output=out)
     with pytest.raises(OptionError, match="max_new_tokens 0 is out of range"):
         task_accuracy(pipeline["int4"], pipeline["hf"], problems=TINY_PROBLEMS, max_new_tokens=0, output=out)
     assert not out.exists()

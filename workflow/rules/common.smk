@@ -87,9 +87,9 @@ MEM_PER_FP32_GB = {  # GiB of peak RSS per GB of fp32 weights
     "sitting": 3.3,
     # the model builder again (as optimize: 3.5 / 6.8 GB), writing 4-bit MatMulNBits
     "genai_builder": 1.8,
-    # one variant's session, the tokenizer (transformers) and one sandboxed program at a time: 2.9 GB measured
-    # for the 0.5B's fp32 (/usr/bin/time, 16 problems); declared as a session of the fp16 variant, the largest
-    # (as profile)
+    # one variant's session, the tokenizer (transformers) and one sandboxed program at a time, measured on the
+    # 0.5B (/usr/bin/time, 16 problems): fp16 3.6 GB, tflite 3.0, fp32 2.9, int8 and int4 1.4-1.5; declared
+    # as profile (one session of the fp16 variant, the largest)
     "task_accuracy": 3.3,
 }
 
@@ -428,11 +428,12 @@ def get_task_reference(wildcards):
 
 
 def get_task_gate(wildcards):
-    """The task gate's limits for this model (qwen_onnx.settings.gates.DEFAULT_TASK_GATE when the config leaves it
-    out); none for fp32, the reference, so that a changed gate reruns only the paired jobs."""
+    """The task gate's limits for this model: the config's gates.task over qwen_onnx.settings.gates.DEFAULT_TASK_GATE;
+    none for fp32, the reference, so that a changed gate reruns only the paired jobs.
+    """
     if wildcards.get("variant") == "fp32":
         return {}
-    return get_settings(wildcards.model, "gates").get("task", DEFAULT_TASK_GATE)
+    return {**DEFAULT_TASK_GATE, **get_settings(wildcards.model, "gates").get("task", {})}
 
 
 def get_task_inputs():

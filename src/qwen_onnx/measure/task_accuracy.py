@@ -117,7 +117,8 @@ def paired_comparison(records: Sequence[Mapping[str, Any]], reference: Sequence[
     n = len(mine)
     return {
         "gained": len(gained), "lost": len(lost),
-        "both_passed": sum(mine[t] and theirs[t] for t in mine), "both_failed": sum(not (mine[t] or theirs[t]) for t in mine),
+        "both_passed": sum(mine[t] and theirs[t] for t in mine),
+        "both_failed": sum(not (mine[t] or theirs[t]) for t in mine),
         "mcnemar_p": mcnemar_exact_p(len(gained), len(lost)),
         "pass_at_1_delta_points": 100.0 * (len(gained) - len(lost)) / n if n else 0.0,
         "gained_ids": gained, "lost_ids": lost,
@@ -148,7 +149,8 @@ class Generator:
             from qwen_onnx.run.session import SHARED_CORES_SETTINGS
 
             # task jobs share the cores with other jobs: no spinning threads (as the accuracy jobs)
-            self.runtime, self._model = "onnxruntime", OnnxCausalLM(path, threads=threads, settings=SHARED_CORES_SETTINGS)
+            self.runtime = "onnxruntime"
+            self._model = OnnxCausalLM(path, threads=threads, settings=SHARED_CORES_SETTINGS)
             self.capacity = self._model.decoder.max_positions
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int], stop) -> list[int]:
@@ -156,7 +158,8 @@ class Generator:
 
         if self.runtime == "litert":
             return [int(t) for t in self._model.generate(list(prompt_ids), max_new_tokens, eos_ids, stop=stop)]
-        ids, _ = self._model.generate(np.asarray(prompt_ids, dtype=np.int64), max_new_tokens, eos_ids=eos_ids, stop=stop)
+        prompt = np.asarray(prompt_ids, dtype=np.int64)  # [prompt]
+        ids, _ = self._model.generate(prompt, max_new_tokens, eos_ids=eos_ids, stop=stop)
         return [int(t) for t in ids]
 
 
@@ -165,7 +168,9 @@ def _stop_at_closed_block(tokenizer, prefix: str):
     (decoded only after a token with a backtick)."""
 
     def stop(ids: list[int]) -> bool:
-        return "`" in tokenizer.decode(ids[-1:]) and block_closed(prefix + tokenizer.decode(ids, skip_special_tokens=True))
+        if "`" not in tokenizer.decode(ids[-1:]):
+            return False
+        return block_closed(prefix + tokenizer.decode(ids, skip_special_tokens=True))
 
     return stop
 
@@ -197,7 +202,8 @@ def task_accuracy(
         hf_dir: the model's Hugging Face folder: its tokenizer and chat template, and the end-of-sequence ids of
             its ``generation_config.json``.
         reference: the reference's ``task.json`` (the fp32 ONNX variant's); None: this is the reference.
-        problems: ``all``, a count spread over the 164, or task ids (:func:`qwen_onnx.measure.humaneval.select_problems`).
+        problems: ``all``, a count spread over the 164, or task ids
+            (:func:`qwen_onnx.measure.humaneval.select_problems`).
         max_new_tokens: generated tokens at most per problem.
         timeout_s, memory_mb: the sandbox's wall-time (s) and address-space (MiB) limits per program.
         threads: CPU threads of the runtime (None: all cores).
@@ -230,7 +236,7 @@ def task_accuracy(
     name = name or os.path.basename(os.path.normpath(os.fspath(variant)))
     chosen = select_problems(load_problems(), problems)
     settings = _settings(problems, max_new_tokens, limits)
-    ref = _read_reference(reference, settings) if reference is not None else None
+    ref = _read_reference(reference, [p.task_id for p in chosen], max_new_tokens) if reference is not None else None
     eos = eos_token_ids(hf_dir)
     if not eos:
         raise ArtifactError(f"{hf_dir} names no end-of-sequence id (generation_config.json or config.json "
@@ -322,8 +328,8 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "execute_s": round(sum(r.get("execute_s", 0.0) for r in records), 1), "records": list(records)}
 
 
-def _read_reference(path: str | os.PathLike, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """The reference's task.json, checked to be complete and run with the same problems and generation settings."""
+def _read_reference(path: str | os.PathLike, task_ids: Sequence[str], max_new_tokens: int) -> dict[str, Any]:
+    """The reference's task.json, checked to be complete and run on the same problems with the same token limit."""
     path = Path(path)
     if not path.is_file():
         raise ArtifactError(f"the reference's task results {path} do not exist; run the fp32 variant's task "
@@ -332,11 +338,19 @@ def _read_reference(path: str | os.PathLike, settings: Mapping[str, Any]) -> dic
     if "records" not in ref or ref.get("gate") != "reference":
         raise ArtifactError(f"{path} is no reference task result (no records, or itself paired); give the fp32 "
                             "variant's task.json")
-    differ = [f"{k} {settings[k]!r} (the reference has {ref['settings'].get(k)!r})"
-              for k in ("problems", "max_new_tokens") if ref["settings"].get(k) != settings[k]]
+    theirs = [r["task_id"] for r in ref["records"]]
+    differ = [f"max_new_tokens {max_new_tokens} (the reference has {ref['settings'].get('max_new_tokens')})"
+              ] if ref["settings"].get("max_new_tokens") != max_new_tokens else []
+    if theirs != list(task_ids):
+        differ.append(f"problems {_span(task_ids)} (the reference has {_span(theirs)})")
     if differ:
         raise ArtifactError(f"{path} was run with other settings: {', '.join(differ)}; rerun the reference with them")
     return ref
+
+
+def _span(task_ids: Sequence[str]) -> str:
+    """``16: HumanEval/0 … HumanEval/153`` (how many, first and last)."""
+    return f"{len(task_ids)}: {task_ids[0]} … {task_ids[-1]}" if task_ids else "none"
 
 
 def peer_task_accuracy(peer: str, hf_dir: str | os.PathLike, *, source: Any = None,

@@ -48,10 +48,11 @@ COLUMNS: dict[str, str] = {
     "task_lost": "problems this row fails and fp32 passes",
     "task_mcnemar_p": "McNemar's exact two-sided p of the paired outcomes against fp32: below 0.05, a difference "
                       "beyond chance",
-    "task_gate": "PASS or FAIL of the task gate (config `gates.task`: pass@1 at most pass_at_1_drop_points below "
-                 "fp32's on the same problems); `reference` for fp32",
-    "task_gate_note": "the task gate's failure, or why its verdict is marginal (one problem would flip it; a drop "
-                      "within chance), `;`-separated",
+    "task_gate": "PASS or FAIL of the task gate (config `gates.task`): FAIL when pass@1 is more than "
+                 "pass_at_1_drop_points below fp32's on the same problems and McNemar's p is at most mcnemar_p; "
+                 "`reference` for fp32",
+    "task_gate_note": "the task gate's failure, or a marginal pass: a drop over the limit within chance, which more "
+                      "problems would settle",
     "task_tokens": "tokens generated over the HumanEval problems",
     "task_s": "wall time of the task accuracy job (generation and the sandboxed tests), seconds",
     "load_s": "session creation (from_pretrained for pytorch), seconds",
