@@ -24,6 +24,7 @@ from typing import Any
 
 from qwen_onnx.errors import ArtifactError, OptionError
 from qwen_onnx.settings.defaults import HUMANEVAL_SIZE
+
 #: The user message: the problem's prompt inside a fenced block after one instruction line.
 INSTRUCTION = ("Complete the following Python function. Answer with the whole function in one ```python code "
                "block.\n```python\n{prompt}```")
@@ -112,7 +113,8 @@ def select_problems(problems: Sequence[Problem], spec: Any) -> list[Problem]:
             naming the allowed values.
     """
     by_number = {p.index: p for p in problems}
-    allowed = f"give `all`, a count from 1 to {len(problems)}, or a list of task ids such as [HumanEval/0, HumanEval/12]"
+    allowed = (f"give `all`, a count from 1 to {len(problems)}, or a list of task ids such as "
+               "[HumanEval/0, HumanEval/12]")
     if isinstance(spec, str) and spec.strip().lower() == "all":
         return list(problems)
     if isinstance(spec, str) and spec.strip().isdigit():
