@@ -312,7 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="address-space limit per program in the sandbox, MiB")
     p.add_argument("--threads", type=int, default=LATENCY["threads"])
     p.add_argument("--gate", type=float, default=None, metavar="POINTS",
-                   help="largest pass@1 drop below the reference, points (default: config.yaml's gates.task)")
+                   help="largest pass@1 drop below the reference, points, that passes (default: config.yaml's "
+                        "gates.task; a larger drop fails when McNemar's p is at most gates.task.mcnemar_p)")
     p.add_argument("--no-gate", action="store_true", help="no task gate")
     p.add_argument("-o", "--output", default=None, help="task JSON")
     p.set_defaults(func=run_task_accuracy)

@@ -87,8 +87,8 @@ def task_intro(task_rows: Sequence[Mapping[str, Any]]) -> str:
     return (f"pass@1 on {subset}: one chat turn per problem, greedy decoding, the answer's code and the problem's "
             f"tests run in a sandboxed process. The 95% interval is Wilson's, here up to ±{half:.0f} points wide, so "
             "compare variants by the paired columns: problems gained and lost against fp32 on the same problems, "
-            "and McNemar's exact p. The task gate fails a variant more than "
-            "`gates.task.pass_at_1_drop_points` below fp32 (docs/evaluation.md, \"Task accuracy\").")
+            "and McNemar's exact p. The task gate fails a variant more than `gates.task.pass_at_1_drop_points` below "
+            "fp32 when McNemar's p is at most `gates.task.mcnemar_p` (docs/evaluation.md, \"Task accuracy\").")
 
 
 def write_report(
