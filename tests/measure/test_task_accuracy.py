@@ -3,6 +3,7 @@ extraction, the statistics and the gate, and the stage end to end on the tiny Qw
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -27,6 +28,7 @@ from qwen_onnx.measure.task_accuracy import (
     RECORD_KEYS,
     mcnemar_exact_p,
     paired_comparison,
+    peer_task_accuracy,
     summarize,
     task_accuracy,
     wilson_interval,
@@ -228,3 +230,53 @@ def test_problem_records_name_the_stop_and_the_skip():
     problem = Problem("HumanEval/0", "def f():\n", "f", "    return 1\n", "def check(c):\n    assert c() == 1\n")
     assert run_program(program(problem, extract_code(problem, "```python\n    return 1\n```"))).outcome == "passed"
     assert summarize([{"task_id": "HumanEval/0", "outcome": "skipped"}])["outcomes"]["skipped"] == 1
+
+
+# --- the peers -----------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                    reason="llama-cpp-python is not installed (envs/setup.sh --peers installs it)")
+def test_llama_cpp_on_a_float32_gguf_answers_as_fp32_does(pipeline, fp32_task, tmp_path):
+    """The tiny Qwen2 written to GGUF in float32, run by llama.cpp in a child process, paired against fp32."""
+    from tiny_gguf import write_tiny_gguf
+
+    reference, ref = fp32_task
+    gguf = write_tiny_gguf(pipeline["hf"], tmp_path / "tiny-f32.gguf")
+    result = peer_task_accuracy("llama.cpp", pipeline["hf"], source=str(gguf), reference=reference,
+                                problems=TINY_PROBLEMS, max_new_tokens=8, threads=1,
+                                output=tmp_path / "llama.cpp.task.json")
+    assert "skipped" not in result, result.get("skipped")
+    assert (result["peer"], result["name"], result["runtime"]) == ("llama.cpp", "llama.cpp", "llama.cpp")
+    assert [r["task_id"] for r in result["records"]] == TINY_PROBLEMS
+    assert result["paired"] == paired_comparison(result["records"], ref["records"])
+    for record, problem in zip(result["records"], select_problems(PROBLEMS, TINY_PROBLEMS)):
+        assert record["answer"].startswith(response_prefix(problem)) and 1 <= record["tokens"] <= 8
+    assert json.loads((tmp_path / "llama.cpp.task.json").read_text())["gate"] == result["gate"]
+
+
+def test_a_peer_that_cannot_run_is_recorded_with_the_reason(pipeline, fp32_task, tmp_path, monkeypatch):
+    reference, _ = fp32_task
+    kwargs = dict(reference=reference, problems=TINY_PROBLEMS, max_new_tokens=8)
+    missing = peer_task_accuracy("genai-builder-int4", pipeline["hf"], genai_dir=None, output=tmp_path / "g.json",
+                                 **kwargs)
+    assert missing["skipped"] == "no builder graph: the genai_builder stage wrote none" and missing["isa"]
+    assert json.loads((tmp_path / "g.json").read_text())["skipped"] == missing["skipped"]
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    assert peer_task_accuracy("llama.cpp", pipeline["hf"], source=str(pipeline["hf"]), **kwargs)["skipped"] == (
+        "llama-cpp-python is not installed; envs/setup.sh --peers installs it")
+    with pytest.raises(OptionError, match="unknown peer 'openvino'"):
+        peer_task_accuracy("openvino", pipeline["hf"], **kwargs)
+
+
+def test_the_builders_graph_runs_as_an_onnx_variant(pipeline, fp32_task, tmp_path):
+    if importlib.util.find_spec("onnxruntime_genai") is None:
+        pytest.skip("onnxruntime-genai is not installed")
+    from qwen_onnx.convert.genai_builder import build_genai_int4
+
+    reference, ref = fp32_task
+    build_genai_int4(pipeline["hf"], tmp_path / "genai")
+    result = peer_task_accuracy("genai-builder-int4", pipeline["hf"], genai_dir=tmp_path / "genai",
+                                reference=reference, problems=TINY_PROBLEMS, max_new_tokens=8, threads=1)
+    assert (result["runtime"], result["problems"]) == ("onnxruntime", 2)
+    assert result["paired"] == paired_comparison(result["records"], ref["records"])
