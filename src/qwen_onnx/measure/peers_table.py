@@ -16,6 +16,21 @@ GENAI_ORT = "genai-builder-int4-ort"
 #: The peers the ratios divide by: the faster decoder of these two is the reference.
 REFERENCE_PEERS = (LLAMA_CPP, GENAI)
 
+#: The row of one of our variants run by OpenVINO is the variant's name with this suffix (``int4-openvino``).
+OPENVINO_SUFFIX = "-openvino"
+
+
+def openvino_row(variant: str) -> str:
+    """The sitting's row of our ``variant`` run by OpenVINO: ``int4`` -> ``int4-openvino``."""
+    return f"{variant}{OPENVINO_SUFFIX}"
+
+
+def openvino_variant(peer: str) -> str | None:
+    """The variant an OpenVINO row runs (``int4-openvino`` -> ``int4``), None for any other row."""
+    if peer.endswith(OPENVINO_SUFFIX) and len(peer) > len(OPENVINO_SUFFIX):
+        return peer[: -len(OPENVINO_SUFFIX)]
+    return None
+
 
 def one_line(note: str | None) -> str | None:
     """A note on one line (it goes into table cells)."""
