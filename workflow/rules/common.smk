@@ -346,6 +346,58 @@ def get_peers_genai_input(wildcards):
     return []
 
 
+# The accuracy_peer rule's peers: llama.cpp, the builder's graph, and any ONNX variant run by OpenVINO.
+ONNX_VARIANTS = [
+    v.name for v in qwen_onnx.settings.variants.VARIANTS if v.format == "onnx"
+]
+ACCURACY_PEER_WILDCARD = "|".join(
+    [
+        "llama\\.cpp",
+        "genai-builder-int4",
+        *(re.escape(v) + "-openvino" for v in ONNX_VARIANTS),
+    ]
+)
+
+
+def get_openvino_variants(model):
+    """Our variants the model's timing sitting also runs with OpenVINO (`peers.openvino_variants`):
+    the built ONNX ones, when the peers are enabled."""
+    peers = get_settings(model, "peers")
+    if not peers["enabled"]:
+        return []
+    return [
+        v
+        for v in get_model_variants(model)
+        if v in peers["openvino_variants"] and v in ONNX_VARIANTS
+    ]
+
+
+def get_peers_openvino_dirs(wildcards):
+    """The variant folders the sitting runs with OpenVINO as well (rows VARIANT-openvino)."""
+    return [
+        f"{RESULTS}/{wildcards.model}/{v}"
+        for v in get_openvino_variants(wildcards.model)
+    ]
+
+
+def openvino_peer_variant(peer):
+    """The variant of an OpenVINO peer (int4-openvino -> int4), None for the other peers."""
+    return peer[: -len("-openvino")] if peer.endswith("-openvino") else None
+
+
+def get_accuracy_peer_variant_input(wildcards):
+    """An OpenVINO peer's variant folder (none for llama.cpp and the builder's graph)."""
+    variant = openvino_peer_variant(wildcards.peer)
+    return [] if variant is None else f"{RESULTS}/{wildcards.model}/{variant}"
+
+
+def get_accuracy_peer_gate(wildcards):
+    """A peer's gate: an OpenVINO row's is its variant's kind (int4's for int4-openvino), the others' int4."""
+    variant = openvino_peer_variant(wildcards.peer)
+    kind = "int4" if variant is None else variant_kind(variant)
+    return get_settings(wildcards.model, "gates").get(kind, DEFAULT_GATES[kind])
+
+
 def get_accuracy_peer_genai_input(wildcards):
     """The builder's INT4 graph for the genai-builder-int4 peer's accuracy (none for llama.cpp)."""
     if wildcards.peer != "genai-builder-int4":
@@ -354,7 +406,8 @@ def get_accuracy_peer_genai_input(wildcards):
 
 
 def get_peer_accuracy_inputs():
-    """Every model's peers' accuracy files: llama.cpp when enabled, the builder's graph when it is built."""
+    """Every model's peers' accuracy files: llama.cpp when enabled, the builder's graph when it is built,
+    each variant run by OpenVINO."""
     out = []
     for model in get_models():
         peers = get_settings(model, "peers")
@@ -364,6 +417,8 @@ def get_peer_accuracy_inputs():
             out.append(f"{RESULTS}/{model}/reports/llama.cpp.accuracy.json")
         if get_peers_genai_input(types.SimpleNamespace(model=model)):
             out.append(f"{RESULTS}/{model}/reports/genai-builder-int4.accuracy.json")
+        for variant in get_openvino_variants(model):
+            out.append(f"{RESULTS}/{model}/reports/{variant}-openvino.accuracy.json")
     return out
 
 
