@@ -13,6 +13,7 @@ import qwen_onnx
 import qwen_onnx.store.staging
 import qwen_onnx.settings.options
 import qwen_onnx.settings.variants
+import qwen_onnx.convert.openvino_export
 from qwen_onnx.settings.gates import DEFAULT_GATES, variant_kind
 from qwen_onnx.source.resolve import hub_snapshot_revision, source_files
 from qwen_onnx.convert.tflite import conversion_rss_gib, tflite_skip_reason
@@ -86,6 +87,8 @@ MEM_PER_FP32_GB = {  # GiB of peak RSS per GB of fp32 weights
     "sitting": 3.3,
     # the model builder again (as optimize: 3.5 / 6.8 GB), writing 4-bit MatMulNBits
     "genai_builder": 1.8,
+    # optimum-intel's export in its own interpreter: torch's fp32 model, its OpenVINO conversion, NNCF (as export)
+    "openvino_export": 3.3,
 }
 
 # Declared run time (Snakemake's `runtime` resource, minutes; a cluster executor's time limit,
@@ -111,6 +114,7 @@ RUNTIME_MIN_PER_FP32_GB = {
     # for 5 of the 8 variants
     "sitting": 6.0,
     "genai_builder": 0.5,  # the builder's INT4 graph: the model builder as optimize, plus 4-bit RTN
+    "openvino_export": 1.1,  # optimum-intel's export (as export) and NNCF's data-free INT4 compression
     "tflite": 0.9,  # 104 s for the 0.5B with litert-torch 0.10 (0.88 min per fp32 GB)
 }
 
@@ -354,6 +358,7 @@ ACCURACY_PEER_WILDCARD = "|".join(
     [
         "llama\\.cpp",
         "genai-builder-int4",
+        "openvino-int4",
         *(re.escape(v) + "-openvino" for v in ONNX_VARIANTS),
     ]
 )
@@ -398,6 +403,21 @@ def get_accuracy_peer_gate(wildcards):
     return get_settings(wildcards.model, "gates").get(kind, DEFAULT_GATES[kind])
 
 
+def get_peers_openvino_ir_input(wildcards):
+    """optimum-intel's INT4 IR (rule openvino_export) when the sitting has the openvino-int4 row."""
+    peers = get_settings(wildcards.model, "peers")
+    if peers["enabled"] and peers["openvino_int4"]:
+        return f"{RESULTS}/{wildcards.model}/peers/openvino-int4"
+    return []
+
+
+def get_accuracy_peer_openvino_ir_input(wildcards):
+    """optimum-intel's INT4 IR for the openvino-int4 peer's accuracy (none for the other peers)."""
+    if wildcards.peer != "openvino-int4":
+        return []
+    return get_peers_openvino_ir_input(wildcards)
+
+
 def get_accuracy_peer_genai_input(wildcards):
     """The builder's INT4 graph for the genai-builder-int4 peer's accuracy (none for llama.cpp)."""
     if wildcards.peer != "genai-builder-int4":
@@ -407,7 +427,7 @@ def get_accuracy_peer_genai_input(wildcards):
 
 def get_peer_accuracy_inputs():
     """Every model's peers' accuracy files: llama.cpp when enabled, the builder's graph when it is built,
-    each variant run by OpenVINO."""
+    optimum-intel's IR, each variant run by OpenVINO."""
     out = []
     for model in get_models():
         peers = get_settings(model, "peers")
@@ -417,6 +437,8 @@ def get_peer_accuracy_inputs():
             out.append(f"{RESULTS}/{model}/reports/llama.cpp.accuracy.json")
         if get_peers_genai_input(types.SimpleNamespace(model=model)):
             out.append(f"{RESULTS}/{model}/reports/genai-builder-int4.accuracy.json")
+        if get_peers_openvino_ir_input(types.SimpleNamespace(model=model)):
+            out.append(f"{RESULTS}/{model}/reports/openvino-int4.accuracy.json")
         for variant in get_openvino_variants(model):
             out.append(f"{RESULTS}/{model}/reports/{variant}-openvino.accuracy.json")
     return out

@@ -5,6 +5,7 @@ rule sitting:
         variants=get_peers_variant_dirs,
         tflite=get_peers_tflite_input,
         openvino=get_peers_openvino_dirs,
+        openvino_ir=get_peers_openvino_ir_input,
         genai=get_peers_genai_input,
         text=lambda wc: get_settings(wc.model, "evaluation")["text"],
     output:
@@ -57,6 +58,29 @@ rule genai_builder:
         "../scripts/genai_builder.py"
 
 
+rule openvino_export:
+    """optimum-intel's INT4 OpenVINO IR of the hf folder (NNCF weight compression, its defaults), OpenVINO's own route as a peer of the timing sitting, exported by the interpreter of its own environment (.venv-openvino)."""
+    input:
+        hf=f"{RESULTS}/{{model}}/hf",
+    output:
+        model_dir=directory(f"{RESULTS}/{{model}}/peers/openvino-int4"),
+    log:
+        f"{RESULTS}/logs/{{model}}/openvino_export.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/openvino_export.tsv"
+    conda:
+        "../../envs/qwen-onnx.yaml"
+    threads: 2
+    resources:
+        mem_mb=get_mem_mb("openvino_export"),
+        runtime=get_runtime("openvino_export"),
+    params:
+        python=str(qwen_onnx.convert.openvino_export.openvino_python()),
+        version=VERSION,
+    script:
+        "../scripts/openvino_export.py"
+
+
 rule accuracy_peer:
     """A peer's accuracy on our evaluation windows against PyTorch (llama.cpp on the source GGUF and the builder's INT4 graph, scored on the int4 gate; a variant run by OpenVINO, on its variant's gate)."""
     input:
@@ -64,6 +88,7 @@ rule accuracy_peer:
         hf=f"{RESULTS}/{{model}}/hf",
         genai=get_accuracy_peer_genai_input,
         variant=get_accuracy_peer_variant_input,
+        openvino_ir=get_accuracy_peer_openvino_ir_input,
     output:
         json=f"{RESULTS}/{{model}}/reports/{{peer}}.accuracy.json",
     log:

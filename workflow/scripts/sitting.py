@@ -25,6 +25,7 @@ with logged(snakemake):
         genai_builder_ort=peers["enabled"] and peers["genai_builder_ort"],
         tflite_dir=snakemake.input.get("tflite") or None,
         openvino_dirs=list(snakemake.input.openvino),
+        openvino_ir_dir=snakemake.input.get("openvino_ir") or None,
         output=snakemake.output.json,
         markdown=snakemake.output.markdown,
     )

@@ -336,6 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=True, help=f"include the {flag} row")
     p.add_argument("--openvino", nargs="+", default=[], metavar="VARIANT",
                    help="variant folders also run by OpenVINO's CPU plugin (rows VARIANT-openvino, f32 precision hint)")
+    p.add_argument("--openvino-ir", default=None, metavar="DIR",
+                   help="optimum-intel's INT4 OpenVINO IR (the openvino_export stage's folder), a row openvino-int4 "
+                        "run by openvino-genai")
     p.add_argument("-o", "--output", default=None, help="peers JSON")
     p.add_argument("--markdown", default=None, help="peers Markdown")
     p.set_defaults(func=run_peers)

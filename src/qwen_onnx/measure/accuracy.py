@@ -43,6 +43,7 @@ from qwen_onnx.measure.reference import load_torch_model, read_reference, torch_
 from qwen_onnx.run.llama_cpp import LlamaCppCausalLM, is_gguf
 from qwen_onnx.run.machine import machine_isa
 from qwen_onnx.run.openvino import BATCH_ONE, OpenVinoCausalLM
+from qwen_onnx.run.openvino_ir import IR_BATCH_ONE, OpenVinoIrCausalLM, is_openvino_ir
 from qwen_onnx.run.runtime import OnnxCausalLM
 from qwen_onnx.run.session import SHARED_CORES_SETTINGS
 from qwen_onnx.run.tflite import TfliteCausalLM, is_tflite_folder
@@ -148,8 +149,10 @@ def accuracy_from_reference(
 
     Args:
         variant_dir: ONNX variant folder, a tflite folder (``tflite.json``; run by the LiteRT
-            interpreter through :class:`TfliteVariant`, no padded-batch check), or a GGUF file (a peer,
-            run by llama.cpp, no padded-batch check; ``vocab_compared`` records the ids compared).
+            interpreter through :class:`TfliteVariant`, no padded-batch check), a GGUF file (a peer,
+            run by llama.cpp, no padded-batch check; ``vocab_compared`` records the ids compared), or
+            an OpenVINO IR folder (``openvino_model.xml``, the ``openvino-int4`` peer, run by
+            :class:`qwen_onnx.run.openvino_ir.OpenVinoIrCausalLM` with the plugin's defaults, batch 1).
         reference_dir: folder written by :func:`qwen_onnx.measure.reference.write_reference` (window,
             windows, text, prompts and generation length are its own).
         threads: ONNX Runtime CPU threads (the LiteRT interpreter's ``num_threads``; None: all cores).
@@ -204,7 +207,11 @@ def accuracy_from_reference(
     gguf = is_gguf(variant_dir)
     limits = dict(gate_limits or {})
     extra: dict[str, Any] = {}
-    if gguf:
+    if is_openvino_ir(variant_dir):
+        variant = OpenVinoIrCausalLM(variant_dir, threads=threads or os.cpu_count() or 1)
+        extra = {"runtime": "openvino", "openvino": variant.report(), "padded_batch": IR_BATCH_ONE,
+                 "gate_limits_not_applicable": {k: limits.pop(k) for k in TFLITE_NOT_APPLICABLE if k in limits}}
+    elif gguf:
         longest = max((len(p) for p in reference.prompt_ids), default=0) + int(meta["generation_tokens"])
         variant = LlamaCppCausalLM(variant_dir, context=max(window, longest) + 8, threads=threads or os.cpu_count() or 1)
         extra = {"runtime": "llama.cpp", "llama_cpp": package_version("llama-cpp-python"),

@@ -29,6 +29,9 @@ Peers (each row is one way to run the same checkpoint on this CPU):
   own ``og.Model``/``og.Generator``;
 - ``genai-builder-int4-ort``: the same graph run by our :class:`~qwen_onnx.run.runtime.OnnxCausalLM`
   (separates the graph from the runtime loop).
+- ``openvino-int4``: OpenVINO's own route, optimum-intel's INT4 IR of the same Hugging Face folder
+  (:mod:`qwen_onnx.convert.openvino_export`, built by its own rule in its own environment), run by
+  openvino-genai's ``LLMPipeline`` (:func:`qwen_onnx.measure.peers_openvino.measure_openvino_genai`), when given.
 
 Protocol: every measurement runs alone in a fresh process (:func:`qwen_onnx.measure.sitting.interleaved_rounds`),
 each round measures every peer once with the order rotating, and a figure is the median of the
@@ -38,8 +41,8 @@ runtime), prefill ms per prompt length, TTFT (prefill of ``decode_prompt_tokens`
 decode tokens/s of ``new_tokens`` greedy steps with the KV cache (end-of-sequence ignored), the
 process's peak RSS, and the bytes of the model files on disk.
 
-Ratios: each figure divided by the same figure of the *fastest peer*, the one of ``llama.cpp`` and
-``genai-builder-int4`` that decodes faster (``*_vs_peer``; decode above 1 is faster, prefill,
+Ratios: each figure divided by the same figure of the *fastest peer*, the one of ``llama.cpp``,
+``genai-builder-int4`` and ``openvino-int4`` that decodes faster (``*_vs_peer``; decode above 1 is faster, prefill,
 TTFT, RSS and bytes below 1 are better).
 """
 
@@ -54,7 +57,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -63,11 +66,11 @@ from qwen_onnx.errors import ArtifactError, QwenOnnxError
 from qwen_onnx.measure.latency import (
     measure_latency_of_tokens,
     measure_tflite_latency,
-    peak_rss_mib,
     prompt_tokens,
     timing_protocol,
 )
 from qwen_onnx.measure.latency_torch import measure_torch_latency
+from qwen_onnx.measure.peers_openvino import genai_row, variant_row
 from qwen_onnx.measure.peers_table import (
     GENAI,
     GENAI_ORT,
@@ -75,19 +78,16 @@ from qwen_onnx.measure.peers_table import (
     _median_row,
     add_peer_ratios,
     one_line,
-    openvino_row,
     peers_markdown,
+    sitting_figures,
 )
-from qwen_onnx.measure.sitting import ChildCrashed, exit_cause, interleaved_rounds, run_in_child
+from qwen_onnx.measure.sitting import exit_cause, interleaved_rounds
 from qwen_onnx.run.machine import (
     ggml_missing_features,
     int8_kernel,
     isa_name,
     measure_load,
 )
-from qwen_onnx.run.openvino import INSTALL_HINT as OPENVINO_INSTALL_HINT
-from qwen_onnx.run.openvino import PRECISION as OPENVINO_PRECISION
-from qwen_onnx.run.openvino import OpenVinoCausalLM
 from qwen_onnx.run.session import SHARED_CORES_SETTINGS
 from qwen_onnx.run.tflite import read_tflite_info
 from qwen_onnx.settings import defaults
@@ -128,19 +128,10 @@ def onnx_bytes(folder: str | os.PathLike) -> int:
 
 # --- measurements, each run in its own process -----------------------------------------------
 
-def _figures(result: Mapping[str, Any], prompt_lengths: Sequence[int]) -> dict[str, Any]:
-    out = {"decode_tok_s": result["decode_tok_s"], "ttft_ms": result["ttft_ms"], "load_s": result["load_s"],
-           "peak_rss_mib": result.get("peak_rss_mib", round(peak_rss_mib(), 1))}
-    for n in prompt_lengths:
-        out[f"prefill_ms_{n}"] = result[f"prefill_ms_p50_{n}"]
-    if result.get("weight_bytes_per_token") is not None:
-        out["weight_bytes_per_token"] = result["weight_bytes_per_token"]
-    return out
-
 
 def _measure_pytorch(hf_dir: str, text: str, s: dict) -> dict[str, Any]:
     result = measure_torch_latency(hf_dir, text, **s)
-    return _figures(result, s["prompt_lengths"])
+    return sitting_figures(result, s["prompt_lengths"])
 
 
 def _measure_onnx(folder: str, tokens: np.ndarray, s: dict, cores_busy: bool = False) -> dict[str, Any]:
@@ -149,7 +140,7 @@ def _measure_onnx(folder: str, tokens: np.ndarray, s: dict, cores_busy: bool = F
     busy process), onnxruntime's default (on) when they were free."""
     settings = SHARED_CORES_SETTINGS if cores_busy else None
     result = measure_latency_of_tokens(folder, tokens, profile=False, settings=settings, **s)
-    figures = _figures(result, s["prompt_lengths"])
+    figures = sitting_figures(result, s["prompt_lengths"])
     figures["intra_op_spinning"] = result["session_settings"]["intra_op_spinning"]
     return figures
 
@@ -158,27 +149,7 @@ def _measure_tflite(folder: str, text: str, s: dict) -> dict[str, Any]:
     """Our tflite variant with the LiteRT interpreter (:func:`qwen_onnx.measure.latency.measure_tflite_latency`)."""
 
     result = measure_tflite_latency(folder, text, **s)
-    return _figures(result, s["prompt_lengths"])
-
-
-def _openvino_report(folder: str, threads: int) -> dict[str, Any]:
-    """OpenVINO's report on ``folder`` compiled for the sitting (:meth:`OpenVinoCausalLM.report`)."""
-    return OpenVinoCausalLM(folder, threads=threads).report()
-
-
-def _measure_openvino(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
-    """Our variant run by OpenVINO's CPU plugin: prefill = one ``forward`` of the prompt ids, decode =
-    :meth:`OpenVinoCausalLM.greedy` (the cache fed back as arrays each step); load = ``read_model``
-    plus ``compile_model``."""
-    model = OpenVinoCausalLM(folder, threads=s["threads"])
-
-    def generate(prompt, count, steps):
-        return model.greedy(prompt, count, timings=steps)[1]
-
-    result = timing_protocol(lambda ids: model.forward(ids.reshape(1, -1)), generate, tokens, s["prompt_lengths"],
-                             s["decode_prompt_tokens"], s["new_tokens"], s["warmup"], s["repeats"])
-    result["load_s"] = model.load_seconds
-    return _figures(result, s["prompt_lengths"])
+    return sitting_figures(result, s["prompt_lengths"])
 
 
 def _measure_llama_cpp(gguf: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
@@ -216,7 +187,7 @@ def _measure_llama_cpp(gguf: str, tokens: np.ndarray, s: dict) -> dict[str, Any]
     result = timing_protocol(prefill, generate, tokens, s["prompt_lengths"], s["decode_prompt_tokens"], s["new_tokens"],
                        s["warmup"], s["repeats"])
     result["load_s"] = load_s
-    return _figures(result, s["prompt_lengths"])
+    return sitting_figures(result, s["prompt_lengths"])
 
 
 def _measure_genai(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
@@ -266,7 +237,7 @@ def _measure_genai(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
     result = timing_protocol(prefill, generate, tokens, s["prompt_lengths"], s["decode_prompt_tokens"], s["new_tokens"],
                        s["warmup"], s["repeats"])
     result["load_s"] = load_s
-    return _figures(result, s["prompt_lengths"])
+    return sitting_figures(result, s["prompt_lengths"])
 
 
 # --- inputs of the peers -----------------------------------------------------------------------
@@ -325,6 +296,7 @@ def run_peers(
     genai_builder_ort: bool = True,
     tflite_dir: str | os.PathLike | None = None,
     openvino_dirs: Sequence[str | os.PathLike] = (),
+    openvino_ir_dir: str | os.PathLike | None = None,
     output: str | os.PathLike | None = None,
     markdown: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
@@ -352,10 +324,13 @@ def run_peers(
         openvino_dirs: our ONNX variant folders to run with OpenVINO as well, each a row
             ``{folder name}-openvino`` after tflite (skipped with the reason when openvino is not
             installed or does not compile the graph).
+        openvino_ir_dir: optimum-intel's INT4 IR folder (:func:`qwen_onnx.convert.openvino_export.export_openvino_int4`,
+            the ``openvino_export`` stage), a row ``openvino-int4`` run by openvino-genai (skipped with the
+            export's error, or when openvino-genai is not installed); None: no such row.
 
     Returns:
         ``rows`` (one per peer in a fixed order: pytorch, our variants, tflite, the OpenVINO rows,
-        llama.cpp, genai-builder-int4, genai-builder-int4-ort) with ``decode_tok_s``, ``prefill_ms_{n}``,
+        llama.cpp, genai-builder-int4, genai-builder-int4-ort, openvino-int4) with ``decode_tok_s``, ``prefill_ms_{n}``,
         ``ttft_ms``, ``peak_rss_mib`` (MiB), ``bytes_on_disk``, ``load_s`` (medians), the
         ``*_vs_peer`` ratios, ``rounds_decode_tok_s`` and ``config``; a row that could not run has
         ``skipped`` (why, and how to install what is missing) instead of figures. Also
@@ -409,21 +384,7 @@ def run_peers(
                 (Path(tflite_dir) / "model.tflite").stat().st_size, (_measure_tflite, (os.fspath(tflite_dir), text, settings)),
                 ai_edge_litert=package_version("ai-edge-litert"))
         for folder in openvino_dirs:
-            peer = openvino_row(Path(folder).name)
-            runtime = f"OpenVINO CPU, {OPENVINO_PRECISION} (qwen-onnx OpenVinoCausalLM)"
-            if not _installed("openvino"):
-                add(peer, runtime, None, None, skipped=f"openvino not installed: {OPENVINO_INSTALL_HINT}")
-                continue
-            try:
-                report = run_in_child(_openvino_report, os.fspath(folder), threads)
-            except ChildCrashed as exc:
-                add(peer, runtime, None, None, skipped=f"OpenVINO crashed compiling {folder}: the process was {exc}")
-                continue
-            except RuntimeError as exc:  # the child's error, "Type: message"
-                add(peer, runtime, None, None, skipped=str(exc).removeprefix("RunnerError: "))
-                continue
-            add(peer, runtime, os.fspath(folder), folder_bytes(folder),
-                (_measure_openvino, (os.fspath(folder), tokens, settings)), **report)
+            add(**variant_row(folder, tokens, settings, installed=_installed("openvino")))
         if llama_cpp:
             if not _installed("llama_cpp"):
                 add(LLAMA_CPP, "llama-cpp-python", None, None, skipped=f"llama-cpp-python not installed: {INSTALL_HINT}")
@@ -470,6 +431,8 @@ def run_peers(
                 args = (os.fspath(genai_dir), tokens, settings)
                 add(peer, runtime, os.fspath(genai_dir), onnx_bytes(genai_dir), (function, args),
                     builder=record["command"], onnxruntime_genai=record["onnxruntime_genai"])
+        if openvino_ir_dir is not None:
+            add(**genai_row(openvino_ir_dir, tokens, settings, installed=_installed("openvino_genai")))
         if not jobs:
             log.warning("no peer could be measured")
         failures: dict[int, str] = {}
@@ -501,7 +464,8 @@ def run_peers(
                               "not absolute figures, and publish only idle rounds"),
         "library_versions": {**library_versions(), "onnxruntime-genai": package_version("onnxruntime-genai"),
                              "llama-cpp-python": package_version("llama_cpp_python"),
-                             "openvino": package_version("openvino")},
+                             "openvino": package_version("openvino"),
+                             "openvino-genai": package_version("openvino-genai")},
     }
     if output is not None:
         write_json(output, result)

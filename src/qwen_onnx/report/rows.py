@@ -175,10 +175,10 @@ def collect_rows(
 
 #: Peers of the sitting stage that become rows of metrics.csv/json (our variants and PyTorch have theirs), and
 #: every row of one of our variants run by OpenVINO (``int4-openvino``, :func:`is_peer_row`).
-PEER_VARIANTS = ("llama.cpp", "genai-builder-int4", "genai-builder-int4-ort")
+PEER_VARIANTS = ("llama.cpp", "genai-builder-int4", "genai-builder-int4-ort", "openvino-int4")
 
 _PEER_PROVIDER = {"llama.cpp": "llama.cpp CPU", "genai-builder-int4": "onnxruntime-genai CPU",
-                  "genai-builder-int4-ort": "CPUExecutionProvider"}
+                  "genai-builder-int4-ort": "CPUExecutionProvider", "openvino-int4": "openvino-genai CPU"}
 #: The provider of an OpenVINO row.
 OPENVINO_PROVIDER = "OpenVINO CPU plugin (f32 hint)"
 

@@ -45,6 +45,7 @@ STYLES: dict[str, Style] = {
     "llama.cpp": Style("#8c564b", "X"),
     "genai-builder-int4": Style("#e377c2", "h"),
     "genai-builder-int4-ort": Style("#bcbd22", "p"),
+    "openvino-int4": Style("#8ca252", "H"),  # tab20b's olive
     # our variants run by OpenVINO: their variant's colour, the hexagon and octagon markers
     "int4-openvino": Style("#2ca02c", "H"),
     "int8-dynamic-openvino": Style("#ff7f0e", "8"),

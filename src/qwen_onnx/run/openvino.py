@@ -57,7 +57,7 @@ _PAST = "past_key_values."
 BATCH_ONE = ("OpenVINO 2026.4 runs GroupQueryAttention graphs batch 1 only (a batch of 2 or more gives empty "
              "outputs; its decomposition does not handle batch > 1, openvinotoolkit/openvino#37207)")
 #: Compiled-model properties read back into :meth:`OpenVinoCausalLM.report`.
-_READ_BACK = ("INFERENCE_NUM_THREADS", "INFERENCE_PRECISION_HINT", "DYNAMIC_QUANTIZATION_GROUP_SIZE", "NUM_STREAMS",
+READ_BACK = ("INFERENCE_NUM_THREADS", "INFERENCE_PRECISION_HINT", "DYNAMIC_QUANTIZATION_GROUP_SIZE", "NUM_STREAMS",
               "PERFORMANCE_HINT", "EXECUTION_MODE_HINT", "ENABLE_CPU_PINNING", "ENABLE_HYPER_THREADING")
 #: Runtime-model layers that only move data in or out (left out of the per-precision counts).
 _NOT_COMPUTE = {"Input", "Output", "Const", "Parameter", "Result", "Constant"}
@@ -81,6 +81,44 @@ def _value(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_value(v) for v in value]
     return getattr(value, "name", str(value))
+
+
+def compiled_report(core, compiled, requested: dict[str, Any], *, kv_cache: str,
+                    read_back: Sequence[str] = READ_BACK) -> dict[str, Any]:
+    """What OpenVINO says a compiled model runs: ``openvino`` (version), ``device`` (``FULL_DEVICE_NAME``),
+    ``optimization_capabilities`` (the CPU plugin's, e.g. ``FP32``, ``BF16``, ``INT8``),
+    ``plugin_default_precision`` (the precision it picks without a hint), ``requested`` (the properties
+    set), ``compiled`` (``read_back`` properties read back from the compiled model), ``layers_by_precision``
+    (compute layers of the runtime model per ``runtimePrecision``; weights kept 4-bit show as ``u4``),
+    ``kernels`` (their ``primitiveType`` implementations, e.g. ``brgemm_avx512_f32``) and ``kv_cache``."""
+    import openvino
+
+    read = {}
+    for key in read_back:
+        try:
+            read[key] = _value(compiled.get_property(key))
+        except Exception:  # noqa: BLE001 - a property this build does not have
+            read[key] = None
+    precisions, kernels = Counter(), Counter()
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        info = op.get_rt_info()
+        kind = info["layerType"].astype(str) if "layerType" in info else op.get_type_name()
+        if kind in _NOT_COMPUTE:
+            continue
+        precisions[info["runtimePrecision"].astype(str) if "runtimePrecision" in info else "?"] += 1
+        if "primitiveType" in info:
+            kernels[info["primitiveType"].astype(str)] += 1
+    return {
+        "openvino": openvino.get_version(),
+        "device": _value(core.get_property("CPU", "FULL_DEVICE_NAME")),
+        "optimization_capabilities": _value(core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")),
+        "plugin_default_precision": _value(core.get_property("CPU", "INFERENCE_PRECISION_HINT")),
+        "requested": {k: _value(v) for k, v in requested.items()},
+        "compiled": read,
+        "layers_by_precision": dict(sorted(precisions.items())),
+        "kernels": dict(sorted(kernels.items())),
+        "kv_cache": kv_cache,
+    }
 
 
 class OpenVinoCausalLM:
@@ -159,39 +197,9 @@ class OpenVinoCausalLM:
         return layout
 
     def report(self) -> dict[str, Any]:
-        """What OpenVINO says it runs: ``openvino`` (version), ``device`` (``FULL_DEVICE_NAME``),
-        ``optimization_capabilities`` (the CPU plugin's, e.g. ``FP32``, ``BF16``, ``INT8``),
-        ``plugin_default_precision`` (the precision it would pick without a hint), ``requested``
-        (the properties set), ``compiled`` (:data:`_READ_BACK` read back from the compiled model),
-        ``layers_by_precision`` (compute layers of the runtime model per ``runtimePrecision``; weights
-        kept 4-bit show as ``u4``), ``kernels`` (their ``primitiveType`` implementations)."""
-        compiled = {}
-        for key in _READ_BACK:
-            try:
-                compiled[key] = _value(self.compiled.get_property(key))
-            except Exception:  # noqa: BLE001 - a property this build does not have
-                compiled[key] = None
-        precisions, kernels = Counter(), Counter()
-        for op in self.compiled.get_runtime_model().get_ordered_ops():
-            info = op.get_rt_info()
-            kind = info["layerType"].astype(str) if "layerType" in info else op.get_type_name()
-            if kind in _NOT_COMPUTE:
-                continue
-            precision = info["runtimePrecision"].astype(str) if "runtimePrecision" in info else "?"
-            precisions[precision] += 1
-            if "primitiveType" in info:
-                kernels[info["primitiveType"].astype(str)] += 1
-        return {
-            "openvino": self.version,
-            "device": _value(self.core.get_property("CPU", "FULL_DEVICE_NAME")),
-            "optimization_capabilities": _value(self.core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")),
-            "plugin_default_precision": _value(self.core.get_property("CPU", "INFERENCE_PRECISION_HINT")),
-            "requested": {k: _value(v) for k, v in self.requested.items()},
-            "compiled": compiled,
-            "layers_by_precision": dict(sorted(precisions.items())),
-            "kernels": dict(sorted(kernels.items())),
-            "kv_cache": "explicit graph inputs and outputs (stateless), float32 numpy arrays",
-        }
+        """What OpenVINO says it runs (:func:`compiled_report`)."""
+        return compiled_report(self.core, self.compiled, self.requested,
+                               kv_cache="explicit graph inputs and outputs (stateless), float32 numpy arrays")
 
     def empty_past(self, batch: int) -> dict[str, np.ndarray]:
         """Zero-length KV cache for ``batch`` sequences: each [batch, kv_heads, 0, head_dim]."""
