@@ -189,7 +189,8 @@ def test_slurm_profile_resources_apply_to_every_job(tmp_path, tiny_qwen2, texts,
     resources = {rule: dict(item.split("=", 1) for item in line.split(", ")) for rule, line in jobs}
     assert set(resources) == {"resolve", "export", "preprocess", "sensitivity", "quantize_dynamic", "quantize_static", "quantize_mixed",
                               "quantize_int4", "float16", "optimize", "inspect", "diff", "reference", "accuracy", "profile",
-                              "latency_row", "latency_row_pytorch", "genai_builder", "sitting", "accuracy_peer", "machine",
+                              "latency_row", "latency_row_pytorch", "genai_builder", "openvino_export", "sitting",
+                              "accuracy_peer", "machine",
                               "report", "all"}
     for rule, res in resources.items():
         assert res["slurm_partition"] == "cpu" and res["slurm_account"] == "my-account", rule
