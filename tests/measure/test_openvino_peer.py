@@ -58,7 +58,8 @@ def test_the_export_is_optimum_intels_int4_and_is_reused(ir, pipeline):
 def test_a_missing_export_environment_is_recorded(pipeline, tmp_path):
     with pytest.raises(QwenOnnxError, match="no OpenVINO export environment: .* does not exist; envs/setup.sh"):
         export_openvino_int4(pipeline["hf"], tmp_path / "a", python=tmp_path / "nope" / "python")
-    record = export_openvino_int4(pipeline["hf"], tmp_path / "b", python=tmp_path / "nope" / "python", keep_failure=True)
+    nope = tmp_path / "nope" / "python"
+    record = export_openvino_int4(pipeline["hf"], tmp_path / "b", python=nope, keep_failure=True)
     assert record["error"].startswith("no OpenVINO export environment: ")
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["export.json", "export.log", "manifest.json"]
 

@@ -240,8 +240,8 @@ def run_peers(a):
         a.hf_dir, [v for v in a.variants if v not in tflite], a.text, tflite_dir=tflite[0] if tflite else None, source=a.source, work_dir=a.work_dir, rounds=a.rounds,
         prompt_lengths=a.prompt_lengths, decode_prompt_tokens=a.prompt_tokens, new_tokens=a.new_tokens,
         threads=a.threads, warmup=a.warmup, repeats=a.repeats, pytorch=a.pytorch, llama_cpp=a.llama_cpp,
-        genai_builder=a.genai_builder, genai_builder_ort=a.genai_builder_ort, openvino_dirs=a.openvino, openvino_ir_dir=a.openvino_ir,
-        output=a.output, markdown=a.markdown,
+        genai_builder=a.genai_builder, genai_builder_ort=a.genai_builder_ort, openvino_dirs=a.openvino,
+        openvino_ir_dir=a.openvino_ir, output=a.output, markdown=a.markdown,
     )
     print(peers_markdown(result), end="")
     return None
