@@ -6,7 +6,8 @@
 #                                    491 MB for the 0.5B, 1.1 GB for the 1.5B)
 #   envs/setup.sh --peers            also installs the peers of the `peers` stage (envs/peers.txt):
 #                                    llama-cpp-python, compiled here for this CPU (8-30 min on 2 cores),
-#                                    and onnxruntime-genai
+#                                    and openvino-genai; and makes .venv-openvino (envs/openvino.txt), the
+#                                    environment of optimum-intel's OpenVINO export (its pins clash with ours)
 #   envs/setup.sh --models --peers   both
 # torch is the CPU build: on the project's machines `pip install torch==2.13.0` takes the local wheel.
 set -euo pipefail
@@ -46,4 +47,12 @@ if [ "$peers" = 1 ]; then
   fi
   pip_install --no-cache-dir -r envs/peers.txt
   printf '%s' "$CMAKE_ARGS" > "$stamp"
+  # optimum-intel's export environment beside .venv (qwen_onnx.convert.openvino_export.openvino_python finds it)
+  if [ ! -x .venv-openvino/bin/python ]; then
+    "$python" -m venv .venv-openvino
+  fi
+  .venv-openvino/bin/python -m pip install --quiet --disable-pip-version-check -r envs/openvino.txt
+  # optimum-intel requires torchvision, and PyPI's build does not load beside the CPU torch (transformers' import
+  # then fails on torchvision::nms); the export never uses it
+  .venv-openvino/bin/python -m pip uninstall --quiet --yes torchvision
 fi

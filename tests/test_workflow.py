@@ -106,20 +106,34 @@ def test_full_run_writes_every_artifact(finished_run):
     assert json.loads((results / "tiny" / "reports" / "tflite.latency.json").read_text())["profile"] is None
     with open(results / "metrics.csv", newline="") as f:
         rows_read = list(csv.DictReader(f))
-    from qwen_onnx.report.rows import PEER_VARIANTS
+    import importlib.util
+
+    from qwen_onnx.report.rows import is_peer_row
 
     # every speed figure comes from each model's one timing sitting (the sitting stage)
     assert {r["measured_by"] for r in rows_read} == {"peers"}
-    every = [r for r in rows_read if r["variant"] not in PEER_VARIANTS]
-    # the measured peers follow our rows (the tiny sources are folders: no GGUF for llama.cpp)
-    assert [(r["model"], r["variant"]) for r in rows_read if r["variant"] in PEER_VARIANTS] == [
-        (m, v) for m in ("tiny", "tiny-qwen1.5", "tiny-qwen3") for v in ("genai-builder-int4", "genai-builder-int4-ort")]
-    for r in (r for r in rows_read if r["variant"] in PEER_VARIANTS):
+    every = [r for r in rows_read if not is_peer_row(r["variant"])]
+    # the measured peers follow our rows (the tiny sources are folders: no GGUF for llama.cpp), our int4 and
+    # int8-dynamic run by OpenVINO first; optimum-intel's export needs .venv-openvino and a width its group
+    # size of 128 divides, so openvino-int4 is skipped on the tiny models
+    openvino = ["int4-openvino", "int8-dynamic-openvino"] if importlib.util.find_spec("openvino") else []
+    assert [(r["model"], r["variant"]) for r in rows_read if is_peer_row(r["variant"])] == [
+        (m, v) for m in ("tiny", "tiny-qwen1.5", "tiny-qwen3")
+        for v in (*openvino, "genai-builder-int4", "genai-builder-int4-ort")]
+    for r in (r for r in rows_read if is_peer_row(r["variant"])):
         assert_timed({k: float(r[k]) for k in ("decode_tok_s", "ttft_ms")})
     peers = json.loads((results / "tiny" / "reports" / "peers.json").read_text())
     onnx = [v for v in VARIANTS if v != "tflite"]
-    assert [r["peer"] for r in peers["rows"]] == ["pytorch", *onnx, "tflite", "llama.cpp", "genai-builder-int4",
-                                                  "genai-builder-int4-ort"]
+    assert [r["peer"] for r in peers["rows"]] == ["pytorch", *onnx, "tflite", "int4-openvino", "int8-dynamic-openvino",
+                                                  "llama.cpp", "genai-builder-int4", "genai-builder-int4-ort",
+                                                  "openvino-int4"]
+    by_peer = {r["peer"]: r for r in peers["rows"]}
+    assert by_peer["openvino-int4"]["skipped"].startswith(("export failed: ", "openvino-genai not installed: "))
+    accuracy = json.loads((results / "tiny" / "reports" / "int4-openvino.accuracy.json").read_text())
+    if openvino:  # the same windows, int4's gate, OpenVINO's report
+        assert (accuracy["runtime"], accuracy["gate_kind"]) == ("openvino", "int4") and accuracy["tokens"] > 0
+        assert accuracy["openvino"]["compiled"]["INFERENCE_PRECISION_HINT"] == "f32"
+    assert json.loads((results / "tiny" / "reports" / "openvino-int4.accuracy.json").read_text())["skipped"]
     assert "tflite" not in [r["peer"] for r in json.loads((results / "tiny-qwen3" / "reports" / "peers.json").read_text())["rows"]]
     # each variant's latency report holds the figures of its row in the sitting, and its own profile
     for variant in ("pytorch", *VARIANTS):
@@ -131,11 +145,8 @@ def test_full_run_writes_every_artifact(finished_run):
         assert latency["measured_in"] == "peers.json"
         assert (latency.get("profile") is not None) == (variant not in ("pytorch", "tflite")), variant
     # without llama-cpp-python (CI: envs/setup.sh without --peers) the package is named first
-    import importlib.util
-
     note = "no GGUF: the source " if importlib.util.find_spec("llama_cpp") else "llama-cpp-python not installed: "
-    llama = 2 + len(onnx)
-    assert peers["rows"][llama]["skipped"].startswith(note) and peers["reference"] == "genai-builder-int4"
+    assert by_peer["llama.cpp"]["skipped"].startswith(note) and peers["reference"] == "genai-builder-int4"
     assert "## Against peers: tiny-qwen3" in (results / "report.md").read_text()
     assert [(r["model"], r["variant"]) for r in every] == [
         (m, v) for m in ("tiny", "tiny-qwen1.5", "tiny-qwen3")
@@ -341,8 +352,8 @@ def test_adding_a_model_reruns_only_that_models_stages(finished_run, tiny_qwen2)
                                     "quantize_static": 1, "quantize_mixed": 1, "quantize_int4": 1,
                                     "float16": 1,
                     "optimize": 1, "inspect": n, "diff": n - 1, "reference": 1, "accuracy": n, "profile": n,
-                    "latency_row": n, "latency_row_pytorch": 1, "genai_builder": 1, "sitting": 1,
-                    "accuracy_peer": 2, "report": 1, "all": 1}
+                    "latency_row": n, "latency_row_pytorch": 1, "genai_builder": 1, "openvino_export": 1,
+                    "sitting": 1, "accuracy_peer": 5, "report": 1, "all": 1}
 
 
 def test_evaluation_settings_rerun_the_reference_only_when_they_change_it(finished_run):
@@ -366,7 +377,7 @@ def test_evaluation_settings_rerun_the_reference_only_when_they_change_it(finish
         (finished_run / "config.yaml").write_text(original)
     models = len(config["models"])
     accuracy = len(ONNX_VARIANTS) * models + 1  # and tiny's tflite
-    peers = 2 * models  # llama.cpp and the builder's graph
+    peers = 5 * models  # llama.cpp, the builder's graph, optimum-intel's IR, our int4 and int8-dynamic by OpenVINO
     assert windows == {"reference": models, "accuracy": accuracy, "accuracy_peer": peers, "report": 1, "all": 1}
     assert steps == {"accuracy": accuracy, "accuracy_peer": peers, "report": 1, "all": 1}
 
@@ -441,7 +452,9 @@ def test_the_default_build_leaves_opt_in_variants_out(tmp_path, tiny_qwen2, text
     assert "int8-mixed" not in result.stdout and "quantize_mixed" not in result.stdout
     (sitting,) = planned_inputs(result, "sitting")
     folders = [Path(p).name for p in sitting if Path(p).parent.name == "tiny"]
-    assert folders == ["hf", "fp32", "int8-dynamic", "int8-static", "int4", "optimized", "fp16", "tflite"]
+    # and int4, int8-dynamic again: the folders run by OpenVINO too (peers.openvino_variants)
+    assert folders == ["hf", "fp32", "int8-dynamic", "int8-static", "int4", "optimized", "fp16", "tflite", "int4",
+                       "int8-dynamic"]
     assert planned_inputs(result, "accuracy") and "results/tiny/reports/preprocessed.accuracy.json" in result.stdout
     # opting in: int8-mixed built and timed
     config["variants"] = {"built": list(VARIANTS), "timed": ["fp32", "int8-mixed"]}

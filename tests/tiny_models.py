@@ -107,3 +107,19 @@ def build_tiny_qwen(folder: Path, family: str = "qwen2", seed: int = 0, tie_word
         eos_token_id=[common["eos_token_id"], common["pad_token_id"]], pad_token_id=common["pad_token_id"]
     ).save_pretrained(folder)
     return folder
+
+
+def write_unknown_op_graph(folder: Path) -> Path:
+    """A variant folder whose ``model.onnx`` is one node of an operator no runtime knows (``com.example.NoSuchOp``):
+    a graph that reads but does not compile."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    folder.mkdir(parents=True, exist_ok=True)
+    node = helper.make_node("NoSuchOp", ["input_ids"], ["logits"], domain="com.example")
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, 4])]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 4, 8])]
+    graph = helper.make_graph([node], "unknown-op", inputs, outputs)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets), folder / "model.onnx")
+    return folder

@@ -45,3 +45,7 @@ class TextError(QwenOnnxError, ValueError):
 
 class ExportError(QwenOnnxError):
     """An exporter cannot run in this environment (torch too old, onnxscript missing) or failed on the model."""
+
+
+class RunnerError(QwenOnnxError):
+    """A runtime cannot run a variant here: its package is missing, or it does not read or compile the graph."""

@@ -108,3 +108,53 @@ def test_peer_rows_carry_the_peers_accuracy(tmp_path):
     cells = {r["peer"]: (r["gate"], r["kl_mean"], r["top1_pct"], r["decode_tok_s"]) for r in table["rows"]}
     assert cells["int4"] == ("PASS", 0.02, 92.3, 35.0) and cells["llama.cpp"] == ("PASS", 0.031, 91.0, 30.0)
     assert cells["genai-builder-int4"] == ("FAIL", 0.05, 83.4, 40.0) and cells["pytorch"] == (None, None, None, 5.0)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("openvino") is None,
+                    reason="openvino is not installed (envs/setup.sh installs it, envs/requirements.txt)")
+def test_our_variants_run_by_openvino_are_scored_on_their_own_gate(pipeline, reference, tmp_path):
+    """fp32 by OpenVINO (f32 hint) is the same model as PyTorch's, padded batch included, and passes the float
+    gate; int4 by OpenVINO is scored on the same windows against the int4 gate, without the padded batch
+    (OpenVINO runs GroupQueryAttention graphs batch 1), with what OpenVINO reported."""
+    fp32 = peer_accuracy("fp32-openvino", reference, variant_dir=pipeline["fp32"], threads=1,
+                         gate_limits=DEFAULT_GATES["float"], output=tmp_path / "fp32-openvino.accuracy.json")
+    assert (fp32["peer"], fp32["runtime"], fp32["gate_kind"]) == ("fp32-openvino", "openvino", "float")
+    assert fp32["gate"] == "PASS"
+    assert fp32["tokens"] == 2 * (WINDOW - 1) and fp32["kl_mean"] < 1e-6 and fp32["top1_pct"] == 100.0
+    assert fp32["padded_batch_max_abs_diff"] < 1e-3 and fp32["kv_cache_max_abs_diff"] < 1e-3
+    assert fp32["openvino"]["compiled"]["INFERENCE_PRECISION_HINT"] == "f32"
+    assert json.loads((tmp_path / "fp32-openvino.accuracy.json").read_text())["gate"] == "PASS"
+    int4 = peer_accuracy("int4-openvino", reference, variant_dir=pipeline["int4"], threads=1,
+                         gate_limits=DEFAULT_GATES["int4"], output=tmp_path / "int4-openvino.accuracy.json")
+    assert (int4["gate_kind"], int4["runtime"], int4["tokens"]) == ("int4", "openvino", 2 * (WINDOW - 1))
+    assert int4["padded_batch"].startswith("not applicable: OpenVINO 2026.4 runs GroupQueryAttention graphs batch 1")
+    assert "padded_batch_max_abs_diff" not in int4 and np.isfinite(int4["ppl"]) and int4["kv_cache_max_abs_diff"] < 1e-3
+    assert "u4" in int4["openvino"]["layers_by_precision"]
+
+
+def test_an_openvino_row_that_cannot_run_is_recorded_with_the_reason(pipeline, reference, tmp_path, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else real(name, *a))
+    missing = peer_accuracy("int4-openvino", reference, variant_dir=pipeline["int4"], output=tmp_path / "a.json")
+    assert missing["skipped"] == "openvino is not installed; envs/setup.sh installs it (envs/requirements.txt)"
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    gone = peer_accuracy("int4-openvino", reference, variant_dir=tmp_path / "int4")
+    assert gone["skipped"] == f"no ONNX variant folder at {tmp_path / 'int4'}: build the variant first"
+    with pytest.raises(Exception, match="unknown peer 'int4-tensorrt'"):
+        peer_accuracy("int4-tensorrt", reference)
+
+
+def test_openvino_rows_read_their_own_accuracy(tmp_path):
+    reports = tmp_path / "m" / "reports"
+    reports.mkdir(parents=True)
+    rows = [{"peer": "int4", "decode_tok_s": 30.0}, {"peer": "int4-openvino", "decode_tok_s": 25.0, "ttft_ms": 90.0},
+            {"peer": "int8-dynamic-openvino", "skipped": "openvino not installed"}]
+    (reports / "peers.json").write_text(json.dumps({"rows": rows, "threads": 2}))
+    (reports / "int4-openvino.accuracy.json").write_text(json.dumps(
+        {"ppl_delta_pct": 0.8, "kl_mean": 0.02, "top1_pct": 92.0, "gate": "PASS", "gate_failures": [],
+         "gate_kind": "int4",
+         "padded_batch": "not applicable: OpenVINO 2026.4 runs GroupQueryAttention graphs batch 1 only"}))
+    (row,) = peer_metric_rows(["m"], [reports / "peers.json"], [8])
+    assert (row["variant"], row["gate"], row["kl_mean"]) == ("int4-openvino", "PASS", 0.02)
+    assert row["provider"] == "OpenVINO CPU plugin (f32 hint)"
+    assert row["padded_batch_max_abs_diff"] == "n/a" and row["decode_tok_s"] == 25.0

@@ -251,3 +251,56 @@ def test_latency_reports_take_their_figures_from_the_sitting(peers_run, pipeline
     assert torch["weight_bytes_per_token"] == rows["pytorch"]["weight_bytes_per_token"] > 10_000
     with pytest.raises(ArtifactError, match=r"has no row 'int4' \(rows: pytorch, fp32, llama.cpp, "):
         latency_from_sitting("int4", work / "peers.json")
+
+
+HAVE_OPENVINO = importlib.util.find_spec("openvino") is not None
+
+
+@pytest.mark.skipif(not HAVE_OPENVINO, reason="openvino is not installed (envs/setup.sh installs it)")
+def test_openvino_rows_are_timed_beside_the_same_variant(pipeline, texts, tmp_path):
+    """int4 by onnxruntime and by OpenVINO in the same interleaved rounds: timed figures (no speed threshold), what
+    OpenVINO read back in the row's config, and the row in metrics.csv with its provider."""
+    from timing_checks import assert_timed
+
+    from qwen_onnx.report.rows import peer_metric_rows
+
+    result = run_peers(pipeline["hf"], [pipeline["int4"]], texts["evaluation"], pytorch=False, llama_cpp=False,
+                       genai_builder=False, genai_builder_ort=False, openvino_dirs=[pipeline["int4"]], rounds=2,
+                       output=tmp_path / "peers.json", markdown=tmp_path / "peers.md", **SMALL)
+    rows = _by_peer(result)
+    assert list(rows) == ["int4", "int4-openvino"]
+    row = rows["int4-openvino"]
+    assert row["skipped"] is None and row["rounds"] == 2 and len(row["rounds_decode_tok_s"]) == 2
+    assert_timed(row, SMALL["prompt_lengths"])
+    assert row["decode_tok_s"] > 0 and row["load_s"] > 0 and row["bytes_on_disk"] == rows["int4"]["bytes_on_disk"]
+    assert row["runtime"] == "OpenVINO CPU, f32 (qwen-onnx OpenVinoCausalLM)" and row["path"] == str(pipeline["int4"])
+    config = row["config"]
+    assert config["compiled"]["INFERENCE_PRECISION_HINT"] == "f32" and config["compiled"]["INFERENCE_NUM_THREADS"] == 1
+    assert config["openvino"].startswith("2026.") and "u4" in config["layers_by_precision"]
+    assert result["library_versions"]["openvino"]
+    assert "| int4-openvino | OpenVINO CPU, f32" in (tmp_path / "peers.md").read_text()
+    (metrics,) = peer_metric_rows(["m"], [tmp_path / "peers.json"], SMALL["prompt_lengths"])
+    assert (metrics["variant"], metrics["measured_by"]) == ("int4-openvino", "peers")
+    assert metrics["provider"] == "OpenVINO CPU plugin (f32 hint)"
+    assert metrics["decode_tok_s"] == row["decode_tok_s"]
+
+
+def test_openvino_rows_say_why_they_were_not_timed(pipeline, texts, tmp_path, monkeypatch):
+    """Without openvino the rows say how to install it; a graph OpenVINO does not compile is skipped with
+    OpenVINO's first line, before any round."""
+    from tiny_models import write_unknown_op_graph
+
+    monkeypatch.setattr(peers, "_installed", lambda module: False)
+    result = run_peers(pipeline["hf"], [], texts["evaluation"], pytorch=False, openvino_dirs=[pipeline["int4"]],
+                       rounds=1, **SMALL)
+    assert _by_peer(result)["int4-openvino"]["skipped"] == ("openvino not installed: envs/setup.sh installs it "
+                                                            "(envs/requirements.txt)")
+    if not HAVE_OPENVINO:
+        return
+    monkeypatch.setattr(peers, "_installed", lambda module: module == "openvino")
+    write_unknown_op_graph(tmp_path / "odd")
+    result = run_peers(pipeline["hf"], [], texts["evaluation"], pytorch=False, openvino_dirs=[tmp_path / "odd"],
+                       rounds=1, **SMALL)
+    row = _by_peer(result)["odd-openvino"]
+    assert row["skipped"].startswith("OpenVINO 2026.")
+    assert f"did not compile {tmp_path / 'odd' / 'model.onnx'}: " in row["skipped"] and "\n" not in row["skipped"]

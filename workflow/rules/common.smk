@@ -13,6 +13,7 @@ import qwen_onnx
 import qwen_onnx.store.staging
 import qwen_onnx.settings.options
 import qwen_onnx.settings.variants
+import qwen_onnx.convert.openvino_export
 from qwen_onnx.settings.gates import DEFAULT_GATES, DEFAULT_TASK_GATE, variant_kind
 from qwen_onnx.source.resolve import hub_snapshot_revision, source_files
 from qwen_onnx.convert.tflite import conversion_rss_gib, tflite_skip_reason
@@ -91,6 +92,9 @@ MEM_PER_FP32_GB = {  # GiB of peak RSS per GB of fp32 weights
     # 0.5B (/usr/bin/time, 16 problems): fp16 3.6 GB, tflite 3.0, fp32 2.9, int8 and int4 1.4-1.5; declared as
     # accuracy, whose jobs hold the same sessions and more (5.2 / 9.6 GB measured)
     "task_accuracy": 2.5,
+    # optimum-intel's export in its own interpreter (torch's fp32 model, its OpenVINO conversion, NNCF): 3.4 GiB
+    # measured on the 0.5B (/usr/bin/time, 2026-12-04), 5.2 GB declared
+    "openvino_export": 2.0,
 }
 
 # Declared run time (Snakemake's `runtime` resource, minutes; a cluster executor's time limit,
@@ -116,6 +120,7 @@ RUNTIME_MIN_PER_FP32_GB = {
     # for 5 of the 8 variants
     "sitting": 6.0,
     "genai_builder": 0.5,  # the builder's INT4 graph: the model builder as optimize, plus 4-bit RTN
+    "openvino_export": 1.1,  # optimum-intel's export and NNCF's data-free INT4: 106 s on the 0.5B (busy machine)
     "tflite": 0.9,  # 104 s for the 0.5B with litert-torch 0.10 (0.88 min per fp32 GB)
 }
 
@@ -351,6 +356,74 @@ def get_peers_genai_input(wildcards):
     return []
 
 
+# The accuracy_peer rule's peers: llama.cpp, the builder's graph, and any ONNX variant run by OpenVINO.
+ONNX_VARIANTS = [
+    v.name for v in qwen_onnx.settings.variants.VARIANTS if v.format == "onnx"
+]
+ACCURACY_PEER_WILDCARD = "|".join(
+    [
+        "llama\\.cpp",
+        "genai-builder-int4",
+        "openvino-int4",
+        *(re.escape(v) + "-openvino" for v in ONNX_VARIANTS),
+    ]
+)
+
+
+def get_openvino_variants(model):
+    """Our variants the model's timing sitting also runs with OpenVINO (`peers.openvino_variants`):
+    the built ONNX ones, when the peers are enabled."""
+    peers = get_settings(model, "peers")
+    if not peers["enabled"]:
+        return []
+    return [
+        v
+        for v in get_model_variants(model)
+        if v in peers["openvino_variants"] and v in ONNX_VARIANTS
+    ]
+
+
+def get_peers_openvino_dirs(wildcards):
+    """The variant folders the sitting runs with OpenVINO as well (rows VARIANT-openvino)."""
+    return [
+        f"{RESULTS}/{wildcards.model}/{v}"
+        for v in get_openvino_variants(wildcards.model)
+    ]
+
+
+def openvino_peer_variant(peer):
+    """The variant of an OpenVINO peer (int4-openvino -> int4), None for the other peers."""
+    return peer[: -len("-openvino")] if peer.endswith("-openvino") else None
+
+
+def get_accuracy_peer_variant_input(wildcards):
+    """An OpenVINO peer's variant folder (none for llama.cpp and the builder's graph)."""
+    variant = openvino_peer_variant(wildcards.peer)
+    return [] if variant is None else f"{RESULTS}/{wildcards.model}/{variant}"
+
+
+def get_accuracy_peer_gate(wildcards):
+    """A peer's gate: an OpenVINO row's is its variant's kind (int4's for int4-openvino), the others' int4."""
+    variant = openvino_peer_variant(wildcards.peer)
+    kind = "int4" if variant is None else variant_kind(variant)
+    return get_settings(wildcards.model, "gates").get(kind, DEFAULT_GATES[kind])
+
+
+def get_peers_openvino_ir_input(wildcards):
+    """optimum-intel's INT4 IR (rule openvino_export) when the sitting has the openvino-int4 row."""
+    peers = get_settings(wildcards.model, "peers")
+    if peers["enabled"] and peers["openvino_int4"]:
+        return f"{RESULTS}/{wildcards.model}/peers/openvino-int4"
+    return []
+
+
+def get_accuracy_peer_openvino_ir_input(wildcards):
+    """optimum-intel's INT4 IR for the openvino-int4 peer's accuracy (none for the other peers)."""
+    if wildcards.peer != "openvino-int4":
+        return []
+    return get_peers_openvino_ir_input(wildcards)
+
+
 def get_accuracy_peer_genai_input(wildcards):
     """The builder's INT4 graph for the genai-builder-int4 peer's accuracy (none for llama.cpp)."""
     if wildcards.peer != "genai-builder-int4":
@@ -359,7 +432,8 @@ def get_accuracy_peer_genai_input(wildcards):
 
 
 def get_peer_accuracy_inputs():
-    """Every model's peers' accuracy files: llama.cpp when enabled, the builder's graph when it is built."""
+    """Every model's peers' accuracy files: llama.cpp when enabled, the builder's graph when it is built,
+    optimum-intel's IR, each variant run by OpenVINO."""
     out = []
     for model in get_models():
         peers = get_settings(model, "peers")
@@ -369,6 +443,10 @@ def get_peer_accuracy_inputs():
             out.append(f"{RESULTS}/{model}/reports/llama.cpp.accuracy.json")
         if get_peers_genai_input(types.SimpleNamespace(model=model)):
             out.append(f"{RESULTS}/{model}/reports/genai-builder-int4.accuracy.json")
+        if get_peers_openvino_ir_input(types.SimpleNamespace(model=model)):
+            out.append(f"{RESULTS}/{model}/reports/openvino-int4.accuracy.json")
+        for variant in get_openvino_variants(model):
+            out.append(f"{RESULTS}/{model}/reports/{variant}-openvino.accuracy.json")
     return out
 
 
@@ -433,7 +511,10 @@ def get_task_gate(wildcards):
     """
     if wildcards.get("variant") == "fp32":
         return {}
-    return {**DEFAULT_TASK_GATE, **get_settings(wildcards.model, "gates").get("task", {})}
+    return {
+        **DEFAULT_TASK_GATE,
+        **get_settings(wildcards.model, "gates").get("task", {}),
+    }
 
 
 def get_task_inputs():

@@ -1,9 +1,11 @@
 rule sitting:
-    """The timing sitting: every variant, PyTorch eager, llama.cpp on the source GGUF and onnxruntime-genai's INT4 builder graph, in interleaved rounds."""
+    """The timing sitting: every variant, PyTorch eager, our variants run by OpenVINO, llama.cpp on the source GGUF and onnxruntime-genai's INT4 builder graph, in interleaved rounds."""
     input:
         hf=f"{RESULTS}/{{model}}/hf",
         variants=get_peers_variant_dirs,
         tflite=get_peers_tflite_input,
+        openvino=get_peers_openvino_dirs,
+        openvino_ir=get_peers_openvino_ir_input,
         genai=get_peers_genai_input,
         text=lambda wc: get_settings(wc.model, "evaluation")["text"],
     output:
@@ -56,12 +58,37 @@ rule genai_builder:
         "../scripts/genai_builder.py"
 
 
+rule openvino_export:
+    """optimum-intel's INT4 OpenVINO IR of the hf folder (NNCF weight compression, its defaults), OpenVINO's own route as a peer of the timing sitting, exported by the interpreter of its own environment (.venv-openvino)."""
+    input:
+        hf=f"{RESULTS}/{{model}}/hf",
+    output:
+        model_dir=directory(f"{RESULTS}/{{model}}/peers/openvino-int4"),
+    log:
+        f"{RESULTS}/logs/{{model}}/openvino_export.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/openvino_export.tsv"
+    conda:
+        "../../envs/qwen-onnx.yaml"
+    threads: 2
+    resources:
+        mem_mb=get_mem_mb("openvino_export"),
+        runtime=get_runtime("openvino_export"),
+    params:
+        python=str(qwen_onnx.convert.openvino_export.openvino_python()),
+        version=VERSION,
+    script:
+        "../scripts/openvino_export.py"
+
+
 rule accuracy_peer:
-    """A peer's accuracy on our evaluation windows against PyTorch (llama.cpp on the source GGUF, the builder's INT4 graph), scored on the int4 gate."""
+    """A peer's accuracy on our evaluation windows against PyTorch (llama.cpp on the source GGUF and the builder's INT4 graph, scored on the int4 gate; a variant run by OpenVINO, on its variant's gate)."""
     input:
         reference=f"{RESULTS}/{{model}}/reference",
         hf=f"{RESULTS}/{{model}}/hf",
         genai=get_accuracy_peer_genai_input,
+        variant=get_accuracy_peer_variant_input,
+        openvino_ir=get_accuracy_peer_openvino_ir_input,
     output:
         json=f"{RESULTS}/{{model}}/reports/{{peer}}.accuracy.json",
     log:
@@ -69,7 +96,7 @@ rule accuracy_peer:
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/accuracy.{{peer}}.tsv"
     wildcard_constraints:
-        peer="llama\\.cpp|genai-builder-int4",
+        peer=ACCURACY_PEER_WILDCARD,
     conda:
         "../../envs/qwen-onnx.yaml"
     threads: 2
@@ -78,9 +105,7 @@ rule accuracy_peer:
         runtime=get_runtime("accuracy"),
     params:
         source=lambda wc: config["models"][wc.model]["source"],
-        gate=lambda wc: get_settings(wc.model, "gates").get(
-            "int4", DEFAULT_GATES["int4"]
-        ),
+        gate=get_accuracy_peer_gate,
         scratch=lambda wc: f"{RESULTS}/{wc.model}/peers",
         kv_decode_steps=lambda wc: get_settings(wc.model, "evaluation")[
             "kv_decode_steps"

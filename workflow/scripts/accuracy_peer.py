@@ -8,6 +8,8 @@ with logged(snakemake):
         snakemake.input.reference,
         source=snakemake.params.source,
         genai_dir=snakemake.input.genai or None,
+        variant_dir=snakemake.input.variant or None,
+        openvino_ir_dir=snakemake.input.openvino_ir or None,
         threads=snakemake.threads,
         kv_decode_steps=snakemake.params.kv_decode_steps,
         gate_limits=snakemake.params.gate,

@@ -1,5 +1,5 @@
-"""Snakemake wrapper: the timing sitting of one model (every variant, PyTorch eager, llama.cpp and
-onnxruntime-genai's INT4 builder graph in interleaved rounds)."""
+"""Snakemake wrapper: the timing sitting of one model (every variant, PyTorch eager, our variants run by
+OpenVINO, llama.cpp and onnxruntime-genai's INT4 builder graph in interleaved rounds)."""
 from qwen_onnx.measure.peers import run_peers
 from qwen_onnx.snakemake_support import logged
 
@@ -24,6 +24,8 @@ with logged(snakemake):
         genai_builder=peers["enabled"] and peers["genai_builder"],
         genai_builder_ort=peers["enabled"] and peers["genai_builder_ort"],
         tflite_dir=snakemake.input.get("tflite") or None,
+        openvino_dirs=list(snakemake.input.openvino),
+        openvino_ir_dir=snakemake.input.get("openvino_ir") or None,
         output=snakemake.output.json,
         markdown=snakemake.output.markdown,
     )

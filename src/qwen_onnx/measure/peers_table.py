@@ -7,14 +7,46 @@ from __future__ import annotations
 import statistics
 from typing import Any, Mapping, Sequence
 
+from qwen_onnx.run.machine import peak_rss_mib
+
 LLAMA_CPP = "llama.cpp"
 
 GENAI = "genai-builder-int4"
 
 GENAI_ORT = "genai-builder-int4-ort"
 
-#: The peers the ratios divide by: the faster decoder of these two is the reference.
-REFERENCE_PEERS = (LLAMA_CPP, GENAI)
+OPENVINO_INT4 = "openvino-int4"
+
+#: The peers the ratios divide by: the fastest decoder of these is the reference.
+REFERENCE_PEERS = (LLAMA_CPP, GENAI, OPENVINO_INT4)
+
+#: The row of one of our variants run by OpenVINO is the variant's name with this suffix (``int4-openvino``).
+OPENVINO_SUFFIX = "-openvino"
+
+
+def openvino_row(variant: str) -> str:
+    """The sitting's row of our ``variant`` run by OpenVINO: ``int4`` -> ``int4-openvino``."""
+    return f"{variant}{OPENVINO_SUFFIX}"
+
+
+def openvino_variant(peer: str) -> str | None:
+    """The variant an OpenVINO row runs (``int4-openvino`` -> ``int4``), None for any other row."""
+    if peer.endswith(OPENVINO_SUFFIX) and len(peer) > len(OPENVINO_SUFFIX):
+        return peer[: -len(OPENVINO_SUFFIX)]
+    return None
+
+
+def sitting_figures(result: Mapping[str, Any], prompt_lengths: Sequence[int]) -> dict[str, Any]:
+    """One measurement's figures for the sitting from :func:`qwen_onnx.measure.latency.timing_protocol`'s result
+    with ``load_s``: decode tokens/s, TTFT and load, peak RSS (MiB, this process's unless given), the median
+    prefill ms per prompt length (``prefill_ms_{n}``) and ``weight_bytes_per_token`` when known."""
+    out = {"decode_tok_s": result["decode_tok_s"], "ttft_ms": result["ttft_ms"], "load_s": result["load_s"],
+           "peak_rss_mib": result.get("peak_rss_mib", round(peak_rss_mib(), 1))}
+    for n in prompt_lengths:
+        out[f"prefill_ms_{n}"] = result[f"prefill_ms_p50_{n}"]
+    if result.get("weight_bytes_per_token") is not None:
+        out["weight_bytes_per_token"] = result["weight_bytes_per_token"]
+    return out
 
 
 def one_line(note: str | None) -> str | None:
@@ -107,7 +139,7 @@ def peers_notes(result: Mapping[str, Any]) -> list[str]:
         f"{result['threads']} threads; decode: {result['new_tokens']} greedy tokens after a "
         f"{result['decode_prompt_tokens']}-token prompt; prefill ms per prompt length; peak RSS in MiB. "
         + (f"Ratios (`*_vs_peer`) divide by {ref}, the fastest peer." if ref else
-           "No peer (llama.cpp, genai-builder-int4) was measured: no ratios."),
+           "No peer (llama.cpp, genai-builder-int4, openvino-int4) was measured: no ratios."),
     ]
     if result.get("isa"):
         notes.append(f"Measured on {result['isa']} (onnxruntime's INT8 kernel: {result.get('int8_kernel')}); "

@@ -12,7 +12,7 @@ import numpy as np
 
 from qwen_onnx.convert.tflite import tflite_skip_reason
 from qwen_onnx.measure.inspect_graph import FUSED_OPS
-from qwen_onnx.measure.peers_table import peer_columns, peers_notes
+from qwen_onnx.measure.peers_table import openvino_variant, peer_columns, peers_notes
 from qwen_onnx.report.tables import COLUMNS, NOT_APPLICABLE, format_cell, label
 from qwen_onnx.settings.gates import gate_margins
 from qwen_onnx.settings.variants import BY_NAME
@@ -201,11 +201,20 @@ def collect_rows(
     return rows
 
 
-#: Peers of the sitting stage that become rows of metrics.csv/json (our variants and PyTorch have theirs).
-PEER_VARIANTS = ("llama.cpp", "genai-builder-int4", "genai-builder-int4-ort")
+#: Peers of the sitting stage that become rows of metrics.csv/json (our variants and PyTorch have theirs), and
+#: every row of one of our variants run by OpenVINO (``int4-openvino``, :func:`is_peer_row`).
+PEER_VARIANTS = ("llama.cpp", "genai-builder-int4", "genai-builder-int4-ort", "openvino-int4")
 
 _PEER_PROVIDER = {"llama.cpp": "llama.cpp CPU", "genai-builder-int4": "onnxruntime-genai CPU",
-                  "genai-builder-int4-ort": "CPUExecutionProvider"}
+                  "genai-builder-int4-ort": "CPUExecutionProvider", "openvino-int4": "openvino-genai CPU"}
+#: The provider of an OpenVINO row.
+OPENVINO_PROVIDER = "OpenVINO CPU plugin (f32 hint)"
+
+
+def is_peer_row(name: str) -> bool:
+    """Whether a row of the sitting becomes a peer row of metrics.csv/json: :data:`PEER_VARIANTS` and the
+    OpenVINO rows (``{variant}-openvino``)."""
+    return name in PEER_VARIANTS or openvino_variant(name) is not None
 
 
 #: The accuracy file each peer row reads (the builder's graph in our runtime is the builder's graph).
@@ -239,7 +248,7 @@ def peer_accuracy_columns(reports_dir: Path, peer: str) -> dict[str, Any]:
 
 def peer_metric_rows(models: Sequence[str], paths: Sequence[str | os.PathLike],
                      prompt_lengths: Sequence[int], task: Sequence[str | os.PathLike] = ()) -> list[dict[str, Any]]:
-    """metrics.csv/json rows of the measured peers (:data:`PEER_VARIANTS`) of each model's peers JSON
+    """metrics.csv/json rows of the measured peers (:func:`is_peer_row`) of each model's peers JSON
     (:func:`qwen_onnx.measure.peers.run_peers`), ``variant`` = the peer's name, ``measured_by`` = ``peers``; a peer
     with a task result among ``task`` (the builder's graph: the one run by qwen-onnx's runtime) gets its columns.
 
@@ -252,11 +261,11 @@ def peer_metric_rows(models: Sequence[str], paths: Sequence[str | os.PathLike],
         result = read_json(path)
         base = next((r for r in result["rows"] if r["peer"] == "pytorch" and not r.get("skipped")), None)
         for peer in result["rows"]:
-            if peer["peer"] not in PEER_VARIANTS or peer.get("skipped"):
+            if not is_peer_row(peer["peer"]) or peer.get("skipped"):
                 continue
             row: dict[str, Any] = {c: None for c in COLUMNS}
             row.update(model=model, variant=peer["peer"], measured_by="peers", threads=result["threads"],
-                       provider=_PEER_PROVIDER[peer["peer"]], speed_isa=result.get("isa"),
+                       provider=_PEER_PROVIDER.get(peer["peer"], OPENVINO_PROVIDER), speed_isa=result.get("isa"),
                        timing_load=(peer.get("load_note") or "idle") if "busy" in peer else None)
             for key in ("load_s", "ttft_ms", "decode_tok_s", "peak_rss_mib", "bytes_on_disk"):
                 row[key] = peer.get(key)

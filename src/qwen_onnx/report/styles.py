@@ -1,7 +1,8 @@
 """One colour and marker per variant, the same in every plot and in the HTML tables.
 
 The fixed table :data:`STYLES` covers the reference ``pytorch``, every variant of the registry
-(:mod:`qwen_onnx.settings.variants`) and the measured peers (:data:`qwen_onnx.report.rows.PEER_VARIANTS`). Any
+(:mod:`qwen_onnx.settings.variants`), the measured peers (:data:`qwen_onnx.report.rows.PEER_VARIANTS`) and
+the default OpenVINO rows (``int4-openvino``, ``int8-dynamic-openvino``). Any
 other name (a variant added to the registry later) gets a style from
 :data:`FALLBACK_COLOURS` x :data:`FALLBACK_MARKERS` chosen by a hash of its name, so it is stable
 from run to run and never equal to a fixed one (:func:`variant_styles`). No matplotlib here: the
@@ -44,6 +45,10 @@ STYLES: dict[str, Style] = {
     "llama.cpp": Style("#8c564b", "X"),
     "genai-builder-int4": Style("#e377c2", "h"),
     "genai-builder-int4-ort": Style("#bcbd22", "p"),
+    "openvino-int4": Style("#8ca252", "H"),  # tab20b's olive
+    # our variants run by OpenVINO: their variant's colour, the hexagon and octagon markers
+    "int4-openvino": Style("#2ca02c", "H"),
+    "int8-dynamic-openvino": Style("#ff7f0e", "8"),
 }
 
 #: Colours for names outside :data:`STYLES` (tab10's grey and tab20b's dark shades: none in STYLES).

@@ -30,7 +30,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Container, Mapping, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -89,6 +89,45 @@ class KVLayout:
 
 
 LOOPS = ("bound", "unbound")
+
+
+def empty_cache(kv: KVLayout, batch: int) -> dict[str, np.ndarray]:
+    """Zero-length KV cache for ``batch`` sequences: each [batch, kv_heads, 0, head_dim]."""
+    shape = (batch, kv.kv_heads, 0, kv.head_dim)
+    return {name: np.zeros(shape, dtype=kv.dtype) for name in kv.names}
+
+
+def decoder_feeds(
+    inputs: Container[str],
+    kv: KVLayout,
+    input_ids: np.ndarray,
+    attention_mask: np.ndarray | None = None,
+    past: dict[str, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """The feeds of one forward pass of a decoder graph whose inputs are named ``inputs``.
+
+    Args:
+        input_ids: int64 [batch, sequence].
+        attention_mask: int64 [batch, past + sequence]; default all ones.
+        past: the cache keyed ``past_key_values.{i}.key`` / ``.value``, each [batch, kv_heads, past,
+            head_dim]; default empty (:func:`empty_cache`).
+
+    Returns:
+        ``input_ids``, ``attention_mask``, ``position_ids`` (int64 [batch, sequence], from the mask)
+        and the cache, each only when the graph declares it.
+    """
+    input_ids = np.asarray(input_ids, dtype=np.int64)
+    batch, sequence = input_ids.shape
+    past = past if past is not None else empty_cache(kv, batch)
+    past_length = next(iter(past.values())).shape[2] if past else 0
+    if attention_mask is None:
+        attention_mask = np.ones((batch, past_length + sequence), dtype=np.int64)
+    attention_mask = np.asarray(attention_mask, dtype=np.int64)
+    feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if "position_ids" in inputs:
+        feeds["position_ids"] = position_ids_from_mask(attention_mask, sequence)
+    feeds.update(past)
+    return {k: v for k, v in feeds.items() if k in inputs}
 
 
 def uses_group_query_attention(path: str | os.PathLike) -> bool:
@@ -348,8 +387,7 @@ class OnnxCausalLM:
 
     def empty_past(self, batch: int) -> dict[str, np.ndarray]:
         """Zero-length KV cache for ``batch`` sequences: each [batch, kv_heads, 0, head_dim]."""
-        shape = (batch, self.kv.kv_heads, 0, self.kv.head_dim)
-        return {name: np.zeros(shape, dtype=self.kv.dtype) for name in self.kv.names}
+        return empty_cache(self.kv, batch)
 
     def feeds(
         self,
@@ -362,18 +400,7 @@ class OnnxCausalLM:
         ``attention_mask`` int64 [batch, past + sequence] defaults to all ones; ``past`` defaults
         to an empty cache. Only inputs that the graph declares are fed.
         """
-        input_ids = np.asarray(input_ids, dtype=np.int64)
-        batch, sequence = input_ids.shape
-        past = past if past is not None else self.empty_past(batch)
-        past_length = next(iter(past.values())).shape[2] if past else 0
-        if attention_mask is None:
-            attention_mask = np.ones((batch, past_length + sequence), dtype=np.int64)
-        attention_mask = np.asarray(attention_mask, dtype=np.int64)
-        feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if "position_ids" in self.inputs:
-            feeds["position_ids"] = position_ids_from_mask(attention_mask, sequence)
-        feeds.update(past)
-        return {k: v for k, v in feeds.items() if k in self.inputs}
+        return decoder_feeds(self.inputs, self.kv, input_ids, attention_mask, past)
 
     def forward(
         self,
