@@ -29,10 +29,10 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Container, Mapping, Sequence
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from qwen_onnx.errors import QwenOnnxError
@@ -133,8 +133,6 @@ def decoder_feeds(
 def uses_group_query_attention(path: str | os.PathLike) -> bool:
     """Whether the ONNX file at ``path`` computes attention with ``com.microsoft.GroupQueryAttention``
     (the graph is read without its external data)."""
-    import onnx
-
     graph = onnx.load(str(path), load_external_data=False).graph
     return any(node.op_type == "GroupQueryAttention" for node in graph.node)
 
@@ -499,8 +497,3 @@ class OnnxCausalLM:
             generated.append(token)
             mask = np.ones((1, mask.shape[1] + 1), dtype=np.int64)
         return np.array(generated, dtype=np.int64), prefill
-
-
-def end_profiling(model: OnnxCausalLM) -> Path:
-    """Stop ONNX Runtime profiling and return the JSON trace path."""
-    return Path(model.session.end_profiling())
