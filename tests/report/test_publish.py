@@ -15,7 +15,7 @@ ROWS = [
     {"model": "m", "variant": "pytorch", "gate": "reference", "ppl_delta_pct": 0.0, "kl_mean": 0.0, "top1_pct": 100.0,
      "bytes_on_disk": 2520702368, "decode_tok_s": 6.359, "ttft_ms": 1353.6, "timing_load": "idle"},
     {"model": "m", "variant": "int4", "gate": "PASS", "ppl_delta_pct": 0.7412, "kl_mean": 0.020123, "top1_pct": 91.83,
-     "bytes_on_disk": 532200000, "decode_tok_s": 32.68, "ttft_ms": 1212.4, "timing_load": "idle"},
+     "task_problems": 16, "pass_at_1_pct": 43.75, "bytes_on_disk": 532200000, "decode_tok_s": 32.68, "ttft_ms": 1212.4, "timing_load": "idle"},
     {"model": "m", "variant": "llama.cpp", "gate": None, "ppl_delta_pct": None, "kl_mean": None, "top1_pct": None,
      "bytes_on_disk": 491000000, "decode_tok_s": 37.1, "ttft_ms": 800.0, "timing_load": "idle"},
 ]
@@ -40,9 +40,10 @@ def test_publish_writes_the_readme_block_and_the_page_from_the_run(run, tmp_path
     assert "stale figures" not in text
     assert f"Measured {done['date']} at commit abc1234 on AMD EPYC, AVX2 (2 cores, 23.5 GiB)" in text
     assert "[docs/measurements/p.md](docs/measurements/p.md)" in text
-    assert "| int4 | PASS | +0.74 | 0.0201 | 91.8 | 532 | 32.7 | 1212 | idle |" in text
-    assert "| pytorch | reference | +0.00 | 0 | 100.0 | 2521 | 6.4 | 1354 | idle |" in text
-    assert "| llama.cpp | peer | – | – | – | 491 | 37.1 | 800 | idle |" in text
+    assert "pass@1: HumanEval, 16 problems, greedy" in text
+    assert "| int4 | PASS | +0.74 | 0.0201 | 91.8 | 43.8 | 532 | 32.7 | 1212 | idle |" in text
+    assert "| pytorch | reference | +0.00 | 0 | 100.0 | – | 2521 | 6.4 | 1354 | idle |" in text
+    assert "| llama.cpp | peer | – | – | – | – | 491 | 37.1 | 800 | idle |" in text
     page = (tmp_path / "docs" / "measurements" / "p.md").read_text()
     assert page.startswith(f"# Measured {done['date']} on AMD EPYC, AVX2 (2 cores, 23.5 GiB)\n")
     assert "at commit abc1234" in page and page.endswith("## Which variant to ship\n\nint4\n")
@@ -70,7 +71,7 @@ def test_publish_writes_the_index_block_too_and_checks_every_block_before_writin
     publish(run, readme=readme, index=index, page=tmp_path / "docs" / "measurements" / "p.md", commit="abc1234")
     assert "[measurements/p.md](measurements/p.md)" in index.read_text()
     assert "[docs/measurements/p.md](docs/measurements/p.md)" in readme.read_text()
-    assert "| int4 | PASS | +0.74 | 0.0201 | 91.8 | 532 | 32.7 | 1212 | idle |" in index.read_text()
+    assert "| int4 | PASS | +0.74 | 0.0201 | 91.8 | 43.8 | 532 | 32.7 | 1212 | idle |" in index.read_text()
 
 
 def test_the_readme_and_the_index_have_the_block():

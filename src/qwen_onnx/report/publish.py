@@ -6,7 +6,7 @@
 - a measurement page (``docs/measurements/DATE-CPU.md``): where, when and at which commit the run
   ran, then the run's ``report.md`` as it is;
 - the README's measured tables, one per model, between :data:`BEGIN` and :data:`END`: variant,
-  gate, perplexity change, KL divergence, top-1 agreement, size, decode tokens/s, time to first token,
+  gate, perplexity change, KL divergence, top-1 agreement, HumanEval pass@1, size, decode tokens/s, time to first token,
   and whether the timing round was idle, with a line naming the commit, date, CPU and ISA.
 
 Nothing in the README between the markers is written by hand; a run that lacks a file is refused.
@@ -34,6 +34,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("perplexity Δ (%)", "ppl_delta_pct", "{:+.2f}"),
     ("KL (nats)", "kl_mean", "{:.3g}"),
     ("top-1 (%)", "top1_pct", "{:.1f}"),
+    ("pass@1 (%)", "pass_at_1_pct", "{:.1f}"),
     ("size (MB)", "bytes_on_disk", "{:.0f}"),
     ("decode (tok/s)", "decode_tok_s", "{:.1f}"),
     ("TTFT (ms)", "ttft_ms", "{:.0f}"),
@@ -100,7 +101,12 @@ def measured_tables(rows: Sequence[dict[str, Any]], machine: dict[str, Any], com
     """
     lines = [f"Measured {date} at commit {commit} on {machine_line(machine)} by the main command; the whole "
              f"report: [{page}]({page}). Timing: `idle` when every round of the model's sitting ran with the "
-             "machine otherwise idle, else how many rounds were measured beside other load.", ""]
+             "machine otherwise idle, else how many rounds were measured beside other load."]
+    problems = sorted({r["task_problems"] for r in rows if r.get("task_problems")})
+    if problems:
+        lines[0] += (f" pass@1: HumanEval, {' or '.join(map(str, problems))} problems, greedy, sandboxed "
+                     "([docs/evaluation.md](docs/evaluation.md)); – where the task stage did not run.")
+    lines.append("")
     for model in dict.fromkeys(r["model"] for r in rows):
         lines += [f"**{model}**", "", "| " + " | ".join(h for h, _, _ in COLUMNS) + " |",
                   "|" + "---|" * len(COLUMNS)]
