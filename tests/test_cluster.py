@@ -190,7 +190,7 @@ def test_slurm_profile_resources_apply_to_every_job(tmp_path, tiny_qwen2, texts,
     assert set(resources) == {"resolve", "export", "preprocess", "sensitivity", "quantize_dynamic", "quantize_static", "quantize_mixed",
                               "quantize_int4", "float16", "optimize", "inspect", "diff", "reference", "accuracy", "profile",
                               "latency_row", "latency_row_pytorch", "genai_builder", "openvino_export", "sitting",
-                              "accuracy_peer", "machine",
+                              "accuracy_peer", "task_accuracy", "machine",
                               "report", "all"}
     for rule, res in resources.items():
         assert res["slurm_partition"] == "cpu" and res["slurm_account"] == "my-account", rule
