@@ -120,3 +120,19 @@ def test_the_row_says_why_it_was_not_timed(pipeline, texts, reference, tmp_path,
         assert skipped == f"no OpenVINO IR: {failed['error']}"
     (row,) = run_peers(pipeline["hf"], [], texts["evaluation"], openvino_ir_dir=tmp_path / "x", **kwargs)["rows"]
     assert row["skipped"] == f"no OpenVINO IR at {tmp_path / 'x'}: the openvino_export stage writes it"
+
+
+def test_the_export_environment_is_found_in_the_project_before_beside_the_running_one(tmp_path, monkeypatch):
+    """.venv may be a symbolic link to another checkout's environment (sys.prefix is then resolved): the
+    workflow's own folder is looked at first, and the variable overrides both."""
+    import sys
+
+    monkeypatch.delenv(PYTHON_VARIABLE, raising=False)
+    beside = openvino_python(tmp_path)
+    assert beside == openvino_python() and beside.parent.parent.parent.samefile(sys.prefix + "/..")
+    python = tmp_path / ".venv-openvino" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("")
+    assert openvino_python(tmp_path) == python
+    monkeypatch.setenv(PYTHON_VARIABLE, "/opt/ov/bin/python")
+    assert openvino_python(tmp_path) == openvino_python() == type(python)("/opt/ov/bin/python")

@@ -75,7 +75,7 @@ rule openvino_export:
         mem_mb=get_mem_mb("openvino_export"),
         runtime=get_runtime("openvino_export"),
     params:
-        python=str(qwen_onnx.convert.openvino_export.openvino_python()),
+        python=str(qwen_onnx.convert.openvino_export.openvino_python(workflow.basedir)),
         version=VERSION,
     script:
         "../scripts/openvino_export.py"

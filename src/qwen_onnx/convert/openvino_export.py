@@ -38,11 +38,15 @@ PYTHON_VARIABLE = "QWEN_ONNX_OPENVINO_PYTHON"
 EXPORT_PACKAGES = ("optimum-intel", "optimum", "nncf", "openvino", "openvino-tokenizers", "transformers", "torch")
 
 
-def openvino_python() -> Path:
-    """The interpreter of the OpenVINO export environment: ``$QWEN_ONNX_OPENVINO_PYTHON``, else
-    ``.venv-openvino/bin/python`` beside the running environment (``envs/setup.sh --peers`` makes both)."""
+def openvino_python(project: str | os.PathLike | None = None) -> Path:
+    """The interpreter of the OpenVINO export environment, the first of: ``$QWEN_ONNX_OPENVINO_PYTHON``;
+    ``project/.venv-openvino/bin/python`` when it exists (the workflow passes its own folder, where
+    ``envs/setup.sh --peers`` makes it); ``.venv-openvino/bin/python`` beside the running environment
+    (``sys.prefix``, which is the resolved path when ``.venv`` is a symbolic link)."""
     if os.environ.get(PYTHON_VARIABLE):
         return Path(os.environ[PYTHON_VARIABLE])
+    if project is not None and (Path(project) / ".venv-openvino" / "bin" / "python").is_file():
+        return Path(project) / ".venv-openvino" / "bin" / "python"
     return Path(sys.prefix).parent / ".venv-openvino" / "bin" / "python"
 
 
