@@ -372,15 +372,12 @@ ACCURACY_PEER_WILDCARD = "|".join(
 
 def get_openvino_variants(model):
     """Our variants the model's timing sitting also runs with OpenVINO (`peers.openvino_variants`):
-    the built ONNX ones, when the peers are enabled."""
+    the built ONNX ones, in the order listed, when the peers are enabled."""
     peers = get_settings(model, "peers")
     if not peers["enabled"]:
         return []
-    return [
-        v
-        for v in get_model_variants(model)
-        if v in peers["openvino_variants"] and v in ONNX_VARIANTS
-    ]
+    built = get_model_variants(model)
+    return [v for v in peers["openvino_variants"] if v in built and v in ONNX_VARIANTS]
 
 
 def get_peers_openvino_dirs(wildcards):
