@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.store.artifacts import read_json, write_json
+from qwen_onnx.store.artifacts import reusable_record, write_json
 from qwen_onnx.store.provenance import package_version
 from qwen_onnx.store.staging import staged_dir
 
@@ -58,17 +58,11 @@ def build_genai_int4(hf_dir: str | os.PathLike, output_dir: str | os.PathLike, *
         "onnxruntime_genai": package_version("onnxruntime-genai"),
         "hf": [{"name": p.name, "bytes": p.stat().st_size, "mtime": int(p.stat().st_mtime)} for p in weights],
     }
-    record_path = output_dir / "builder.json"
-    if record_path.is_file():
-        record = read_json(record_path)
-        if {k: record.get(k) for k in stamp} == stamp:
-            if "error" in record:
-                if keep_failure:
-                    return record
-                raise QwenOnnxError(record["error"])
-            if (output_dir / "model.onnx").is_file():
-                log.info("reusing the genai builder's INT4 graph in %s", output_dir)
-                return record
+    record = reusable_record(output_dir / "builder.json", stamp, output_dir / "model.onnx", keep_failure)
+    if record is not None:
+        if "error" not in record:
+            log.info("reusing the genai builder's INT4 graph in %s", output_dir)
+        return record
     started = time.time()
     with staged_dir(output_dir) as stage, tempfile.TemporaryDirectory(prefix="qwen-onnx-builder-") as cache:
         command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir.resolve()), "-o",

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.store.artifacts import read_json, write_json
+from qwen_onnx.store.artifacts import reusable_record, write_json
 from qwen_onnx.store.staging import staged_dir
 
 log = logging.getLogger(__name__)
@@ -101,17 +101,12 @@ def export_openvino_int4(hf_dir: str | os.PathLike, output_dir: str | os.PathLik
             stamp["versions"] = _versions(python)
         except QwenOnnxError as exc:
             error = str(exc)
-    record_path = output_dir / "export.json"
-    if error is None and record_path.is_file():
-        record = read_json(record_path)
-        if {k: record.get(k) for k in stamp} == stamp:
-            if "error" in record:
-                if keep_failure:
-                    return record
-                raise QwenOnnxError(record["error"])
-            if (output_dir / "openvino_model.xml").is_file():
+    if error is None:
+        record = reusable_record(output_dir / "export.json", stamp, output_dir / "openvino_model.xml", keep_failure)
+        if record is not None:
+            if "error" not in record:
                 log.info("reusing optimum-intel's INT4 OpenVINO IR in %s", output_dir)
-                return record
+            return record
     if error is not None and not keep_failure:
         raise QwenOnnxError(error)
     started = time.time()

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import onnx
 
-from qwen_onnx.errors import ArtifactError
+from qwen_onnx.errors import ArtifactError, QwenOnnxError
 from qwen_onnx.store.manifest import verify_manifest
 from qwen_onnx.store.staging import disk_full_error, fault_point, is_disk_full, owner_tag
 
@@ -232,3 +232,24 @@ def read_json(path: str | os.PathLike) -> dict:
         return json.load(f)
 
 
+
+
+def reusable_record(record_path: str | os.PathLike, stamp: dict, model_file: str | os.PathLike,
+                    keep_failure: bool) -> dict | None:
+    """The record at ``record_path`` of a cached build (a peer's graph or IR) when its ``stamp`` keys match
+    and its ``model_file`` exists, else None. A matching record of a failed build is returned when
+    ``keep_failure`` is set.
+
+    Raises:
+        QwenOnnxError: a matching record of a failed build, ``keep_failure`` not set (its ``error``).
+    """
+    if not Path(record_path).is_file():
+        return None
+    record = read_json(record_path)
+    if {k: record.get(k) for k in stamp} != stamp:
+        return None
+    if "error" in record:
+        if keep_failure:
+            return record
+        raise QwenOnnxError(record["error"])
+    return record if Path(model_file).is_file() else None
