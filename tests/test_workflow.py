@@ -210,7 +210,7 @@ def test_full_run_writes_every_artifact(finished_run):
                                       "quantize_dynamic", "quantize_static", "quantize_int4", "latency_row.pytorch", "sitting")}
     expected |= {("tiny", f"{rule}.{v}") for v in VARIANTS for rule in ("inspect", "accuracy", "latency_row")}
     expected |= {("tiny", f"profile.{v}") for v in VARIANTS if v != "tflite"}
-    expected |= {("tiny", f"task_accuracy.{v}") for v in ("fp32", "int8-dynamic", "int8-static", "int4", "fp16", "tflite")}
+    expected |= {("tiny", f"task_accuracy.{v}") for v in ("fp32", "int8-dynamic", "int8-static", "int4", "tflite")}
     expected |= {("tiny", f"diff.{v}") for v in DIFFED} | {("", "machine"), ("tiny", "tflite")}
     assert expected <= set(pipeline)
     assert all(float(r["wall_s"]) > 0 and float(r["peak_rss_mib"]) > 50 for r in pipeline.values())

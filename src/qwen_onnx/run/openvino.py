@@ -38,12 +38,19 @@ import logging
 import os
 import time
 from collections import Counter
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from qwen_onnx.errors import OptionError, RunnerError
-from qwen_onnx.run.runtime import LOOPS, KVLayout, decoder_feeds, empty_cache, uses_group_query_attention
+from qwen_onnx.run.greedy import unbound_greedy
+from qwen_onnx.run.runtime import (
+    LOOPS,
+    KVLayout,
+    decoder_feeds,
+    empty_cache,
+    uses_group_query_attention,
+)
 from qwen_onnx.store.artifacts import model_path
 
 log = logging.getLogger(__name__)
@@ -239,9 +246,11 @@ class OpenVinoCausalLM:
 
     def generate(self, prompt_ids: np.ndarray, max_new_tokens: int, *, eos_ids: Sequence[int] = (),
                  timings: list[float] | None = None, loop: str = "bound",
-                 step_logits: list[np.ndarray] | None = None) -> tuple[np.ndarray, float]:
+                 step_logits: list[np.ndarray] | None = None,
+                 stop: Callable[[list[int]], bool] | None = None) -> tuple[np.ndarray, float]:
         """Greedy generation of up to ``max_new_tokens`` after ``prompt_ids`` int64 [prompt], stopping
-        after one of ``eos_ids`` (kept in the output). ``loop`` is accepted for the interface of
+        after one of ``eos_ids`` (kept in the output) or when ``stop(ids so far)`` is True
+        (:func:`qwen_onnx.run.greedy.unbound_greedy`). ``loop`` is accepted for the interface of
         :class:`~qwen_onnx.run.runtime.OnnxCausalLM` (one loop here: the cache fed back as arrays).
 
         Args:
@@ -257,26 +266,5 @@ class OpenVinoCausalLM:
         """
         if loop not in LOOPS:
             raise ValueError(f"loop must be one of {LOOPS}, got {loop!r}")
-        stop = set(int(i) for i in eos_ids)
-        prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(1, -1)
-        started = time.perf_counter()
-        logits, past = self.forward(prompt)
-        token = int(logits[0, -1].argmax())
-        prefill = time.perf_counter() - started
-        if step_logits is not None:
-            step_logits.append(logits[0, -1].astype(np.float32))
-        generated = [token]
-        length = prompt.shape[1]
-        step_ids = np.zeros((1, 1), dtype=np.int64)
-        while len(generated) < max_new_tokens and token not in stop:
-            step = time.perf_counter()
-            step_ids[0, 0] = token
-            length += 1
-            logits, past = self.forward(step_ids, np.ones((1, length), dtype=np.int64), past)
-            token = int(logits[0, -1].argmax())
-            if timings is not None:
-                timings.append(time.perf_counter() - step)
-            if step_logits is not None:
-                step_logits.append(logits[0, -1].astype(np.float32))
-            generated.append(token)
-        return np.array(generated, dtype=np.int64), prefill
+        return unbound_greedy(self.forward, prompt_ids, max_new_tokens, eos_ids=eos_ids, timings=timings,
+                              step_logits=step_logits, stop=stop)

@@ -36,6 +36,7 @@ import onnx
 import onnxruntime as ort
 
 from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.run.greedy import unbound_greedy
 from qwen_onnx.run.session import resolve_settings, session_options
 from qwen_onnx.store.artifacts import model_path
 
@@ -476,24 +477,5 @@ class OnnxCausalLM:
         if loop == "bound":
             return self.decoder.generate(prompt_ids, max_new_tokens, eos_ids=eos_ids, timings=timings,
                                          step_logits=step_logits, stop=stop)
-        eos = set(int(i) for i in eos_ids)
-        prompt_ids = np.asarray(prompt_ids, dtype=np.int64).reshape(1, -1)
-        started = time.perf_counter()
-        logits, past = self.forward(prompt_ids)
-        token = int(logits[0, -1].argmax())
-        prefill = time.perf_counter() - started
-        if step_logits is not None:
-            step_logits.append(logits[0, -1].astype(np.float32))
-        generated = [token]
-        mask = np.ones((1, prompt_ids.shape[1] + 1), dtype=np.int64)
-        while len(generated) < max_new_tokens and token not in eos and not (stop is not None and stop(generated)):
-            step = time.perf_counter()
-            logits, past = self.forward(np.array([[token]], dtype=np.int64), mask, past)
-            token = int(logits[0, -1].argmax())
-            if timings is not None:
-                timings.append(time.perf_counter() - step)
-            if step_logits is not None:
-                step_logits.append(logits[0, -1].astype(np.float32))
-            generated.append(token)
-            mask = np.ones((1, mask.shape[1] + 1), dtype=np.int64)
-        return np.array(generated, dtype=np.int64), prefill
+        return unbound_greedy(self.forward, prompt_ids, max_new_tokens, eos_ids=eos_ids, timings=timings,
+                              step_logits=step_logits, stop=stop)

@@ -87,7 +87,7 @@ TASK_ACCURACY: Mapping[str, Any] = MappingProxyType({
     "max_new_tokens": 384,
     "timeout_s": 10,
     "memory_mb": 1024,
-    "variants": ("fp32", "int8-dynamic", "int8-static", "int4", "fp16", "tflite"),
+    "variants": ("fp32", "int8-dynamic", "int8-static", "int4", "tflite"),
     "peers": (),
 })
 #: Problems in HumanEval (Chen et al. 2021; :mod:`qwen_onnx.measure.humaneval`).
