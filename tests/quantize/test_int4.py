@@ -245,15 +245,18 @@ def test_k_quant_int_fits_integer_zero_points_better_than_onnxruntimes_k_quant()
     assert np.isfinite(scale).all() and (scale * (q - zp) == 0).all()
 
 
-@pytest.mark.parametrize("threads", [2, 3])
-def test_k_quant_int_block_search_is_the_same_on_any_thread_count(threads):
-    """The blocks are searched in row chunks on threads; each block's search is independent."""
+@pytest.mark.parametrize("threads, chunk", [(2, 100), (3, 100), (2, 8192)])
+def test_k_quant_int_block_search_is_the_same_on_any_thread_count_and_chunk(threads, chunk, monkeypatch):
+    """The blocks are searched in row chunks on threads; each block's search is independent, so neither
+    the thread count nor the chunk length (100 blocks: 8 chunks, the last one short) changes a bit."""
+    from qwen_onnx.quantize import kquant
     from qwen_onnx.quantize.kquant import quantize_blocks
 
     rng = np.random.default_rng(2)
     weight = (rng.laplace(size=(96, 256)) * 0.02).astype(np.float32)
     importance = rng.gamma(1.0, size=256).astype(np.float32)
-    one = quantize_blocks(weight, 4, 32, importance)
+    one = quantize_blocks(weight, 4, 32, importance)  # one chunk of all 768 blocks, one thread
+    monkeypatch.setattr(kquant, "CHUNK_BLOCKS", chunk)
     many = quantize_blocks(weight, 4, 32, importance, threads=threads)
     assert [a.shape for a in many] == [(768, 32), (768, 1), (768, 1)]
     for a, b in zip(one, many):
