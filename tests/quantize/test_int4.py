@@ -63,8 +63,8 @@ def test_int4_untied_nodes_bits_embedding_and_logits(pipeline, tmp_path):
     weights = weight_matmul_names(source / "model.onnx")
     head = find_lm_head(_graph(source)).name
     assert len(weights) == MATMULS and head in weights
-    settings = Int4Settings(algorithm="default", block_size=16, block_size_8bit=16, embedding_block_size=16,
-                            embedding_bits=8, embedding_symmetric=True)
+    settings = Int4Settings(algorithm="default", block_size=16, eight_bit_roles=(), block_size_8bit=16,
+                            embedding_block_size=16, embedding_bits=8, embedding_symmetric=True)
     info = quantize_int4_variant(source, tmp_path / "int4", settings)
     graph = _graph(tmp_path / "int4")
     assert not weight_matmul_names(tmp_path / "int4" / "model.onnx")  # every weight MatMul converted
@@ -94,6 +94,31 @@ def test_int4_untied_nodes_bits_embedding_and_logits(pipeline, tmp_path):
     _close_to_fp32(tmp_path / "int4", source, max_rel_mean=0.45, min_corr=0.85)
 
 
+@pytest.mark.parametrize("graph_kind, attention", [("preprocessed", {"q_proj", "k_proj", "v_proj", "o_proj"}),
+                                                    ("optimized", {"qkv_proj", "o_proj"})])
+def test_int4_default_keeps_the_attention_projections_8_bit(pipeline, tmp_path, graph_kind, attention):
+    """The default recipe: attention projections and lm_head 8-bit at block_size_8bit, the MLP 4-bit at
+    block_size (32), on the exporter's graph (q, k, v, o) and the fused one (packed qkv)."""
+    from qwen_onnx.quantize.matmuls import node_role
+
+    source = pipeline[graph_kind]
+    info = quantize_int4_variant(source, tmp_path / "int4", Int4Settings(algorithm="default", embedding="float"))
+    roles = {n: node_role(n)[1] for n in weight_matmul_names(source / "model.onnx")}
+    nbits = {n.name.removesuffix("_Q8").removesuffix("_Q4"): _attrs(n) for n in _graph(tmp_path / "int4").node
+             if n.op_type == "MatMulNBits"}
+    assert set(nbits) == set(roles)
+    by_role = {(roles[n], a["bits"], a["block_size"]) for n, a in nbits.items()}
+    assert by_role == {*((r, 8, 64) for r in attention), ("lm_head", 8, 64),  # block_size_8bit fitted to hidden 64
+                       ("gate_proj", 4, 32), ("up_proj", 4, 32), ("down_proj", 4, 32)}
+    assert sorted(info["nodes_8bit"]) == sorted(n for n, r in roles.items() if r in attention | {"lm_head"})
+    assert list(info["settings"]["eight_bit_roles"]) == ["qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+def test_int4_eight_bit_roles_are_checked():
+    with pytest.raises(QwenOnnxError, match="eight_bit_roles names attn_proj, lm_head; give roles among qkv_proj"):
+        Int4Settings(eight_bit_roles=("attn_proj", "lm_head")).check()
+
+
 def test_int4_tied_shares_the_lm_head_weight(tied_preprocessed, tmp_path):
     assert embedding_tied(tied_preprocessed)
     settings = Int4Settings(algorithm="k_quant", block_size=16, embedding_block_size=16, lm_head_bits=4)
@@ -120,7 +145,7 @@ def test_int4_sensitive_matmuls_at_8_bits(pipeline, tmp_path):
     names = [n for n in weight_matmul_names(source / "model.onnx") if "down_proj" in n]
     report = {"nodes": [{"name": n, "role": "down_proj", "layer": i, "sqnr_dynamic_db": 10.0 + i}
                         for i, n in enumerate(names)], "rank_dynamic": names}
-    settings = Int4Settings(algorithm="default", block_size=32, lm_head_bits=4, sensitive_max_nodes=1)
+    settings = Int4Settings(algorithm="default", block_size=32, eight_bit_roles=(), lm_head_bits=4, sensitive_max_nodes=1)
     info = quantize_int4_variant(source, tmp_path / "int4", settings, sensitivity=report)
     bits = {n.name: _attrs(n)["bits"] for n in _graph(tmp_path / "int4").node if n.op_type == "MatMulNBits"}
     assert info["nodes_8bit"] == [names[0]]
@@ -193,7 +218,7 @@ def test_int4_keeps_the_weights_a_gguf_mix_stored_wider_at_8_bits(tiny_qwen2, tm
     assert recorded["model.layers.1.self_attn.o_proj.weight"] == "F32"
     export_onnx(tmp_path / "hf", tmp_path / "fp32", opset=17)
     preprocess(tmp_path / "fp32", tmp_path / "preprocessed")
-    settings = Int4Settings(source_bits=6, lm_head_bits=4, embedding="float")
+    settings = Int4Settings(source_bits=6, eight_bit_roles=(), lm_head_bits=4, embedding="float")
     done = quantize_int4_variant(tmp_path / "preprocessed", tmp_path / "int4", settings,
                                  source_info=tmp_path / "hf" / "source.json")
     picked = {(n["layer"], n["role"]): n["source_types"] for n in done["source_precise_nodes"]}
@@ -269,7 +294,7 @@ def test_k_quant_int_variant_runs_in_onnxruntime(pipeline, texts, tmp_path, impo
     zero points and no float weight left, logits close to fp32, with and without importance."""
     from qwen_onnx.quantize.kquant import quantize_blocks
 
-    settings = Int4Settings(algorithm="k_quant_int", embedding="float", sensitive_max_nodes=0,
+    settings = Int4Settings(algorithm="k_quant_int", eight_bit_roles=(), embedding="float", sensitive_max_nodes=0,
                             importance_samples=importance_samples, calibration_sequence_length=32)
     quantize_int4_variant(pipeline["preprocessed"], tmp_path / "int4", settings, calibration_text=texts["calibration"])
     graph = _graph(tmp_path / "int4")

@@ -60,7 +60,7 @@ def run_int4(a):
     from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
 
     settings = Int4Settings(
-        algorithm=a.algorithm, block_size=a.block_size, block_size_8bit=a.block_size_8bit,
+        algorithm=a.algorithm, block_size=a.block_size, eight_bit_roles=a.eight_bit_roles, block_size_8bit=a.block_size_8bit,
         embedding_block_size=a.embedding_block_size, accuracy_level=a.accuracy_level, symmetric=a.symmetric,
         lm_head_bits=a.lm_head_bits, embedding=a.embedding, embedding_bits=a.embedding_bits,
         embedding_symmetric=a.embedding_symmetric, sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,

@@ -150,9 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--algorithm", choices=["default", "rtn", "k_quant", "k_quant_int", "hqq", "gptq"],
                    default="k_quant_int",
                    help="onnxruntime MatMulNBitsQuantizer algorithm (docs/int4.md)")
-    p.add_argument("--block-size", type=int, default=16, help="inputs per scale, a power of 2 from 16 to 256")
+    p.add_argument("--block-size", type=int, default=32, help="inputs per scale of the 4-bit MatMuls, a power of 2 from 16 to 256")
+    p.add_argument("--eight-bit-roles", nargs="*", default=["qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj"],
+                   metavar="ROLE", help="MatMul roles kept 8-bit (default: the attention projections %(default)s; "
+                                        "none given: every role 4-bit)")
     p.add_argument("--block-size-8bit", type=int, default=128,
-                   help="inputs per scale of the 8-bit MatMuls (lm_head, sensitive, source-precise)")
+                   help="inputs per scale of the 8-bit MatMuls (lm_head, eight-bit roles, sensitive, source-precise)")
     p.add_argument("--embedding-block-size", type=int, default=32, help="inputs per scale of an own embedding table")
     p.add_argument("--accuracy-level", type=int, default=4, help="MatMulNBits accuracy_level (4: INT8 activations)")
     p.add_argument("--symmetric", action=argparse.BooleanOptionalAction, default=None,

@@ -65,7 +65,7 @@ from qwen_onnx.quantize.kquant import (
     kquant_int_pass,
     matmul_nbits_node,
 )
-from qwen_onnx.quantize.matmuls import weight_matmul_names, weight_matmuls
+from qwen_onnx.quantize.matmuls import ROLES, node_role, weight_matmul_names, weight_matmuls
 from qwen_onnx.quantize.source_precision import source_precise_nodes
 from qwen_onnx.settings.options import check_option
 from qwen_onnx.source.gguf_file import gguf_weight_types
@@ -107,10 +107,14 @@ class Int4Settings(SensitiveSettings):
         algorithm: one of :data:`ALGORITHMS` (module docstring); ``k_quant_int`` with importance
             measured best on Qwen2.5-Coder 0.5B, then ``k_quant`` (+2.65% perplexity against +4.1
             to +4.3% for round-to-nearest and HQQ; docs/int4.md).
-        block_size: inputs per scale, a power of 2 from 16 to 256. 16 by default: on the 0.5B (AMD
-            EPYC, AVX2) block 32 passed the gate on its edge (+2.67% perplexity, 90.0% top-1, KL
-            0.032 against PyTorch), block 16 with room (+0.74%, 91.8%, 0.020) for 8% more bytes
-            (532 against 491 MB; docs/isa.md); 128 measured +11% perplexity for 12% fewer bytes.
+        block_size: inputs per scale of the 4-bit MatMuls, a power of 2 from 16 to 256. 32 by default,
+            with the attention projections 8-bit (``eight_bit_roles``): onnxruntime's 4-bit kernel at
+            block 16 took longer per weight than the 8-bit one at block 128 (AVX-512 VNNI; ``python
+            -m lab.kernels``), and block 32 everywhere sat on the gate's edge (docs/int4.md).
+        eight_bit_roles: MatMul roles (:data:`qwen_onnx.quantize.matmuls.ROLES`) kept 8-bit at
+            ``block_size_8bit``: by default the attention projections (``qkv_proj``, ``q_proj``,
+            ``k_proj``, ``v_proj``, ``o_proj``), 12% of a Qwen2.5 layer's weights and the kind whose
+            4-bit error costs the most top-1 (docs/int4.md); ``()`` quantizes every role 4-bit.
         block_size_8bit: inputs per scale of the 8-bit MatMuls (lm_head, sensitive and source-precise
             ones), a power of 2 from 16 to 256; 128 stores a quarter of block 32's float32 scales.
         embedding_block_size: inputs per scale of an own embedding table (a tied table shares the
@@ -145,7 +149,8 @@ class Int4Settings(SensitiveSettings):
         search_windows: calibration windows (after the importance ones) that score each candidate.
     """
     algorithm: str = "k_quant_int"
-    block_size: int = 16
+    block_size: int = 32
+    eight_bit_roles: tuple[str, ...] | list[str] = ("qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj")
     block_size_8bit: int = 128
     embedding_block_size: int = 32
     accuracy_level: int = 4
@@ -173,6 +178,10 @@ class Int4Settings(SensitiveSettings):
         check_option("embedding_block_size", self.embedding_block_size)
         check_option("importance_samples", self.importance_samples)
         check_option("search_windows", self.search_windows)
+        unknown = sorted(set(self.eight_bit_roles) - set(ROLES) | ({"lm_head"} & set(self.eight_bit_roles)))
+        if unknown:
+            raise QwenOnnxError(f"eight_bit_roles names {', '.join(unknown)}; give roles among "
+                                f"{', '.join(r for r in ROLES if r != 'lm_head')} (the lm_head has lm_head_bits)")
         if self.symmetric and self.algorithm in ("k_quant", "hqq"):
             raise QwenOnnxError(f"int4 algorithm {self.algorithm} stores a zero point per block and has no symmetric "
                                 "form; drop symmetric (or --symmetric), or use k_quant_int, rtn, default or gptq")
@@ -444,6 +453,7 @@ def quantize_int4_variant(
     layers, hidden = hf_config["num_hidden_layers"], hf_config["hidden_size"]
     precise = source_nodes(graph, settings.source_bits, source_info, layers, Path(output_dir).resolve().parent)
     eight += [n["name"] for n in precise]
+    eight += [n for n in weights if node_role(n)[1] in settings.eight_bit_roles]
     if settings.lm_head_bits == 8:
         eight.append(head.name)
     eight = [n for n in dict.fromkeys(eight) if n not in float_names]
