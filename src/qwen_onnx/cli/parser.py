@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MatMuls whose GGUF source weight held at least this many bits per weight stay 8-bit "
                         "(6: Q6_K, Q8_0); 0: off; needs --source-info")
     p.add_argument("--search", action="store_true",
-                   help="choose each MatMul's precision (8/128, 4/16, 4/32, 4/64) by search: the fewest weight bytes "
+                   help="choose each MatMul's precision (8/128, 4/32, 4/64) by search: the fewest weight bytes "
                         "per token that pass the default int4 gate with margin on the calibration text (k_quant_int)")
     p.add_argument("--search-windows", type=int, default=8,
                    help="calibration windows (after the importance ones) that score each search candidate")
