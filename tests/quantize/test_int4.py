@@ -112,6 +112,19 @@ def test_int4_default_keeps_the_attention_projections_8_bit(pipeline, tmp_path, 
                        ("gate_proj", 4, 32), ("up_proj", 4, 32), ("down_proj", 4, 32)}
     assert sorted(info["nodes_8bit"]) == sorted(n for n, r in roles.items() if r in attention | {"lm_head"})
     assert list(info["settings"]["eight_bit_roles"]) == ["qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj"]
+    # the inspection counts the options per layer kind (2 layers), and the report prints them
+    import json
+
+    from qwen_onnx.measure.inspect_graph import inspect_variant
+    from qwen_onnx.report.rows import precision_lines
+
+    inspected, _ = inspect_variant(tmp_path / "int4")
+    assert inspected["matmul_precision"] == {**{r: {"8/64": 2} for r in attention}, "lm_head": {"8/64": 1},
+                                             "gate_proj": {"4/32": 2}, "up_proj": {"4/32": 2}, "down_proj": {"4/32": 2}}
+    (tmp_path / "int4.inspect.json").write_text(json.dumps(inspected))
+    lines = precision_lines(["tiny"], ["int4"], {"inspect": [tmp_path / "int4.inspect.json"]})
+    assert "tiny/int4 gate_proj: 2 × 4/32" in lines and "tiny/int4 lm_head: 1 × 8/64" in lines
+    assert precision_lines(["tiny"], ["int8-dynamic"], {"inspect": [tmp_path / "int4.inspect.json"]}) == []
 
 
 def test_int4_eight_bit_roles_are_checked():

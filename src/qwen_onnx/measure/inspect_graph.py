@@ -18,6 +18,7 @@ from onnx import helper
 
 from qwen_onnx.errors import ArtifactError
 from qwen_onnx.measure.inspect_tflite import inspect_tflite, inspect_tflite_markdown
+from qwen_onnx.quantize.matmuls import node_role
 from qwen_onnx.run.tflite import is_tflite_folder
 from qwen_onnx.store.artifacts import (
     DATA_FILE,
@@ -76,14 +77,26 @@ def load_graph(path: str | os.PathLike) -> onnx.ModelProto:
     return onnx.load(str(path), load_external_data=False)
 
 
+def matmul_precision(graph: onnx.GraphProto) -> dict[str, dict[str, int]]:
+    """The ``MatMulNBits`` nodes per layer kind and option: ``{role: {"bits/block": count}}``, roles as
+    :func:`qwen_onnx.quantize.matmuls.node_role` names them from the node names (``qkv_proj``, ...,
+    ``lm_head``, ``other``), in graph order; empty for a graph without ``MatMulNBits``."""
+    out: dict[str, collections.Counter] = {}
+    for node in graph.node:
+        if node.op_type == "MatMulNBits":
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            out.setdefault(node_role(node.name)[1], collections.Counter())[f"{attrs['bits']}/{attrs['block_size']}"] += 1
+    return {role: dict(options) for role, options in out.items()}
+
+
 def inspect_model(path: str | os.PathLike) -> dict[str, Any]:
     """Summary of an ONNX model file.
 
     Returns:
         ``ir_version``, ``opsets`` (domain → version), ``inputs``/``outputs`` (name, dtype name,
         dims with symbolic names kept), ``nodes``, ``op_types`` (histogram, most common first),
-        ``quant_ops`` (histogram of quantization ops), ``initializers`` (count, bytes per dtype),
-        ``bytes_on_disk`` (graph plus external data).
+        ``quant_ops`` (histogram of quantization ops), ``matmul_precision`` (:func:`matmul_precision`),
+        ``initializers`` (count, bytes per dtype), ``bytes_on_disk`` (graph plus external data).
 
     Raises:
         ArtifactError: see :func:`load_graph`.
@@ -108,6 +121,7 @@ def inspect_model(path: str | os.PathLike) -> dict[str, Any]:
         "nodes": len(graph.node),
         "op_types": dict(ops.most_common()),
         "quant_ops": {k: v for k, v in ops.most_common() if k in QUANT_OPS},
+        "matmul_precision": matmul_precision(graph),
         "first_nodes": [_node_info(n) for n in graph.node[:5]],
         "last_nodes": [_node_info(n) for n in graph.node[-5:]],
         "initializers": {

@@ -195,7 +195,7 @@ def write_report(
     if graphs:
         md += ["## Graphs (inspection, and the change from fp32)", "", markdown_table(graphs, GRAPH_COLUMNS)]
     if precision:
-        md += ["## int4 precision, searched (bits/block per layer kind)", "", *[f"- {x}" for x in precision], ""]
+        md += ["## int4 precision (bits/block per layer kind)", "", *[f"- {x}" for x in precision], ""]
     if sensitivity:
         md += [f"## INT8 sensitivity per MatMul role ({SENSITIVITY_NOTE})", "",
                markdown_table(sensitivity, SENSITIVITY_COLUMNS)]
@@ -251,7 +251,7 @@ def write_report(
     if graphs:
         parts += ["<h2>Graphs (inspection, and the change from fp32)</h2>", html_table(graphs, GRAPH_COLUMNS, styles)]
     if precision:
-        parts += ["<h2>int4 precision, searched (bits/block per layer kind)</h2><ul>",
+        parts += ["<h2>int4 precision (bits/block per layer kind)</h2><ul>",
                   *[f"<li>{html.escape(x)}</li>" for x in precision], "</ul>"]
     if sensitivity:
         parts += [f"<h2>INT8 sensitivity per MatMul role</h2><p>{html.escape(SENSITIVITY_NOTE)}</p>",

@@ -424,13 +424,18 @@ def graph_rows(models: Sequence[str], variants: Sequence[str] | Mapping[str, Seq
 
 def precision_lines(models: Sequence[str], variants: Sequence[str] | Mapping[str, Sequence[str]],
                     files: Mapping[str, Sequence]) -> list[str]:
-    """One line per searched int4 variant and per layer kind: the options the precision search chose
-    (``quantize_int4.search``; :mod:`qwen_onnx.quantize.precision_search`), the weight bytes read per
+    """One line per int4 variant and per layer kind: its ``MatMulNBits`` options (bits/block, from the
+    inspection's ``matmul_precision``); for a searched one (``quantize_int4.search``;
+    :mod:`qwen_onnx.quantize.precision_search`) the options the search chose, the weight bytes read per
     token against all 8-bit, and the chosen map's figures on calibration text against the gate."""
     lines = []
     for (model, variant), path in zip(variant_keys(models, variants), files["inspect"]):
-        search = read_json(path).get("precision_search")
+        info = read_json(path)
+        search = info.get("precision_search")
         if not search:
+            if variant == "int4":
+                lines += [f"{model}/{variant} {role}: " + ", ".join(f"{n} × {k}" for k, n in options.items())
+                          for role, options in (info.get("matmul_precision") or {}).items()]
             continue
         chosen, gate = search.get("chosen") or {}, search["gate"]
         lines.append(f"{model}/{variant}: {search['weight_bytes_per_token'] / 1e6:.0f} MB of weights read per token "
