@@ -38,7 +38,7 @@ def test_publish_writes_the_readme_block_and_the_page_from_the_run(run, tmp_path
     text = readme.read_text()
     assert text.startswith("# x\n\nbefore\n" + BEGIN + "\n") and text.endswith(END + "\nafter\n")
     assert "stale figures" not in text
-    assert f"Measured {done['date']} at commit abc1234 on AMD EPYC, AVX2 (2 cores, 23.5 GiB)" in text
+    assert f"**m**: measured {done['date']} at commit abc1234 on AMD EPYC, AVX2 (2 cores, 23.5 GiB)" in text
     assert "[docs/measurements/p.md](docs/measurements/p.md)" in text
     assert "pass@1: HumanEval, 16 problems, greedy" in text
     assert "| int4 | PASS | +0.74 | 0.0201 | 91.8 | 43.8 | 532 | 32.7 | 1212 | idle |" in text
@@ -80,3 +80,25 @@ def test_the_readme_and_the_index_have_the_block():
     for document in ("README.md", "docs/measurements.md"):
         text = (Path(__file__).resolve().parents[2] / document).read_text()
         assert text.count(BEGIN) == 1 and text.index(BEGIN) < text.index(END), document
+
+
+def test_a_run_of_one_model_keeps_the_other_models_tables_with_their_provenance(run, tmp_path):
+    """The block of the older form (one provenance line for all models): the kept model's table gets that line."""
+    readme = tmp_path / "README.md"
+    old = (f"{BEGIN}\nMeasured 2026-12-01 at commit 0ld0000 on Xeon, AVX-512 (2 cores, 23.5 GiB) by the main command; "
+           "the whole report: [docs/measurements/old.md](docs/measurements/old.md). Timing: `idle` when ...\n\n"
+           "**big**\n\n| variant |\n|---|\n| int4 |\n\n**m**\n\n| variant |\n|---|\n| stale |\n"
+           f"{END}\n")
+    readme.write_text(old)
+    done = publish(run, readme=readme, page=tmp_path / "docs" / "measurements" / "p.md", commit="abc1234")
+    block = readme.read_text().split(BEGIN)[1].split(END)[0]
+    assert "| stale |" not in block and block.count("Timing: `idle`") == 1
+    big, m = block.index("**big**: measured 2026-12-01 at commit 0ld0000 on Xeon"), block.index("**m**: measured")
+    assert big < m  # each model keeps its place
+    assert "[docs/measurements/old.md](docs/measurements/old.md).\n\n| variant |\n|---|\n| int4 |" in block
+    assert f"**m**: measured {done['date']} at commit abc1234" in block
+    # a second run of m keeps big's section as it now is
+    publish(run, readme=readme, page=tmp_path / "docs" / "measurements" / "p2.md", commit="def5678")
+    block = readme.read_text().split(BEGIN)[1].split(END)[0]
+    assert block.count("**big**: measured 2026-12-01 at commit 0ld0000") == 1 and "commit def5678" in block
+    assert "abc1234" not in block

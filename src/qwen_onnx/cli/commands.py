@@ -120,7 +120,7 @@ def run_inspect(a):
 def run_publish(a):
     from qwen_onnx.report.publish import publish
 
-    done = publish(a.results, readme=a.readme, page=a.page, commit=a.commit, index=a.index)
+    done = publish(a.results, readme=a.readme, page=a.page, commit=a.commit, index=a.index, command=a.run_command)
     blocks = " and ".join(d for d in (done["readme"], done["index"]) if d)
     print(f"wrote {done['page']}" + (f" and the measured block of {blocks}" if blocks else "")
           + f" (commit {done['commit']}, {done['date']})")

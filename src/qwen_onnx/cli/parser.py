@@ -247,6 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--readme", default=None, help="README whose measured block to rewrite (between its markers)")
     p.add_argument("--index", default=None, help="a second document with the same block, e.g. docs/measurements.md")
     p.add_argument("--commit", default=None, help="the run's commit (default: HEAD of the checkout holding RESULTS)")
+    p.add_argument("--run-command", default="envs/setup.sh --models --peers && .venv/bin/snakemake --cores 4",
+                   help="the command that made the run, named on the page (default: %(default)s)")
     p.set_defaults(func=run_publish)
 
     p = sub.add_parser("diff", help="what changed between two variants: ops, nodes, bytes, fusions, quantization")

@@ -7,7 +7,9 @@
   ran, then the run's ``report.md`` as it is;
 - the README's measured tables, one per model, between :data:`BEGIN` and :data:`END`: variant,
   gate, perplexity change, KL divergence, top-1 agreement, HumanEval pass@1, size, decode tokens/s, time to first token,
-  and whether the timing round was idle, with a line naming the commit, date, CPU and ISA.
+  and whether the timing round was idle, each model's table under a line naming the commit, date, CPU, ISA and
+  page of the run it comes from. A run of some models replaces their tables and keeps the others' (the latest
+  run per model).
 
 Nothing in the README between the markers is written by hand; a run that lacks a file is refused.
 """
@@ -88,32 +90,58 @@ def machine_line(machine: dict[str, Any]) -> str:
             f"({machine.get('logical_cores', '?')} cores, {machine.get('memory_gib', '?')} GiB)")
 
 
+LEGEND = ("Timing: `idle` when every round of the model's sitting ran with the machine otherwise idle, else how "
+          "many rounds were measured beside other load.")
+
+#: A model's section in the block: ``**model**: measured ...`` (written by :func:`measured_tables`).
+_SECTION = re.compile(r"^\*\*(?P<model>[^*]+)\*\*", re.MULTILINE)
+#: The one provenance line of blocks written before the tables had one each.
+_OLD_PROVENANCE = re.compile(r"Measured (?P<rest>\S+ at commit \S+ on .*? by the main command; the whole report: "
+                             r"\[[^\]]+\]\([^)]+\))\.")
+
+
 def measured_tables(rows: Sequence[dict[str, Any]], machine: dict[str, Any], commit: str, date: str,
-                    page: str) -> str:
-    """The README block: a provenance line, then one Markdown table per model (PyTorch and every
-    variant of ``metrics.json``, in its order).
+                    page: str, previous: str = "") -> str:
+    """The README block: a legend, then per model its provenance line and a Markdown table (PyTorch and
+    every variant of ``metrics.json``, in its order).
 
     Args:
         rows: ``metrics.json``'s rows.
         machine: ``machine.json``.
         commit, date: the run's code and day.
         page: the measurement page's path, relative to the README.
+        previous: the block as it was: the sections of models this run does not have are kept, in
+            their place, with their own provenance (a block of the older one-line form lends each
+            section its line).
     """
-    lines = [f"Measured {date} at commit {commit} on {machine_line(machine)} by the main command; the whole "
-             f"report: [{page}]({page}). Timing: `idle` when every round of the model's sitting ran with the "
-             "machine otherwise idle, else how many rounds were measured beside other load."]
+    lines = [LEGEND]
     problems = sorted({r["task_problems"] for r in rows if r.get("task_problems")})
     if problems:
         lines[0] += (f" pass@1: HumanEval, {' or '.join(map(str, problems))} problems, greedy, sandboxed "
                      "([docs/evaluation.md](docs/evaluation.md)); – where the task stage did not run.")
-    lines.append("")
+    sections: dict[str, str] = {}
+    old = _OLD_PROVENANCE.search(previous.split("**", 1)[0]) if previous else None
+    heads = list(_SECTION.finditer(previous))
+    for head, after in zip(heads, [*heads[1:], None]):
+        text = previous[head.start():after.start() if after else len(previous)].strip()
+        if old and text.startswith(f"**{head['model']}**\n"):  # older form: give it the block's provenance
+            text = f"**{head['model']}**: measured {old['rest']}.\n" + text.split("\n", 1)[1]
+        sections[head["model"]] = text
     for model in dict.fromkeys(r["model"] for r in rows):
-        lines += [f"**{model}**", "", "| " + " | ".join(h for h, _, _ in COLUMNS) + " |",
-                  "|" + "---|" * len(COLUMNS)]
-        for row in (r for r in rows if r["model"] == model):
-            lines.append("| " + " | ".join(_cell(row, key, fmt) for _, key, fmt in COLUMNS) + " |")
-        lines.append("")
+        table = [f"**{model}**: measured {date} at commit {commit} on {machine_line(machine)} by the main command; "
+                 f"the whole report: [{page}]({page}).", "",
+                 "| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        table += ["| " + " | ".join(_cell(row, key, fmt) for _, key, fmt in COLUMNS) + " |"
+                  for row in rows if row["model"] == model]
+        sections[model] = "\n".join(table)
+    lines += ["", "\n\n".join(sections.values())]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def current_block(text: str) -> str:
+    """What ``text`` holds between :data:`BEGIN` and :data:`END` (empty without the markers)."""
+    start, end = text.find(BEGIN), text.find(END)
+    return text[start + len(BEGIN):end].strip() if 0 <= start < end else ""
 
 
 def replace_block(text: str, block: str, source: str = "README.md") -> str:
@@ -166,6 +194,7 @@ def publish(results_dir: str | os.PathLike, *, readme: str | os.PathLike | None,
     write_text(page, measurement_page(report, machine, commit, date, command))
     for document, text in texts.items():
         relative = os.path.relpath(page, document.parent)
-        write_text(document, replace_block(text, measured_tables(rows, machine, commit, date, relative), str(document)))
+        block = measured_tables(rows, machine, commit, date, relative, previous=current_block(text))
+        write_text(document, replace_block(text, block, str(document)))
     return {"page": str(page), "readme": str(readme) if readme else "", "index": str(index) if index else "",
             "commit": commit, "date": date}
