@@ -9,13 +9,13 @@ from onnx import helper
 
 from qwen_onnx.measure.int4_search import score_on_windows, search_int4_variant
 from qwen_onnx.quantize.int4 import Int4Settings
+from qwen_onnx.quantize.matmuls import precision_by_role
 from qwen_onnx.quantize.precision_search import (
     bytes_per_weight,
     calibrate_errors,
     greedy_steps,
     longest_passing_prefix,
     precision_after,
-    precision_by_role,
     weight_bytes,
 )
 from qwen_onnx.run.runtime import OnnxCausalLM

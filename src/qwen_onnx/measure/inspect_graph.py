@@ -18,7 +18,7 @@ from onnx import helper
 
 from qwen_onnx.errors import ArtifactError
 from qwen_onnx.measure.inspect_tflite import inspect_tflite, inspect_tflite_markdown
-from qwen_onnx.quantize.matmuls import node_role
+from qwen_onnx.quantize.matmuls import precision_by_role
 from qwen_onnx.run.tflite import is_tflite_folder
 from qwen_onnx.store.artifacts import (
     DATA_FILE,
@@ -78,15 +78,15 @@ def load_graph(path: str | os.PathLike) -> onnx.ModelProto:
 
 
 def matmul_precision(graph: onnx.GraphProto) -> dict[str, dict[str, int]]:
-    """The ``MatMulNBits`` nodes per layer kind and option: ``{role: {"bits/block": count}}``, roles as
-    :func:`qwen_onnx.quantize.matmuls.node_role` names them from the node names (``qkv_proj``, ...,
-    ``lm_head``, ``other``), in graph order; empty for a graph without ``MatMulNBits``."""
-    out: dict[str, collections.Counter] = {}
+    """The ``MatMulNBits`` nodes per layer kind and option: ``{role: {"bits/block": count}}``, counted by
+    :func:`qwen_onnx.quantize.matmuls.precision_by_role` (roles from the node names: ``qkv_proj``, ...,
+    ``lm_head``, ``other``); empty for a graph without ``MatMulNBits``."""
+    options = {}
     for node in graph.node:
         if node.op_type == "MatMulNBits":
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-            out.setdefault(node_role(node.name)[1], collections.Counter())[f"{attrs['bits']}/{attrs['block_size']}"] += 1
-    return {role: dict(options) for role, options in out.items()}
+            options[node.name] = f"{attrs['bits']}/{attrs['block_size']}"
+    return precision_by_role(options)
 
 
 def inspect_model(path: str | os.PathLike) -> dict[str, Any]:

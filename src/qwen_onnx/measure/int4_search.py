@@ -22,7 +22,7 @@ from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.measure.metrics import AccuracyAccumulator
 from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
 from qwen_onnx.quantize.kquant import activation_importance
-from qwen_onnx.quantize.matmuls import node_role, weight_matmuls
+from qwen_onnx.quantize.matmuls import node_role, precision_by_role, weight_matmuls
 from qwen_onnx.quantize.precision_search import (
     OPTIONS,
     PROBE,
@@ -32,7 +32,6 @@ from qwen_onnx.quantize.precision_search import (
     option_errors,
     option_key,
     precision_after,
-    precision_by_role,
     weight_bytes,
 )
 from qwen_onnx.run.runtime import OnnxCausalLM

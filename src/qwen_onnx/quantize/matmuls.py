@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
+from typing import Mapping
 
 import onnx
 
@@ -72,3 +74,13 @@ def activation_matmuls(path: str | os.PathLike) -> list[str]:
     constants = {t.name for t in graph.initializer}
     constants |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
     return [n.name for n in graph.node if n.op_type == "MatMul" and n.input[1] not in constants]
+
+
+def precision_by_role(precision: Mapping[str, str]) -> dict[str, dict[str, int]]:
+    """How many MatMuls of each layer kind (``q_proj``, ``down_proj``, ``lm_head`` ...) got each
+    option: ``{role: {option key: count}}``, for the report's one line per layer kind."""
+    out: dict[str, Counter] = {}
+    for name, key in precision.items():
+        role = node_role(name)[1]
+        out.setdefault(role, Counter())[key] += 1
+    return {role: dict(sorted(c.items())) for role, c in sorted(out.items())}

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import Counter
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -42,7 +41,7 @@ import numpy as np
 import onnx
 
 from qwen_onnx.quantize.kquant import quantize_blocks
-from qwen_onnx.quantize.matmuls import node_role, weight_matmuls
+from qwen_onnx.quantize.matmuls import weight_matmuls
 
 log = logging.getLogger(__name__)
 
@@ -206,13 +205,3 @@ def longest_passing_prefix(total: int, passes: Callable[[int], bool]) -> int:
         else:
             high = mid - 1
     return low
-
-
-def precision_by_role(precision: Mapping[str, str]) -> dict[str, dict[str, int]]:
-    """How many MatMuls of each layer kind (``q_proj``, ``down_proj``, ``lm_head`` ...) got each
-    option: ``{role: {option key: count}}``, for the report's one line per layer kind."""
-    out: dict[str, Counter] = {}
-    for name, key in precision.items():
-        role = node_role(name)[1]
-        out.setdefault(role, Counter())[key] += 1
-    return {role: dict(sorted(c.items())) for role, c in sorted(out.items())}

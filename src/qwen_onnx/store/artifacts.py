@@ -232,8 +232,6 @@ def read_json(path: str | os.PathLike) -> dict:
         return json.load(f)
 
 
-
-
 def reusable_record(record_path: str | os.PathLike, stamp: dict, model_file: str | os.PathLike,
                     keep_failure: bool) -> dict | None:
     """The record at ``record_path`` of a cached build (a peer's graph or IR) when its ``stamp`` keys match
