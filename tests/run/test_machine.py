@@ -151,6 +151,17 @@ def test_a_pass_within_the_margin_is_marginal():
     assert gate_margins({"top1_pct": 99.52}, {"top1_pct": 99.5}) == ["top1_pct 99.52 within 0.05 point of >= 99.5"]
 
 
+def test_transformers_is_imported_without_tensorflow_or_jax():
+    code = ("import sys\nfrom qwen_onnx.quiet import quiet_third_party; quiet_third_party()\n"
+            "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+            "import transformers.models.qwen2.modeling_qwen2\n"
+            "print(sorted(m for m in ('tensorflow', 'jax', 'flax', 'torch') if m in sys.modules))")
+    env = {k: v for k, v in os.environ.items() if k not in ("USE_TF", "USE_FLAX")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-2] == "['torch']"
+
+
 def test_litert_torch_imports_quietly_and_says_what_it_filtered():
     code = ("import logging; logging.basicConfig(level=logging.INFO, format='%(levelname)s %(name)s: %(message)s')\n"
             "from qwen_onnx.quiet import quiet_third_party; quiet_third_party()\n"
