@@ -86,7 +86,11 @@ def test_the_search_on_the_tiny_model_saves_bytes_and_its_choice_passes_on_calib
         assert f"{attrs['bits']}/{attrs['block_size']}" == wanted.replace("8/128", "8/64"), name
     assert {k for c in record["by_role"].values() for k in c} <= {"8/128", "4/32", "4/64"}
     # scored again here, on the same calibration windows: the shipped variant passes the gate
-    windows = token_windows(load_tokenizer(pipeline["optimized"]), texts["calibration"], 32)[-3:]
+    windows = token_windows(load_tokenizer(pipeline["optimized"]), texts["calibration"], 32)
+    # the importance took the first 2 windows; the 3 scoring ones are spread evenly over the others
+    rest = len(windows) - 2
+    assert record["score_window_indices"] == [2, 2 + rest // 3, 2 + 2 * rest // 3]
+    windows = windows[record["score_window_indices"]]
     reference = np.stack([OnnxCausalLM(pipeline["optimized"]).forward(w[None])[0][0] for w in windows])
     figures = score_on_windows(tmp_path / "int4", windows, reference)
     assert check_gate(figures, gate)[0] == "PASS"

@@ -34,6 +34,7 @@ from qwen_onnx.measure.task_accuracy import (
     wilson_interval,
 )
 from qwen_onnx.report.rows import task_columns
+from qwen_onnx.source.text import evenly_spaced
 from qwen_onnx.settings.gates import DEFAULT_TASK_GATE, check_task_gate
 
 PROBLEMS = load_problems()
@@ -95,6 +96,9 @@ def test_the_answer_after_the_response_prefix_ends_at_the_closing_fence():
 
 def test_problem_selection():
     assert subset_indices(4) == [0, 41, 82, 123]
+    assert evenly_spaced(8, 59) == [0, 7, 14, 22, 29, 36, 44, 51] and evenly_spaced(3, 3) == [0, 1, 2]
+    with pytest.raises(ValueError, match="9 of 8 indices: the count must be within 1 ... 8"):
+        evenly_spaced(9, 8)
     assert [p.index for p in select_problems(PROBLEMS, 20)] == [i * 164 // 20 for i in range(20)]
     assert select_problems(PROBLEMS, "all") == PROBLEMS and select_problems(PROBLEMS, "164") == PROBLEMS
     assert [p.task_id for p in select_problems(PROBLEMS, ["HumanEval/3", 7])] == ["HumanEval/3", "HumanEval/7"]

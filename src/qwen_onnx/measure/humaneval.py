@@ -24,6 +24,7 @@ from typing import Any
 
 from qwen_onnx.errors import ArtifactError, OptionError
 from qwen_onnx.settings.defaults import HUMANEVAL_SIZE
+from qwen_onnx.source.text import evenly_spaced
 
 #: The user message: the problem's prompt inside a fenced block after one instruction line.
 INSTRUCTION = ("Complete the following Python function. Answer with the whole function in one ```python code "
@@ -94,10 +95,10 @@ def problems_sha256() -> str:
 
 
 def subset_indices(count: int, total: int = HUMANEVAL_SIZE) -> list[int]:
-    """``count`` problem numbers spread evenly over ``0 … total - 1``: ``floor(i * total / count)`` for
-    ``i = 0 … count - 1`` (every problem when ``count`` is ``total``), so that a subset samples the whole
-    set, whose problems grow harder towards the end, rather than its first problems."""
-    return [i * total // count for i in range(count)]
+    """``count`` problem numbers spread evenly over ``0 … total - 1``
+    (:func:`qwen_onnx.source.text.evenly_spaced`), so that a subset samples the whole set, whose
+    problems grow harder towards the end, rather than its first problems."""
+    return evenly_spaced(count, total)
 
 
 def select_problems(problems: Sequence[Problem], spec: Any) -> list[Problem]:

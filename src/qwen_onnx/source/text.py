@@ -59,6 +59,19 @@ def read_text(path: str | os.PathLike) -> str:
     return text
 
 
+def evenly_spaced(count: int, total: int) -> list[int]:
+    """``count`` indices spread evenly over ``0 … total - 1``: ``floor(i * total / count)`` for
+    ``i = 0 … count - 1`` (every index when ``count`` is ``total``), so that a subset samples the whole of
+    a text or set (mixed sections, problems that grow harder) rather than one end of it.
+
+    Raises:
+        ValueError: ``count`` is not within ``1 … total``.
+    """
+    if not 1 <= count <= total:
+        raise ValueError(f"{count} of {total} indices: the count must be within 1 ... {total}")
+    return [i * total // count for i in range(count)]
+
+
 def token_windows(tokenizer, path: str | os.PathLike, length: int, count: int | None = None) -> np.ndarray:
     """Split the tokenized text at ``path`` into consecutive non-overlapping windows.
 
