@@ -98,6 +98,29 @@ def test_the_span_is_the_latest_runs_only(tmp_path):
     assert "latest run's span (first job's start to last job's end): 0.7 min over 1 jobs" in pipeline_markdown(table)
 
 
+def test_the_core_bound_counts_measuring_jobs_alone_and_the_rest_over_the_cores(tmp_path):
+    from qwen_onnx.report.pipeline import core_bound
+
+    _job(tmp_path, "m", "resolve", 10.0, 900, 8, ended=1000)
+    _job(tmp_path, "m", "accuracy.int4", 50.0, 4000, 45, ended=1050)
+    _job(tmp_path, "m", "task_accuracy.int4", 70.0, 1400, 61, ended=1070)
+    _job(tmp_path, "m", "sitting", 300.0, 3800, 150, ended=1400)  # measures: nothing beside it
+    _job(tmp_path, "m", "profile.int4", 6.0, 900, 7, ended=1406)
+    (tmp_path / "machine.json").write_text('{"affinity_cores": 2}')
+    table = pipeline_table(tmp_path, ["m"])
+    # 300 + 6 alone, then (8 + 45 + 61) CPU seconds over 2 cores
+    assert table["cores"] == 2 and table["core_bound_s"] == pytest.approx(306 + 114 / 2)
+    assert pipeline_table(tmp_path, ["m"], cores=4)["core_bound_s"] == pytest.approx(306 + 114 / 4)
+    assert "- core bound on 2 cores: 6.0 min (the measuring jobs' wall time" in pipeline_markdown(table)
+    (tmp_path / "machine.json").unlink()
+    assert pipeline_table(tmp_path, ["m"])["core_bound_s"] is None
+    assert "core bound" not in pipeline_markdown(pipeline_table(tmp_path, ["m"]))
+    # a job without CPU time counts its wall time
+    assert core_bound([{"job": "export", "wall_s": 40.0, "cpu_s": None}], 2) == pytest.approx(20)
+    with pytest.raises(ValueError, match="cores must be at least 1, got 0"):
+        core_bound([], 0)
+
+
 def test_critical_path_of_nothing():
     assert critical_path([]) == (0.0, [])
 

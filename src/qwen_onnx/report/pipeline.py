@@ -11,7 +11,10 @@ Sources, per job ``{rule}`` or ``{rule}.{variant}`` of a model:
   and whose modification time is the job's end.
 
 The critical path is the longest chain of dependent jobs by wall time (the lower bound of a run
-with unlimited cores). Dependencies come from the variant registry (:mod:`qwen_onnx.settings.variants`):
+with unlimited cores). The core bound is the lower bound on the machine's cores: the measuring jobs'
+wall time (:data:`qwen_onnx.snakemake_support.MEASURING_RULES`, which run with every core to
+themselves) plus the other jobs' CPU time spread over the cores (:func:`core_bound`); a run whose
+span is near it is limited by its cores, not by its dependencies. Dependencies come from the variant registry (:mod:`qwen_onnx.settings.variants`):
 a variant's stage (its rule) depends on its parent's, and every per-variant job (inspect, accuracy,
 latency, diff) on its variant's stage.
 """
@@ -19,12 +22,14 @@ latency, diff) on its variant's stage.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from qwen_onnx.settings.variants import BY_STAGE, VARIANTS
+from qwen_onnx.snakemake_support import MEASURING_RULES
 
 _PEAK = re.compile(r"peak RSS of rule \S+: (\d+) MiB \(largest child process: (\d+) MiB\)")
 #: Folder -> the rule that writes it (``hf`` by ``resolve``, each variant by its stage).
@@ -165,6 +170,26 @@ def critical_path(rows: Iterable[Mapping[str, Any]], parents: Mapping[str, str] 
     return max((longest(k) for k in by_key), default=(0.0, []), key=lambda x: x[0])
 
 
+def core_bound(rows: Iterable[Mapping[str, Any]], cores: int) -> float:
+    """Seconds a run of ``rows`` takes at least on ``cores`` cores: the wall time of the measuring jobs
+    (rules in :data:`~qwen_onnx.snakemake_support.MEASURING_RULES`; nothing runs beside them) plus the
+    CPU seconds of every other job (its wall time where Snakemake recorded no CPU time) over ``cores``.
+    Snakemake samples a job's CPU time, so a short-lived child's may be missed: a lower bound.
+
+    Raises:
+        ValueError: ``cores`` below 1.
+    """
+    if cores < 1:
+        raise ValueError(f"cores must be at least 1, got {cores}")
+    alone = shared = 0.0
+    for r in rows:
+        if r["job"].partition(".")[0] in MEASURING_RULES:
+            alone += float(r["wall_s"])
+        else:
+            shared += float(r["cpu_s"] if r.get("cpu_s") is not None else r["wall_s"])
+    return alone + shared / cores
+
+
 def latest_run(rows: Iterable[Mapping[str, Any]], gap_s: float = RUN_GAP_S) -> tuple[float | None, int]:
     """The span of the latest run: first start to last end of the jobs whose intervals chain
     together (no idle gap over ``gap_s`` seconds) up to the last job to end.
@@ -189,18 +214,24 @@ def latest_run(rows: Iterable[Mapping[str, Any]], gap_s: float = RUN_GAP_S) -> t
 
 
 def pipeline_table(results: str | os.PathLike, models: Sequence[str],
-                   parents: Mapping[str, str] | None = None) -> dict[str, Any]:
+                   parents: Mapping[str, str] | None = None, cores: int | None = None) -> dict[str, Any]:
     """The pipeline table and its totals.
+
+    Args:
+        cores: the cores of the core bound; None: ``machine.json``'s ``affinity_cores`` in ``results``
+            (no core bound without it).
 
     Returns:
         ``rows`` (:data:`COLUMNS`, ``critical`` True for jobs on the critical path),
         ``total_job_s`` (the sum of wall times: the run's length on one core),
         ``span_s`` and ``span_jobs`` (the latest run's first start to last end and its number of
         jobs, from the logs' times, :func:`latest_run`; None when unknown),
-        ``critical_path_s`` and ``critical_path`` (``model/job`` names), ``peak_rss_mib`` (the
-        largest job's).
+        ``critical_path_s`` and ``critical_path`` (``model/job`` names), ``cores`` and
+        ``core_bound_s`` (:func:`core_bound`; None without cores), ``peak_rss_mib`` (the largest job's).
     """
     rows = collect_jobs(results, models)
+    if cores is None and Path(results, "machine.json").is_file():
+        cores = json.loads(Path(results, "machine.json").read_text(encoding="utf-8")).get("affinity_cores")
     seconds, chain = critical_path(rows, parents)
     on_path = set(chain)
     for r in rows:
@@ -213,6 +244,8 @@ def pipeline_table(results: str | os.PathLike, models: Sequence[str],
         "span_jobs": span_jobs,
         "critical_path_s": round(seconds, 1),
         "critical_path": chain,
+        "cores": cores,
+        "core_bound_s": None if not cores else round(core_bound(rows, int(cores)), 1),
         "peak_rss_mib": max((r["peak_rss_mib"] or 0 for r in rows), default=0),
     }
 
@@ -227,10 +260,13 @@ def pipeline_markdown(table: Mapping[str, Any]) -> str:
         "length with unlimited cores; jobs on it are marked.",
         "",
         f"- total of job wall times: {table['total_job_s'] / 60:.1f} min (one core, one job at a time)",
-        f"- latest run's span (first job's start to last job's end): "
+        "- latest run's span (first job's start to last job's end): "
         + ("unknown" if table["span_s"] is None
            else f"{table['span_s'] / 60:.1f} min over {table.get('span_jobs', 0)} jobs"),
         f"- critical path: {table['critical_path_s'] / 60:.1f} min: " + " → ".join(table["critical_path"]),
+        *([f"- core bound on {table['cores']} cores: {table['core_bound_s'] / 60:.1f} min (the measuring jobs' wall "
+           f"time, which run alone, plus the other jobs' CPU time over {table['cores']} cores: no schedule of these "
+           "jobs on these cores is shorter)"] if table.get("core_bound_s") is not None else []),
         f"- largest job peak RSS: {table['peak_rss_mib']:.0f} MiB",
         "",
         "| model | job | wall s | CPU s | peak RSS MiB | critical path |",
