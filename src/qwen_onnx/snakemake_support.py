@@ -13,15 +13,13 @@ from typing import Iterator
 
 from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.quiet import quiet_third_party
+from qwen_onnx.settings.defaults import MEASURING_RULES
 from qwen_onnx.store.artifacts import permission_message
-
-#: Rules that measure speed: each claims every core Snakemake was given (README, "Running the
-#: workflow"), so nothing runs beside it and the libraries keep their default threading.
-MEASURING_RULES = frozenset({"profile", "sitting", "machine"})
 
 
 def share_cores_politely(rule: str) -> bool:
-    """Set ``OMP_WAIT_POLICY=PASSIVE`` for a job that runs beside others (every rule but :data:`MEASURING_RULES`).
+    """Set ``OMP_WAIT_POLICY=PASSIVE`` for a job that runs beside others (every rule but
+    :data:`qwen_onnx.settings.defaults.MEASURING_RULES`).
 
     PyTorch's OpenMP runtime (libgomp) lets idle worker threads spin by default; with more
     runnable threads than cores (two torch jobs on 2 cores, or a torch job beside an onnxruntime

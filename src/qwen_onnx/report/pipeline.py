@@ -12,7 +12,7 @@ Sources, per job ``{rule}`` or ``{rule}.{variant}`` of a model:
 
 The critical path is the longest chain of dependent jobs by wall time (the lower bound of a run
 with unlimited cores). The core bound is the lower bound on the machine's cores: the measuring jobs'
-wall time (:data:`qwen_onnx.snakemake_support.MEASURING_RULES`, which run with every core to
+wall time (:data:`qwen_onnx.settings.defaults.MEASURING_RULES`, which run with every core to
 themselves) plus the other jobs' CPU time spread over the cores (:func:`core_bound`); a run whose
 span is near it is limited by its cores, not by its dependencies. Dependencies come from the variant registry (:mod:`qwen_onnx.settings.variants`):
 a variant's stage (its rule) depends on its parent's, and every per-variant job (inspect, accuracy,
@@ -28,8 +28,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from qwen_onnx.settings.defaults import MEASURING_RULES
 from qwen_onnx.settings.variants import BY_STAGE, VARIANTS
-from qwen_onnx.snakemake_support import MEASURING_RULES
 
 _PEAK = re.compile(r"peak RSS of rule \S+: (\d+) MiB \(largest child process: (\d+) MiB\)")
 #: Folder -> the rule that writes it (``hf`` by ``resolve``, each variant by its stage).
@@ -172,7 +172,7 @@ def critical_path(rows: Iterable[Mapping[str, Any]], parents: Mapping[str, str] 
 
 def core_bound(rows: Iterable[Mapping[str, Any]], cores: int) -> float:
     """Seconds a run of ``rows`` takes at least on ``cores`` cores: the wall time of the measuring jobs
-    (rules in :data:`~qwen_onnx.snakemake_support.MEASURING_RULES`; nothing runs beside them) plus the
+    (rules in :data:`~qwen_onnx.settings.defaults.MEASURING_RULES`; nothing runs beside them) plus the
     CPU seconds of every other job (its wall time where Snakemake recorded no CPU time) over ``cores``.
     Snakemake samples a job's CPU time, so a short-lived child's may be missed: a lower bound.
 

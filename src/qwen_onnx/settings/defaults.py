@@ -132,3 +132,9 @@ def section(name: str) -> dict[str, Any]:
         KeyError: no defaults are kept here for ``name``.
     """
     return {k: list(v) if isinstance(v, tuple) else v for k, v in _SECTIONS[name].items()}
+
+
+#: Workflow rules that measure speed: each claims every core Snakemake was given (README, "Running the
+#: workflow"), so nothing runs beside it and the libraries keep their default threading
+#: (:func:`qwen_onnx.snakemake_support.share_cores_politely`; the pipeline table's core bound).
+MEASURING_RULES = frozenset({"profile", "sitting", "machine"})
