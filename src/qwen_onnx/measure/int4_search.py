@@ -83,8 +83,8 @@ def search_int4_variant(
     Calibration text (default the shipped ``calibration.txt``) cut into windows of
     ``settings.calibration_sequence_length`` tokens: the first ``settings.importance_samples`` give
     the activation importance (as in the shipped int4), ``score_windows`` spread evenly over the
-    others score the candidates (the float graph's logits on them are the reference). The search (module docstring of
-    :mod:`qwen_onnx.quantize.precision_search`) builds one candidate per layer kind to calibrate the
+    others score the candidates (the float graph's logits on them are the reference). The search
+    (module docstring of :mod:`qwen_onnx.quantize.precision_search`) builds one candidate per layer kind to calibrate the
     weight errors, then about ``log2(3 x MatMuls)`` along the path.
 
     Args:
@@ -118,8 +118,8 @@ def search_int4_variant(
                             "longer text or fewer importance_samples")
     # spread over the rest of the text: its last windows are one section (Chinese prose in the shipped
     # calibration.txt, where the default int4 moved perplexity +7.1% against +4.7% on spread windows)
-    rest = windows[settings.importance_samples:]
-    scored_at = [settings.importance_samples + i for i in evenly_spaced(score_windows, len(rest))]
+    first = settings.importance_samples
+    scored_at = [first + i for i in evenly_spaced(score_windows, len(windows) - first)]
     scored = windows[scored_at]
     graph = onnx.load(str(model_path(input_dir)), load_external_data=False).graph
     matmuls = weight_matmuls(graph)

@@ -14,15 +14,16 @@ The critical path is the longest chain of dependent jobs by wall time (the lower
 with unlimited cores). The core bound is the lower bound on the machine's cores: the measuring jobs'
 wall time (:data:`qwen_onnx.settings.defaults.MEASURING_RULES`, which run with every core to
 themselves) plus the other jobs' CPU time spread over the cores (:func:`core_bound`); a run whose
-span is near it is limited by its cores, not by its dependencies. Dependencies come from the variant registry (:mod:`qwen_onnx.settings.variants`):
-a variant's stage (its rule) depends on its parent's, and every per-variant job (inspect, accuracy,
-latency, diff) on its variant's stage.
+span is near it is limited by its cores, not by its dependencies.
+
+Dependencies come from the variant registry (:mod:`qwen_onnx.settings.variants`): a variant's stage
+(its rule) depends on its parent's, and every per-variant job (inspect, accuracy, latency, diff) on
+its variant's stage.
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import os
 import re
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from qwen_onnx.settings.defaults import MEASURING_RULES
 from qwen_onnx.settings.variants import BY_STAGE, VARIANTS
+from qwen_onnx.store.artifacts import read_json
 
 _PEAK = re.compile(r"peak RSS of rule \S+: (\d+) MiB \(largest child process: (\d+) MiB\)")
 #: Folder -> the rule that writes it (``hf`` by ``resolve``, each variant by its stage).
@@ -231,7 +233,7 @@ def pipeline_table(results: str | os.PathLike, models: Sequence[str],
     """
     rows = collect_jobs(results, models)
     if cores is None and Path(results, "machine.json").is_file():
-        cores = json.loads(Path(results, "machine.json").read_text(encoding="utf-8")).get("affinity_cores")
+        cores = read_json(Path(results, "machine.json")).get("affinity_cores")
     seconds, chain = critical_path(rows, parents)
     on_path = set(chain)
     for r in rows:
