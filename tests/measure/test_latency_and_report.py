@@ -97,30 +97,47 @@ def test_latency_command_line_passes_the_protocol(pipeline, texts, tmp_path):
     assert "profile" not in result and result["decode_loop"] == "unbound"
 
 
-def test_the_timing_protocol_computes_its_figures_from_the_measured_times(monkeypatch):
+@pytest.mark.parametrize("scope, calls", [
+    # row: one untimed decode (min(new_tokens, DECODE_WARMUP_TOKENS) = 5 tokens) first, then only timed passes
+    ("row", [("generate", 5), ("prefill", 8), ("prefill", 8), ("prefill", 8), ("prefill", 32), ("prefill", 32),
+             ("prefill", 32), ("generate", 5), ("generate", 5), ("generate", 5)]),
+    # length: an untimed prefill before each length's timed ones, the untimed decode after the prefills
+    ("length", [("prefill", 8)] * 4 + [("prefill", 32)] * 4 + [("generate", 5)] * 4),
+])
+def test_the_timing_protocol_computes_its_figures_from_the_measured_times(monkeypatch, scope, calls):
     """A fake clock: prefill takes 1 ms per prompt token, decode steps 10 ms, TTFTs 40 (warm-up), 70, 50, 60 ms."""
     from qwen_onnx.measure import latency
 
     clock = [0.0]
     monkeypatch.setattr(latency.time, "perf_counter", lambda: clock[0])
-    prefilled = []
+    called = []
 
     def prefill(ids):
-        prefilled.append(len(ids))
+        called.append(("prefill", len(ids)))
         clock[0] += 0.001 * len(ids)
 
     ttfts = iter([0.040, 0.070, 0.050, 0.060])
 
     def generate(prompt, count, steps):
         assert len(prompt) == 16
+        called.append(("generate", count))
         steps.extend([0.010] * (count - 1))
         return next(ttfts)
 
-    result = latency.timing_protocol(prefill, generate, np.arange(64), [8, 32], 16, 5, warmup=1, repeats=3)
-    assert prefilled == [8] * 4 + [32] * 4  # one warm-up and three timed prefills per length
+    result = latency.timing_protocol(prefill, generate, np.arange(64), [8, 32], 16, 5, warmup=1, repeats=3,
+                                     warmup_scope=scope)
+    assert called == calls
     assert result["prefill_ms_p50_8"] == pytest.approx(8.0) and result["prefill_ms_p90_32"] == pytest.approx(32.0)
     assert result["ttft_ms"] == pytest.approx(60.0) and result["ttft_ms_p90"] == pytest.approx(68.0)
     assert result["decode_tok_s"] == pytest.approx(100.0) and result["decode_ms_per_token"] == pytest.approx(10.0)
+
+
+def test_an_unknown_warmup_scope_is_named():
+    from qwen_onnx.measure import latency
+
+    with pytest.raises(ValueError, match="warmup_scope must be one of \\('row', 'length'\\), got 'prompt'"):
+        latency.timing_protocol(lambda ids: None, lambda p, c, s: 0.0, np.arange(64), [8], 16, 5, warmup=1, repeats=1,
+                                warmup_scope="prompt")
 
 
 def test_a_missing_folder_is_named_before_anything_loads(texts, tmp_path):
@@ -186,12 +203,13 @@ def test_protocol_warms_decode_up_with_a_short_run_then_times_full_runs():
 
     result = timing_protocol(prefill, generate, np.arange(64), [8, 32], 32, 40, 2, 3)
     assert DECODE_WARMUP_TOKENS == 16
-    assert calls == [("prefill", 8)] * 5 + [("prefill", 32)] * 5 + [("generate", 32, 16)] * 2 + [("generate", 32, 40)] * 3
+    # the default scope (row): the two untimed decodes first, then timed passes only
+    assert calls == [("generate", 32, 16)] * 2 + [("prefill", 8)] * 3 + [("prefill", 32)] * 3 + [("generate", 32, 40)] * 3
     assert result["decode_tok_s"] == pytest.approx(100.0) and result["ttft_ms"] == pytest.approx(50.0)
     # fewer new tokens than the warm-up length: the warm-up decodes new_tokens
     calls.clear()
     timing_protocol(prefill, generate, np.arange(64), [8], 8, 4, 1, 1)
-    assert calls[2:] == [("generate", 8, 4), ("generate", 8, 4)]
+    assert calls == [("generate", 8, 4), ("prefill", 8), ("generate", 8, 4)]
 
 
 def test_a_variant_left_out_of_the_sitting_gets_an_empty_speed_row_with_the_reason(tmp_path):

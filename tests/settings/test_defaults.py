@@ -145,11 +145,13 @@ def test_cli_defaults_are_the_librarys():
     assert {k: reference[k] for k in ("window", "max_windows", "generation_tokens")} == {
         k: evaluation[k] for k in ("window", "max_windows", "generation_tokens")}
     timing = cli_defaults("latency")
-    assert {k: timing[k] for k in ("prompt_lengths", "decode_prompt_tokens", "new_tokens", "warmup", "repeats", "threads")} == {
-        k: latency[k] for k in ("prompt_lengths", "decode_prompt_tokens", "new_tokens", "warmup", "repeats", "threads")}
+    assert {k: timing[k] for k in ("prompt_lengths", "decode_prompt_tokens", "new_tokens", "warmup", "warmup_scope", "repeats",
+                                     "threads")} == {
+        k: latency[k] for k in ("prompt_lengths", "decode_prompt_tokens", "new_tokens", "warmup", "warmup_scope", "repeats",
+                                "threads")}
     sitting = cli_defaults("peers")  # the timing sitting: the same protocol, and the rounds
-    assert {k: sitting[k] for k in ("rounds", "prompt_lengths", "new_tokens", "warmup", "repeats", "threads")} == {
-        k: latency[k] for k in ("rounds", "prompt_lengths", "new_tokens", "warmup", "repeats", "threads")}
+    assert {k: sitting[k] for k in ("rounds", "prompt_lengths", "new_tokens", "warmup", "warmup_scope", "repeats", "threads")} == {
+        k: latency[k] for k in ("rounds", "prompt_lengths", "new_tokens", "warmup", "warmup_scope", "repeats", "threads")}
     assert sitting["prompt_tokens"] == latency["decode_prompt_tokens"]
     for command, settings, renamed in (
         ("quantize-dynamic", DynamicSettings, {"exclude": "nodes_to_exclude"}),

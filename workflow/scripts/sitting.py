@@ -18,6 +18,7 @@ with logged(snakemake):
         new_tokens=s["new_tokens"],
         threads=s["threads"],
         warmup=s["warmup"],
+        warmup_scope=s["warmup_scope"],
         repeats=s["repeats"],
         pytorch=True,
         llama_cpp=peers["enabled"] and peers["llama_cpp"],

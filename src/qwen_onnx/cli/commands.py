@@ -233,10 +233,12 @@ def run_latency(a):
     if is_tflite_folder(a.variant):
         return measure_tflite_latency(
             a.variant, a.text, prompt_lengths=a.prompt_lengths, decode_prompt_tokens=a.decode_prompt_tokens,
-            new_tokens=a.new_tokens, threads=a.threads, warmup=a.warmup, repeats=a.repeats, output=a.output)
+            new_tokens=a.new_tokens, threads=a.threads, warmup=a.warmup, repeats=a.repeats, warmup_scope=a.warmup_scope,
+            output=a.output)
     return measure_latency(
         a.variant, a.text, prompt_lengths=a.prompt_lengths, decode_prompt_tokens=a.decode_prompt_tokens,
-        new_tokens=a.new_tokens, threads=a.threads, warmup=a.warmup, repeats=a.repeats, profile=not a.no_profile,
+        new_tokens=a.new_tokens, threads=a.threads, warmup=a.warmup, repeats=a.repeats, warmup_scope=a.warmup_scope,
+        profile=not a.no_profile,
         loop=a.loop, output=a.output,
     )
 
@@ -253,7 +255,7 @@ def run_peers(a):
     result = run_peers(
         a.hf_dir, [v for v in a.variants if v not in tflite], a.text, tflite_dir=tflite[0] if tflite else None, source=a.source, work_dir=a.work_dir, rounds=a.rounds,
         prompt_lengths=a.prompt_lengths, decode_prompt_tokens=a.prompt_tokens, new_tokens=a.new_tokens,
-        threads=a.threads, warmup=a.warmup, repeats=a.repeats, pytorch=a.pytorch, llama_cpp=a.llama_cpp,
+        threads=a.threads, warmup=a.warmup, repeats=a.repeats, warmup_scope=a.warmup_scope, pytorch=a.pytorch, llama_cpp=a.llama_cpp,
         genai_builder=a.genai_builder, genai_builder_ort=a.genai_builder_ort, openvino_dirs=a.openvino,
         openvino_ir_dir=a.openvino_ir, output=a.output, markdown=a.markdown,
     )

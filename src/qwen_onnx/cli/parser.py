@@ -33,6 +33,7 @@ from qwen_onnx.cli.commands import (
     run_tflite,
 )
 from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.measure.latency import WARMUP_SCOPES
 from qwen_onnx.quantize.hadamard import DEFAULT_ROLES as HADAMARD_ROLES
 from qwen_onnx.quantize.matmuls import ROLES
 from qwen_onnx.quiet import quiet_third_party
@@ -339,6 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decode loop: IO binding with reused buffers (default) or session.run with numpy feeds")
     p.add_argument("--threads", type=int, default=LATENCY["threads"])
     p.add_argument("--warmup", type=int, default=LATENCY["warmup"])
+    p.add_argument("--warmup-scope", choices=WARMUP_SCOPES, default=LATENCY["warmup_scope"],
+                   help="untimed runs once per row before its first timed pass (row) or before each prompt length too")
     p.add_argument("--repeats", type=int, default=LATENCY["repeats"])
     p.add_argument("-o", "--output", default=None)
     p.set_defaults(func=run_latency)
@@ -359,6 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--new-tokens", type=int, default=LATENCY["new_tokens"])
     p.add_argument("--threads", type=int, default=LATENCY["threads"])
     p.add_argument("--warmup", type=int, default=LATENCY["warmup"])
+    p.add_argument("--warmup-scope", choices=WARMUP_SCOPES, default=LATENCY["warmup_scope"],
+                   help="untimed runs once per row before its first timed pass (row) or before each prompt length too")
     p.add_argument("--repeats", type=int, default=LATENCY["repeats"])
     for flag in ("pytorch", "llama-cpp", "genai-builder", "genai-builder-ort"):
         p.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=True, help=f"include the {flag} row")

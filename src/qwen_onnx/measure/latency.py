@@ -82,6 +82,9 @@ def prompt_tokens(tokenizer, text_path: str | os.PathLike, length: int) -> np.nd
 
 #: Greedy tokens of each untimed decode warm-up run (at most ``new_tokens``).
 DECODE_WARMUP_TOKENS = 16
+#: Where :func:`timing_protocol`'s untimed runs go: once per row before its first timed pass, or
+#: before each prompt length's prefills as well.
+WARMUP_SCOPES = ("row", "length")
 
 
 def _time(fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
@@ -104,13 +107,17 @@ def timing_protocol(
     new_tokens: int,
     warmup: int,
     repeats: int,
+    warmup_scope: str = defaults.LATENCY["warmup_scope"],
 ) -> dict[str, Any]:
     """The timing protocol every runtime is measured with (ONNX, PyTorch, LiteRT, the peers).
 
-    Each prompt length is prefilled ``warmup`` times unmeasured, then ``repeats`` times timed with
-    ``time.perf_counter``; the decode prompt (the first ``decode_prompt_tokens`` of ``tokens``) is
-    generated ``warmup`` times (at most :data:`DECODE_WARMUP_TOKENS` tokens), then ``repeats`` times
-    for ``new_tokens`` tokens.
+    ``warmup_scope`` ``row`` (the default): the decode prompt (the first ``decode_prompt_tokens`` of
+    ``tokens``) is first generated ``warmup`` times unmeasured (at most :data:`DECODE_WARMUP_TOKENS`
+    tokens, so one prefill and a few decode steps), and that is the row's only warm-up; then each
+    prompt length is prefilled ``repeats`` times timed with ``time.perf_counter``, then the decode
+    prompt is generated ``repeats`` times for ``new_tokens`` tokens. ``length``: each prompt length
+    is also prefilled ``warmup`` times unmeasured before its timed passes (about 40% more prefill
+    work; docs/timing.md compares the two on the same rows).
 
     Args:
         prefill: runs one prefill of token ids int64 [length].
@@ -124,14 +131,23 @@ def timing_protocol(
         ``ttft_ms``, ``ttft_ms_p90`` (ms), ``decode_tok_s`` (the median over the repeats of decode
         steps per second), ``decode_ms_per_token`` (its inverse, ms).
     """
+    if warmup_scope not in WARMUP_SCOPES:
+        raise ValueError(f"warmup_scope must be one of {WARMUP_SCOPES}, got {warmup_scope!r}")
+    prompt = tokens[:decode_prompt_tokens]
+
+    def warm_decode():
+        for _ in range(warmup):
+            generate(prompt, min(new_tokens, DECODE_WARMUP_TOKENS), [])
+
+    if warmup_scope == "row":
+        warm_decode()
     result: dict[str, Any] = {}
     for length in prompt_lengths:
-        times = _time(lambda: prefill(tokens[:length]), warmup, repeats)
+        times = _time(lambda: prefill(tokens[:length]), warmup if warmup_scope == "length" else 0, repeats)
         result[f"prefill_ms_p50_{length}"] = 1000.0 * statistics.median(times)
         result[f"prefill_ms_p90_{length}"] = 1000.0 * percentile(times, 90)
-    prompt = tokens[:decode_prompt_tokens]
-    for _ in range(warmup):
-        generate(prompt, min(new_tokens, DECODE_WARMUP_TOKENS), [])
+    if warmup_scope == "length":
+        warm_decode()
     ttfts, rates = [], []
     for _ in range(repeats):
         steps: list[float] = []
@@ -146,13 +162,15 @@ def timing_protocol(
     return result
 
 
-def timing_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats) -> dict[str, Any]:
+def timing_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats,
+                    warmup_scope=defaults.LATENCY["warmup_scope"]) -> dict[str, Any]:
     return {
         "prompt_lengths": list(prompt_lengths),
         "decode_prompt_tokens": decode_prompt_tokens,
         "new_tokens": new_tokens,
         "threads": threads,
         "warmup": warmup,
+        "warmup_scope": warmup_scope,
         "repeats": repeats,
     }
 
@@ -168,6 +186,7 @@ def measure_latency(
     provider: str = defaults.LATENCY["provider"],
     warmup: int = defaults.LATENCY["warmup"],
     repeats: int = defaults.LATENCY["repeats"],
+    warmup_scope: str = defaults.LATENCY["warmup_scope"],
     profile: bool = defaults.LATENCY["profile"],
     loop: str = "bound",
     settings: Mapping[str, Any] | None = None,
@@ -196,7 +215,8 @@ def measure_latency(
     tokens = prompt_tokens(tokenizer, text_path, max([*prompt_lengths, decode_prompt_tokens]))
     result = measure_latency_of_tokens(
         variant_dir, tokens, prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens,
-        new_tokens=new_tokens, threads=threads, provider=provider, warmup=warmup, repeats=repeats, profile=profile,
+        new_tokens=new_tokens, threads=threads, provider=provider, warmup=warmup, repeats=repeats,
+        warmup_scope=warmup_scope, profile=profile,
         loop=loop, settings=settings)
     if output is not None:
         write_json(output, result)
@@ -214,6 +234,7 @@ def measure_latency_of_tokens(
     provider: str = defaults.LATENCY["provider"],
     warmup: int = defaults.LATENCY["warmup"],
     repeats: int = defaults.LATENCY["repeats"],
+    warmup_scope: str = defaults.LATENCY["warmup_scope"],
     profile: bool = defaults.LATENCY["profile"],
     loop: str = "bound",
     settings: Mapping[str, Any] | None = None,
@@ -243,7 +264,7 @@ def measure_latency_of_tokens(
                               "kv_share_buffer": model.decoder.share_buffer if loop == "bound" else False,
                               "load_s": model.load_seconds}
     result.update(timing_protocol(lambda ids: model.forward(ids.reshape(1, -1)), generate, tokens, prompt_lengths,
-                            decode_prompt_tokens, new_tokens, warmup, repeats))
+                            decode_prompt_tokens, new_tokens, warmup, repeats, warmup_scope))
     del model
     if profile:
         result["profile"] = profile_ops(variant_dir, tokens[:decode_prompt_tokens], threads, provider, loop=loop,
@@ -252,7 +273,7 @@ def measure_latency_of_tokens(
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "bytes_on_disk": folder_bytes(variant_dir),
         "weight_bytes_per_token": decode_weight_bytes(load_graph(Path(variant_dir) / MODEL_FILE)),
-        **timing_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats),
+        **timing_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats, warmup_scope),
         "library_versions": library_versions(),
     })
     log.info("load %.2f s, TTFT %.1f ms, decode %.2f tokens/s", result["load_s"], result["ttft_ms"], result["decode_tok_s"])
@@ -274,6 +295,7 @@ def measure_tflite_latency(
     threads: int = defaults.LATENCY["threads"],
     warmup: int = defaults.LATENCY["warmup"],
     repeats: int = defaults.LATENCY["repeats"],
+    warmup_scope: str = defaults.LATENCY["warmup_scope"],
     output: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Time a tflite variant (:mod:`qwen_onnx.convert.tflite`) with the LiteRT interpreter, by the module's protocol.
@@ -329,7 +351,7 @@ def measure_tflite_latency(
     result: dict[str, Any] = {"variant_dir": os.fspath(variant_dir), "runtime": "litert",
                               "provider": "LiteRT interpreter (CPU)", "load_s": load_s}
     result.update(timing_protocol(lm.prefill, generate, tokens, prompt_lengths, decode_prompt_tokens, new_tokens, warmup,
-                            repeats))
+                            repeats, warmup_scope))
     del lm
     weight_bytes, weight_note = tflite_weight_bytes_per_token(variant_dir)
     calls = {n: -(-n // length) for n in prompt_lengths}
@@ -347,7 +369,7 @@ def measure_tflite_latency(
         "prefill_note": (f"the prefill signature has a fixed length of {length} tokens: a prompt of n tokens costs "
                          f"ceil(n / {length}) calls of {length} tokens, so a prompt shorter than {length} pays for "
                          f"{length} (calls per prompt length: {', '.join(f'{n}: {c}' for n, c in calls.items())})"),
-        **timing_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats),
+        **timing_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats, warmup_scope),
         "library_versions": {**library_versions(), "ai-edge-litert": package_version("ai-edge-litert"),
                              "litert-torch": info.get("litert_torch_version")},
     })
@@ -470,6 +492,7 @@ def latency_from_sitting(
         "new_tokens": data["new_tokens"],
         "threads": data["threads"],
         "warmup": data["warmup"],
+        "warmup_scope": data.get("warmup_scope", "length"),
         "repeats": data["repeats"],
         "rounds": row["rounds"],
         "process_per_measurement": True,

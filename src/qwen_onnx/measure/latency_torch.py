@@ -11,6 +11,7 @@ from typing import Any, Sequence
 from qwen_onnx.errors import ArtifactError
 from qwen_onnx.measure.latency import prompt_tokens, timing_protocol, timing_settings
 from qwen_onnx.run.machine import peak_rss_mib
+from qwen_onnx.settings import defaults
 from qwen_onnx.settings.options import check_options
 from qwen_onnx.source.text import load_tokenizer
 from qwen_onnx.store.artifacts import write_json
@@ -29,12 +30,13 @@ def measure_torch_latency(
     hf_dir: str | os.PathLike,
     text_path: str | os.PathLike,
     *,
-    prompt_lengths: Sequence[int] = (32, 128, 512),
-    decode_prompt_tokens: int = 128,
-    new_tokens: int = 128,
-    threads: int = 2,
-    warmup: int = 1,
-    repeats: int = 3,
+    prompt_lengths: Sequence[int] = defaults.LATENCY["prompt_lengths"],
+    decode_prompt_tokens: int = defaults.LATENCY["decode_prompt_tokens"],
+    new_tokens: int = defaults.LATENCY["new_tokens"],
+    threads: int = defaults.LATENCY["threads"],
+    warmup: int = defaults.LATENCY["warmup"],
+    repeats: int = defaults.LATENCY["repeats"],
+    warmup_scope: str = defaults.LATENCY["warmup_scope"],
     output: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Time PyTorch eager fp32 (the baseline every ratio in the report divides by), same protocol.
@@ -81,12 +83,13 @@ def measure_torch_latency(
 
     result: dict[str, Any] = {"variant_dir": os.fspath(hf_dir), "runtime": "pytorch", "provider": "torch-eager-cpu",
                               "load_s": load_s}
-    result.update(timing_protocol(prefill, generate, tokens, prompt_lengths, decode_prompt_tokens, new_tokens, warmup, repeats))
+    result.update(timing_protocol(prefill, generate, tokens, prompt_lengths, decode_prompt_tokens, new_tokens, warmup, repeats,
+                                  warmup_scope))
     result.update({
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "bytes_on_disk": sum(p.stat().st_size for p in Path(hf_dir).glob("*.safetensors")),
         "weight_bytes_per_token": torch_weight_bytes_per_token(model),
-        **timing_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats),
+        **timing_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats, warmup_scope),
         "library_versions": library_versions(),
     })
     if output is not None:

@@ -185,7 +185,7 @@ def _measure_llama_cpp(gguf: str, tokens: np.ndarray, s: dict) -> dict[str, Any]
         return ttft
 
     result = timing_protocol(prefill, generate, tokens, s["prompt_lengths"], s["decode_prompt_tokens"], s["new_tokens"],
-                       s["warmup"], s["repeats"])
+                       s["warmup"], s["repeats"], s["warmup_scope"])
     result["load_s"] = load_s
     return sitting_figures(result, s["prompt_lengths"])
 
@@ -235,7 +235,7 @@ def _measure_genai(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
         return ttft
 
     result = timing_protocol(prefill, generate, tokens, s["prompt_lengths"], s["decode_prompt_tokens"], s["new_tokens"],
-                       s["warmup"], s["repeats"])
+                       s["warmup"], s["repeats"], s["warmup_scope"])
     result["load_s"] = load_s
     return sitting_figures(result, s["prompt_lengths"])
 
@@ -290,6 +290,7 @@ def run_peers(
     threads: int = defaults.LATENCY["threads"],
     warmup: int = defaults.LATENCY["warmup"],
     repeats: int = defaults.LATENCY["repeats"],
+    warmup_scope: str = defaults.LATENCY["warmup_scope"],
     pytorch: bool = True,
     llama_cpp: bool = True,
     genai_builder: bool = True,
@@ -317,7 +318,8 @@ def run_peers(
         new_tokens: greedy tokens per decode run (``new_tokens - 1`` timed steps).
         threads: threads of every runtime (intra-op for ONNX Runtime and genai, ``n_threads`` and
             ``n_threads_batch`` for llama.cpp, ``torch.set_num_threads``).
-        warmup, repeats: untimed and timed runs inside each process (:mod:`qwen_onnx.measure.latency`).
+        warmup, repeats, warmup_scope: untimed and timed runs inside each process, and where the untimed
+            ones go (:func:`qwen_onnx.measure.latency.timing_protocol`).
         pytorch, llama_cpp, genai_builder, genai_builder_ort: which peers to include.
         tflite_dir: our tflite variant folder (:mod:`qwen_onnx.convert.tflite`), a row ``tflite`` after the
             ONNX variants, measured by the LiteRT interpreter with the same protocol; None: no such row.
@@ -353,7 +355,8 @@ def run_peers(
 
         read_tflite_info(tflite_dir)  # a missing folder is named before anything is measured
     settings = {"prompt_lengths": list(prompt_lengths), "decode_prompt_tokens": decode_prompt_tokens,
-                "new_tokens": new_tokens, "threads": threads, "warmup": warmup, "repeats": repeats}
+                "new_tokens": new_tokens, "threads": threads, "warmup": warmup, "repeats": repeats,
+                "warmup_scope": warmup_scope}
     tokens = prompt_tokens(load_tokenizer(hf_dir), text_path,
                            max([*prompt_lengths, decode_prompt_tokens]))
     text = os.fspath(text_path)

@@ -85,7 +85,8 @@ def measure_openvino(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]
         return model.greedy(prompt, count, timings=steps)[1]
 
     result = timing_protocol(lambda ids: model.forward(ids.reshape(1, -1)), generate, tokens, s["prompt_lengths"],
-                             s["decode_prompt_tokens"], s["new_tokens"], s["warmup"], s["repeats"])
+                             s["decode_prompt_tokens"], s["new_tokens"], s["warmup"], s["repeats"],
+                             s["warmup_scope"])
     result["load_s"] = model.load_seconds
     return sitting_figures(result, s["prompt_lengths"])
 
@@ -140,7 +141,7 @@ def measure_openvino_genai(folder: str, tokens: np.ndarray, s: dict) -> dict[str
         return clock.times[0] - begin
 
     result = timing_protocol(prefill, generate, tokens, s["prompt_lengths"], s["decode_prompt_tokens"], s["new_tokens"],
-                             s["warmup"], s["repeats"])
+                             s["warmup"], s["repeats"], s["warmup_scope"])
     result["load_s"] = load_s
     return sitting_figures(result, s["prompt_lengths"])
 
