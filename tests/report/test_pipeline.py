@@ -1,5 +1,6 @@
 """The pipeline table: jobs' wall time and peak RSS from benchmark files and logs, and the critical path."""
 
+import json
 import os
 
 import pytest
@@ -61,6 +62,7 @@ def test_pipeline_table_reads_benchmarks_and_logs(tmp_path):
     _job(tmp_path, m, "latency_row.preprocessed", 9.0, 800, 9, log_peak=900, ended=1061)
     (tmp_path / "benchmarks" / "machine.tsv").write_text(HEADER + "2.0\t0\t100\t1\t1\t1\t1\t1\t1\t2\n")
     (tmp_path / "benchmarks" / "report.tsv").write_text(HEADER + "3.0\t0\t100\t1\t1\t1\t1\t1\t1\t2\n")
+    _quantized(tmp_path, m, "int4", sensitive_max_nodes=3)  # int4 kept 3 sensitive MatMuls: it read the report
     table = pipeline_table(tmp_path, [m])
     rows = {r["job"]: r for r in table["rows"]}
     assert set(rows) == {"machine", "resolve", "export", "optimize", "preprocess", "sensitivity", "quantize_int4",
@@ -79,6 +81,35 @@ def test_pipeline_table_reads_benchmarks_and_logs(tmp_path):
     text = pipeline_markdown(table)
     assert "critical path: 1.9 min: m/resolve → m/optimize" in text
     assert "| m | accuracy.int4 | 50.0 | 45 | 4100 | ✓ |" in text
+
+
+def _quantized(results, model, variant, **settings):
+    folder = results / model / variant
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "quantize.json").write_text(json.dumps({"kind": variant, "settings": settings}))
+
+
+def test_a_quantize_stage_that_read_no_sensitivity_report_does_not_wait_for_it(tmp_path):
+    """With the defaults (sensitive.max_nodes 0) no quantize stage reads the report: the sensitivity job
+    is off the critical path, and `sensitivity_readers` says which stages read it from their quantize.json."""
+    from qwen_onnx.report.pipeline import sensitivity_readers
+
+    _job(tmp_path, "m", "resolve", 10.0, 900, 8, ended=1000)
+    _job(tmp_path, "m", "optimize", 5.0, 2000, 4, ended=1015)
+    _job(tmp_path, "m", "sensitivity", 20.0, 1200, 18, ended=1035)
+    _job(tmp_path, "m", "quantize_int4", 30.0, 1000, 25, ended=1065)
+    _job(tmp_path, "m", "quantize_static", 25.0, 1000, 25, ended=1090)
+    _quantized(tmp_path, "m", "int4", sensitive_max_nodes=0)
+    _quantized(tmp_path, "m", "int8-static", sensitive_max_nodes=12)
+    assert sensitivity_readers(tmp_path, "m") == {"quantize_static"}
+    assert dependencies("quantize_int4", reads_sensitivity={"quantize_static"}) == ["optimize"]
+    table = pipeline_table(tmp_path, ["m"])
+    # resolve 10 -> optimize 5 -> sensitivity 20 -> quantize_static 25 = 60 s, not via quantize_int4 (45 s)
+    assert table["critical_path"] == ["m/resolve", "m/optimize", "m/sensitivity", "m/quantize_static"]
+    _quantized(tmp_path, "m", "int8-static", sensitive_max_nodes=0)
+    table = pipeline_table(tmp_path, ["m"])
+    assert table["critical_path"] == ["m/resolve", "m/optimize", "m/quantize_int4"]
+    assert table["critical_path_s"] == pytest.approx(45)
 
 
 def test_the_span_is_the_latest_runs_only(tmp_path):

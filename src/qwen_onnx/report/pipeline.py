@@ -18,7 +18,9 @@ span is near it is limited by its cores, not by its dependencies.
 
 Dependencies come from the variant registry (:mod:`qwen_onnx.settings.variants`): a variant's stage
 (its rule) depends on its parent's, and every per-variant job (inspect, accuracy, latency, diff) on
-its variant's stage.
+its variant's stage. A quantize stage depends on ``sensitivity`` only when it read the sensitivity
+report: its variant's ``quantize.json`` records ``settings.sensitive_max_nodes`` above 0
+(:func:`sensitivity_readers`).
 """
 
 from __future__ import annotations
@@ -111,13 +113,29 @@ def collect_jobs(results: str | os.PathLike, models: Sequence[str]) -> list[dict
     return rows
 
 
-def dependencies(job: str, parents: Mapping[str, str] | None = None) -> list[str]:
+def sensitivity_readers(results: str | os.PathLike, model: str) -> set[str]:
+    """The quantize stages of ``model`` that read the sensitivity report: those whose variant's
+    ``quantize.json`` (in ``results/{model}/{variant}``) has ``settings.sensitive_max_nodes`` above 0.
+    A variant not built (no ``quantize.json``) reads nothing."""
+    readers = set()
+    for variant in VARIANTS:
+        path = Path(results, model, variant.name, "quantize.json")
+        if variant.stage.startswith("quantize_") and path.is_file():
+            if int((read_json(path).get("settings") or {}).get("sensitive_max_nodes") or 0) > 0:
+                readers.add(variant.stage)
+    return readers
+
+
+def dependencies(job: str, parents: Mapping[str, str] | None = None,
+                 reads_sensitivity: Iterable[str] | None = None) -> list[str]:
     """The jobs of the same model that ``job`` needs finished first.
 
     Args:
         job: ``rule`` or ``rule.variant`` (``latency_row.pytorch`` is PyTorch's row of the sitting).
         parents: folder -> parent folder overrides of the registry (for example
             ``{"int4": "preprocessed"}`` when ``optimize.quantize_fused`` is false).
+        reads_sensitivity: the quantize stages that read the sensitivity report
+            (:func:`sensitivity_readers`); None: every quantize stage may.
     """
     parent_of = {v.name: v.parent for v in VARIANTS}
     parent_of.update(parents or {})
@@ -145,14 +163,18 @@ def dependencies(job: str, parents: Mapping[str, str] | None = None) -> list[str
     if rule in BY_STAGE:
         name = BY_STAGE[rule].name
         needs = [PRODUCER[parent_of[name]]] if parent_of[name] in PRODUCER else []
-        if rule.startswith("quantize_"):
+        if rule.startswith("quantize_") and (reads_sensitivity is None or rule in set(reads_sensitivity)):
             needs.append("sensitivity")
         return needs
     return []
 
 
-def critical_path(rows: Iterable[Mapping[str, Any]], parents: Mapping[str, str] | None = None) -> tuple[float, list[str]]:
+def critical_path(rows: Iterable[Mapping[str, Any]], parents: Mapping[str, str] | None = None,
+                  reads_sensitivity: Mapping[str, Iterable[str]] | None = None) -> tuple[float, list[str]]:
     """The longest chain of dependent jobs by wall time, over every model.
+
+    ``reads_sensitivity``: per model, its quantize stages that read the sensitivity report
+    (:func:`dependencies`); a model left out, or None: every quantize stage may.
 
     Returns:
         ``(seconds, jobs)`` with ``jobs`` as ``model/job`` from the first to the last; ``(0, [])``
@@ -164,7 +186,8 @@ def critical_path(rows: Iterable[Mapping[str, Any]], parents: Mapping[str, str] 
     def longest(key: tuple[str, str]) -> tuple[float, list[str]]:
         if key not in best:
             model, job = key
-            before = [longest((model, d)) for d in dependencies(job, parents) if (model, d) in by_key]
+            readers = None if reads_sensitivity is None else reads_sensitivity.get(model)
+            before = [longest((model, d)) for d in dependencies(job, parents, readers) if (model, d) in by_key]
             seconds, chain = max(before, default=(0.0, []), key=lambda x: x[0])
             best[key] = (seconds + float(by_key[key]["wall_s"]), chain + [f"{model}/{job}" if model else job])
         return best[key]
@@ -234,7 +257,7 @@ def pipeline_table(results: str | os.PathLike, models: Sequence[str],
     rows = collect_jobs(results, models)
     if cores is None and Path(results, "machine.json").is_file():
         cores = read_json(Path(results, "machine.json")).get("affinity_cores")
-    seconds, chain = critical_path(rows, parents)
+    seconds, chain = critical_path(rows, parents, {m: sensitivity_readers(results, m) for m in models})
     on_path = set(chain)
     for r in rows:
         r["critical"] = (f"{r['model']}/{r['job']}" if r["model"] else r["job"]) in on_path
