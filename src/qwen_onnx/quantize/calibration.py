@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.run.session import session_options
+from qwen_onnx.run.session import SHARED_CORES_SETTINGS, session_options
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,6 @@ def capture_session(proto: onnx.ModelProto, tensor_names: Sequence[str], path: P
             capture.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
     onnx.save_model(capture, str(path))
     del capture
-    options = session_options(threads)
+    options = session_options(threads, settings=SHARED_CORES_SETTINGS)  # beside other jobs: no spinning
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

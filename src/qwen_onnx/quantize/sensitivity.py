@@ -51,7 +51,7 @@ import onnx
 from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.quantize.calibration import TextCalibrationReader
 from qwen_onnx.quantize.matmuls import ROLES, node_role, weight_matmuls
-from qwen_onnx.run.session import session_options
+from qwen_onnx.run.session import SHARED_CORES_SETTINGS, session_options
 from qwen_onnx.settings.options import check_options
 from qwen_onnx.source.text import load_tokenizer, token_windows
 from qwen_onnx.store.artifacts import model_path, write_json, write_text
@@ -248,7 +248,7 @@ def capture_activations(
         path = scratch / "capture.onnx"
         onnx.save_model(proto, str(path))
         del proto
-        options = session_options(threads)
+        options = session_options(threads, settings=SHARED_CORES_SETTINGS)  # beside other jobs: no spinning
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         for window in windows:

@@ -21,7 +21,8 @@ ORT_DEFAULT_SETTINGS: dict[str, Any] = {
 #: measured fastest with the cores to itself (see :func:`session_options` for the measurements).
 DEFAULT_SETTINGS: dict[str, Any] = dict(ORT_DEFAULT_SETTINGS)
 
-#: For sessions that share the cores with other jobs and measure no speed (the ``accuracy`` stage):
+#: For sessions that share the cores with other jobs and measure no speed (the ``accuracy`` and
+#: ``task_accuracy`` stages, the calibration of ``quantize_static`` and the ``sensitivity`` report):
 #: intra-op spinning off, which measured 1.5-1.7x faster decode than spinning on a VM loaded 6-13.
 SHARED_CORES_SETTINGS: dict[str, Any] = {"intra_op_spinning": False}
 
