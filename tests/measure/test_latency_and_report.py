@@ -135,7 +135,7 @@ def test_the_timing_protocol_computes_its_figures_from_the_measured_times(monkey
 def test_an_unknown_warmup_scope_is_named():
     from qwen_onnx.measure import latency
 
-    with pytest.raises(ValueError, match="warmup_scope must be one of \\('row', 'length'\\), got 'prompt'"):
+    with pytest.raises(ValueError, match="warmup_scope must be one of \\('length', 'row'\\), got 'prompt'"):
         latency.timing_protocol(lambda ids: None, lambda p, c, s: 0.0, np.arange(64), [8], 16, 5, warmup=1, repeats=1,
                                 warmup_scope="prompt")
 
@@ -203,13 +203,13 @@ def test_protocol_warms_decode_up_with_a_short_run_then_times_full_runs():
 
     result = timing_protocol(prefill, generate, np.arange(64), [8, 32], 32, 40, 2, 3)
     assert DECODE_WARMUP_TOKENS == 16
-    # the default scope (row): the two untimed decodes first, then timed passes only
-    assert calls == [("generate", 32, 16)] * 2 + [("prefill", 8)] * 3 + [("prefill", 32)] * 3 + [("generate", 32, 40)] * 3
+    # the default scope (length): two untimed passes before each length's timed ones and before the decode
+    assert calls == [("prefill", 8)] * 5 + [("prefill", 32)] * 5 + [("generate", 32, 16)] * 2 + [("generate", 32, 40)] * 3
     assert result["decode_tok_s"] == pytest.approx(100.0) and result["ttft_ms"] == pytest.approx(50.0)
     # fewer new tokens than the warm-up length: the warm-up decodes new_tokens
     calls.clear()
     timing_protocol(prefill, generate, np.arange(64), [8], 8, 4, 1, 1)
-    assert calls == [("generate", 8, 4), ("prefill", 8), ("generate", 8, 4)]
+    assert calls[2:] == [("generate", 8, 4), ("generate", 8, 4)]
 
 
 def test_a_variant_left_out_of_the_sitting_gets_an_empty_speed_row_with_the_reason(tmp_path):

@@ -82,9 +82,9 @@ def prompt_tokens(tokenizer, text_path: str | os.PathLike, length: int) -> np.nd
 
 #: Greedy tokens of each untimed decode warm-up run (at most ``new_tokens``).
 DECODE_WARMUP_TOKENS = 16
-#: Where :func:`timing_protocol`'s untimed runs go: once per row before its first timed pass, or
-#: before each prompt length's prefills as well.
-WARMUP_SCOPES = ("row", "length")
+#: Where :func:`timing_protocol`'s untimed runs go: before each prompt length's prefills and the
+#: decode, or once per row before its first timed pass.
+WARMUP_SCOPES = ("length", "row")
 
 
 def _time(fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
@@ -111,13 +111,14 @@ def timing_protocol(
 ) -> dict[str, Any]:
     """The timing protocol every runtime is measured with (ONNX, PyTorch, LiteRT, the peers).
 
-    ``warmup_scope`` ``row`` (the default): the decode prompt (the first ``decode_prompt_tokens`` of
-    ``tokens``) is first generated ``warmup`` times unmeasured (at most :data:`DECODE_WARMUP_TOKENS`
-    tokens, so one prefill and a few decode steps), and that is the row's only warm-up; then each
-    prompt length is prefilled ``repeats`` times timed with ``time.perf_counter``, then the decode
-    prompt is generated ``repeats`` times for ``new_tokens`` tokens. ``length``: each prompt length
-    is also prefilled ``warmup`` times unmeasured before its timed passes (about 40% more prefill
-    work; docs/timing.md compares the two on the same rows).
+    ``warmup_scope`` ``length`` (the default): each prompt length is prefilled ``warmup`` times
+    unmeasured, then ``repeats`` times timed with ``time.perf_counter``; the decode prompt (the first
+    ``decode_prompt_tokens`` of ``tokens``) is generated ``warmup`` times unmeasured (at most
+    :data:`DECODE_WARMUP_TOKENS` tokens), then ``repeats`` times for ``new_tokens`` tokens. ``row``: the
+    untimed decode runs first and is the row's only warm-up, so each length's first pass is the timed
+    one. On the 0.5B's sitting (AMD EPYC AVX-512 VNNI, 2026-12-05, ``python -m lab.warmup_scope``) ``row``
+    shortened a round by 17% but timed the 512-token prefill up to 1.65x slower (LiteRT, OpenVINO,
+    fp16): a runtime's first pass at a new shape pays for it, so ``length`` stays the protocol.
 
     Args:
         prefill: runs one prefill of token ids int64 [length].

@@ -65,7 +65,7 @@ LATENCY: Mapping[str, Any] = MappingProxyType({
     "decode_prompt_tokens": 128,
     "new_tokens": 64,
     "warmup": 1,
-    "warmup_scope": "row",
+    "warmup_scope": "length",
     "repeats": 1,
     "rounds": 3,
     "threads": 2,
