@@ -51,6 +51,10 @@ from qwen_onnx.settings.gates import DEFAULT_GATES
 from qwen_onnx.source.text import CALIBRATION_TEXT, EVALUATION_TEXT, shipped_text
 from qwen_onnx.store.artifacts import permission_message
 
+#: The help of ``--warmup-scope`` (the latency and peers commands).
+WARMUP_SCOPE_HELP = ("where the untimed runs go: before each prompt length's prefills (length, the protocol) or once per "
+                     "row before its first timed pass (row; its prefill figures are not comparable, docs/timing.md)")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qwen-onnx", description=__doc__.splitlines()[0])
@@ -340,8 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decode loop: IO binding with reused buffers (default) or session.run with numpy feeds")
     p.add_argument("--threads", type=int, default=LATENCY["threads"])
     p.add_argument("--warmup", type=int, default=LATENCY["warmup"])
-    p.add_argument("--warmup-scope", choices=WARMUP_SCOPES, default=LATENCY["warmup_scope"],
-                   help="untimed runs once per row before its first timed pass (row) or before each prompt length too")
+    p.add_argument("--warmup-scope", choices=WARMUP_SCOPES, default=LATENCY["warmup_scope"], help=WARMUP_SCOPE_HELP)
     p.add_argument("--repeats", type=int, default=LATENCY["repeats"])
     p.add_argument("-o", "--output", default=None)
     p.set_defaults(func=run_latency)
@@ -362,8 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--new-tokens", type=int, default=LATENCY["new_tokens"])
     p.add_argument("--threads", type=int, default=LATENCY["threads"])
     p.add_argument("--warmup", type=int, default=LATENCY["warmup"])
-    p.add_argument("--warmup-scope", choices=WARMUP_SCOPES, default=LATENCY["warmup_scope"],
-                   help="untimed runs once per row before its first timed pass (row) or before each prompt length too")
+    p.add_argument("--warmup-scope", choices=WARMUP_SCOPES, default=LATENCY["warmup_scope"], help=WARMUP_SCOPE_HELP)
     p.add_argument("--repeats", type=int, default=LATENCY["repeats"])
     for flag in ("pytorch", "llama-cpp", "genai-builder", "genai-builder-ort"):
         p.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=True, help=f"include the {flag} row")

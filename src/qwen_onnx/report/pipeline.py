@@ -29,7 +29,7 @@ import csv
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from qwen_onnx.settings.defaults import MEASURING_RULES
 from qwen_onnx.settings.variants import BY_STAGE, VARIANTS
@@ -127,7 +127,7 @@ def sensitivity_readers(results: str | os.PathLike, model: str) -> set[str]:
 
 
 def dependencies(job: str, parents: Mapping[str, str] | None = None,
-                 reads_sensitivity: Iterable[str] | None = None) -> list[str]:
+                 reads_sensitivity: Collection[str] | None = None) -> list[str]:
     """The jobs of the same model that ``job`` needs finished first.
 
     Args:
@@ -163,14 +163,14 @@ def dependencies(job: str, parents: Mapping[str, str] | None = None,
     if rule in BY_STAGE:
         name = BY_STAGE[rule].name
         needs = [PRODUCER[parent_of[name]]] if parent_of[name] in PRODUCER else []
-        if rule.startswith("quantize_") and (reads_sensitivity is None or rule in set(reads_sensitivity)):
+        if rule.startswith("quantize_") and (reads_sensitivity is None or rule in reads_sensitivity):
             needs.append("sensitivity")
         return needs
     return []
 
 
 def critical_path(rows: Iterable[Mapping[str, Any]], parents: Mapping[str, str] | None = None,
-                  reads_sensitivity: Mapping[str, Iterable[str]] | None = None) -> tuple[float, list[str]]:
+                  reads_sensitivity: Mapping[str, Collection[str]] | None = None) -> tuple[float, list[str]]:
     """The longest chain of dependent jobs by wall time, over every model.
 
     ``reads_sensitivity``: per model, its quantize stages that read the sensitivity report
