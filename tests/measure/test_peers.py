@@ -133,6 +133,11 @@ def test_ratios_divide_by_the_fastest_peer(peers_run):
     assert json.loads((work / "peers.json").read_text())["reference"] == fastest["peer"]
     md = (work / "peers.md").read_text()
     assert f"divide by {fastest['peer']}, the fastest peer" in md and "| fp32 |" in md
+    # the machine's copy bandwidth at both ends of the sitting (one thread, as the rows ran)
+    bandwidth = result["memory_bandwidth_gb_s"]
+    assert bandwidth["threads"] == 1 and 0.5 < bandwidth["before"] < 500 and 0.5 < bandwidth["after"] < 500
+    assert (f"Memory bandwidth (1 thread, STREAM Copy): {bandwidth['before']} GB/s before the rounds, "
+            f"{bandwidth['after']} GB/s after them.") in md
 
 
 def test_builder_graph_is_cached_and_rebuilt_when_the_weights_change(peers_run, pipeline):

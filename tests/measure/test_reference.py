@@ -65,6 +65,14 @@ def test_reference_folder_holds_logits_ids_and_greedy_outputs(reference, stages)
     for g in meta["generation"]:
         assert 1 <= len(g["pytorch_ids"]) <= NEW_TOKENS
         assert len(g["pytorch_ids"]) == NEW_TOKENS or g["pytorch_ids"][-1] in eos
+    # the windows are spread evenly over the text's consecutive windows (floor(i * n / 3) of its n), its
+    # first one among them, so that every section of a mixed text is scored
+    from qwen_onnx.source.text import load_tokenizer, token_windows
+
+    consecutive = token_windows(load_tokenizer(stages["hf"]), meta["text"], WINDOW)
+    n = len(consecutive)
+    assert n >= 2 * WINDOWS  # the tiny text holds more windows than are kept
+    np.testing.assert_array_equal(windows, consecutive[[0, n // 3, 2 * n // 3]])
     # PyTorch's logits of the first window, recomputed, are the stored ones
     torch_model = load_torch_model(stages["hf"], 1)
     np.testing.assert_array_equal(torch_logits(torch_model, windows[:1])[0, :-1], logits[0])

@@ -87,6 +87,7 @@ from qwen_onnx.run.machine import (
     int8_kernel,
     isa_name,
     measure_load,
+    memory_bandwidth_gb_s,
 )
 from qwen_onnx.run.session import SHARED_CORES_SETTINGS
 from qwen_onnx.run.tflite import read_tflite_info
@@ -336,7 +337,9 @@ def run_peers(
         ``ttft_ms``, ``peak_rss_mib`` (MiB), ``bytes_on_disk``, ``load_s`` (medians), the
         ``*_vs_peer`` ratios, ``rounds_decode_tok_s`` and ``config``; a row that could not run has
         ``skipped`` (why, and how to install what is missing) instead of figures. Also
-        ``reference`` (the fastest peer), the settings and library versions.
+        ``reference`` (the fastest peer), the settings and library versions, and
+        ``memory_bandwidth_gb_s``: ``before`` and ``after`` the rounds (GB/s, STREAM Copy convention,
+        :func:`qwen_onnx.run.machine.memory_bandwidth_gb_s` on ``threads`` threads).
 
     Raises:
         QwenOnnxError: fewer than 1 round, fewer than 2 new tokens, or nothing to measure.
@@ -441,7 +444,9 @@ def run_peers(
         failures: dict[int, str] = {}
         loads: list[list[dict[str, Any]]] = []
         idle_before = measure_load(2.0)
+        bandwidth_before = memory_bandwidth_gb_s(threads)
         per_job = interleaved_rounds(jobs, rounds, failures=failures, loads=loads)
+        bandwidth_after = memory_bandwidth_gb_s(threads)
     measured = [r for r in rows if r["skipped"] is None]
     for i, (row, figures) in enumerate(zip(measured, per_job)):
         if i in failures:
@@ -461,6 +466,10 @@ def run_peers(
         "isa": isa_name(),
         "int8_kernel": int8_kernel(),
         "load_before": idle_before,
+        # the machine's state at both ends of the sitting: decode reads every weight once per token, so a
+        # drop in copy bandwidth between them moves every absolute decode figure (the ratios less)
+        "memory_bandwidth_gb_s": {"before": round(bandwidth_before, 2), "after": round(bandwidth_after, 2),
+                                  "threads": threads},
         "busy_rows": [r["peer"] for r in rows if r.get("rounds_busy")],
         "machine_note": ("every measurement ran with the machine otherwise idle" if not any(r.get("rounds_busy") for r in rows)
                          else "some measurements ran beside other load (rows' load_note): compare ratios, "

@@ -145,6 +145,10 @@ def peers_notes(result: Mapping[str, Any]) -> list[str]:
         notes.append(f"Measured on {result['isa']} (onnxruntime's INT8 kernel: {result.get('int8_kernel')}); "
                      f"machine load: {result.get('machine_note')} (idle before the sitting: "
                      f"{(result.get('load_before') or {}).get('others_cores')} cores used by other processes).")
+    if bandwidth := result.get("memory_bandwidth_gb_s"):
+        threads = f"{bandwidth['threads']} thread{'s' if bandwidth['threads'] != 1 else ''}"
+        notes.append(f"Memory bandwidth ({threads}, STREAM Copy): {bandwidth['before']} GB/s "
+                     f"before the rounds, {bandwidth['after']} GB/s after them.")
     for row in result["rows"]:
         if row["peer"] == LLAMA_CPP and not row.get("skipped"):
             c = row["config"]

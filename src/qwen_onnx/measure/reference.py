@@ -15,7 +15,8 @@
   perplexity change (+0.375% / +0.377%), KL mean and max |Δlogit| kept their printed digits.
   ``dtype="float16"`` halves the file (930 MB -> 465 MB for 6 windows of 256 tokens at vocabulary
   151,936) at that cost.
-- ``windows.npy``: the token ids of the windows, int64 [windows, window].
+- ``windows.npy``: the token ids of the windows, int64 [windows, window]: ``max_windows`` of the
+  text's consecutive windows, spread evenly over it (its first window always among them).
 - ``tokenizer/``: the model's tokenizer, config and generation config files (byte copies), so that
   the accuracy stage decodes generated ids without the Hugging Face folder.
 - ``reference.json``, written last (its presence marks the folder complete): the settings, the
@@ -44,7 +45,7 @@ from qwen_onnx.measure.parity import chat_prompt_ids, shipped_prompts, torch_gen
 from qwen_onnx.settings import defaults
 from qwen_onnx.settings.options import check_options
 from qwen_onnx.source.resolve import eos_token_ids
-from qwen_onnx.source.text import load_tokenizer, token_windows
+from qwen_onnx.source.text import evenly_spaced, load_tokenizer, token_windows
 from qwen_onnx.store.artifacts import copy_side_files, write_json
 from qwen_onnx.store.manifest import verify_manifest
 from qwen_onnx.store.provenance import library_versions
@@ -136,7 +137,11 @@ def write_reference(
         text_path: UTF-8 evaluation text (not the calibration text); recorded as given.
         out_dir: the folder to write (replaced atomically; see the module docstring for its files).
         window: tokens per evaluation window.
-        max_windows: windows kept at most (the first ones); None for the whole text.
+        max_windows: windows kept at most, spread evenly over the text's consecutive windows
+            (:func:`~qwen_onnx.source.text.evenly_spaced`: the first one and every
+            ``available / max_windows``-th after it), so that a mixed text (code, English and
+            Chinese prose) is scored on all of its sections, not on its opening one; None for the
+            whole text.
         generation_tokens: maximum new tokens of each greedy generation.
         prompts: user prompts of the generation and padded-batch checks (default: the shipped
             ``prompts.json``).
@@ -160,7 +165,8 @@ def write_reference(
     started = time.time()
     tokenizer = load_tokenizer(hf_dir)
     available = token_windows(tokenizer, text_path, window)
-    windows = available if max_windows is None else available[:max_windows]
+    windows = available if max_windows is None else available[evenly_spaced(min(max_windows, len(available)),
+                                                                            len(available))]
     prompts = list(prompts) if prompts is not None else shipped_prompts()
     prompt_ids = chat_prompt_ids(tokenizer, prompts)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
