@@ -103,6 +103,9 @@ def test_every_peer_is_measured_with_positive_figures(peers_run):
         idle = [v for r, v in enumerate(row["rounds_decode_tok_s"], 1) if r not in row["rounds_busy"]]
         assert row["decode_tok_s"] == pytest.approx(statistics.median(idle or row["rounds_decode_tok_s"]))
         assert [load["round"] for load in row["rounds_load"]] == [1, 2, 3]
+        # each measuring process's wall time, summed into what the row cost the sitting
+        assert all(load["seconds"] > 0 for load in row["rounds_load"])
+        assert row["sitting_s"] == pytest.approx(sum(load["seconds"] for load in row["rounds_load"]), abs=0.1)
         assert row["load_note"] == "idle" if not row["rounds_busy"] else row["load_note"].startswith(("median of", "BUSY"))
         for figure in ("decode_tok_s", "prefill_ms_8", "prefill_ms_16", "ttft_ms", "load_s"):
             assert row[figure] > 0, (name, figure)

@@ -68,7 +68,10 @@ def _median_row(figures: list[dict[str, Any]], loads: list[dict[str, Any]] | Non
                            "others_cores": load.get("during", {}).get("others_cores"),
                            "steal_pct": load.get("during", {}).get("steal_pct"),
                            "load_1m": load.get("during", {}).get("load_1m"),
-                           "others_cores_before": load.get("before", {}).get("others_cores")} for load in loads]
+                           "others_cores_before": load.get("before", {}).get("others_cores"),
+                           "seconds": load.get("during", {}).get("seconds")} for load in loads]
+    # what the row cost the sitting: its measuring processes' wall time over all rounds, start-up included
+    row["sitting_s"] = round(sum(load.get("during", {}).get("seconds") or 0.0 for load in loads), 1)
     if "intra_op_spinning" in used[0]:
         row["intra_op_spinning"] = [f["intra_op_spinning"] for f in figures]
     busiest = max((load.get("during", {}).get("others_cores") or 0.0 for load in loads), default=0.0)
@@ -149,6 +152,11 @@ def peers_notes(result: Mapping[str, Any]) -> list[str]:
         threads = f"{bandwidth['threads']} thread{'s' if bandwidth['threads'] != 1 else ''}"
         notes.append(f"Memory bandwidth ({threads}, STREAM Copy): {bandwidth['before']} GB/s "
                      f"before the rounds, {bandwidth['after']} GB/s after them.")
+    costs = [(row["peer"], row["sitting_s"]) for row in result["rows"] if row.get("sitting_s")]
+    if costs:
+        notes.append(f"Sitting time per row, all rounds, process start-up included: "
+                     f"{', '.join(f'{peer} {seconds:.0f} s' for peer, seconds in costs)} "
+                     f"({sum(s for _, s in costs) / 60:.1f} min).")
     for row in result["rows"]:
         if row["peer"] == LLAMA_CPP and not row.get("skipped"):
             c = row["config"]
