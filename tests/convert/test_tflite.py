@@ -14,8 +14,9 @@ import pytest
 import torch
 from timing_checks import assert_timed
 
-from qwen_onnx.convert.tflite import convert_tflite
-from qwen_onnx.errors import ArchitectureError, OptionError
+from qwen_onnx.convert import tflite as tflite_module
+from qwen_onnx.convert.tflite import convert_tflite, count_weight_only_ops
+from qwen_onnx.errors import ArchitectureError, ExportError, OptionError
 from qwen_onnx.run.tflite import TfliteCausalLM
 from qwen_onnx.store.artifacts import SIGNATURES_FILE, TFLITE_FILE
 from qwen_onnx.store.manifest import MANIFEST_FILE, verify_manifest
@@ -62,6 +63,30 @@ def test_conversion_writes_the_folder(converted):
     assert info["tflite_bytes"] < 0.7 * converted["none"][1]["tflite_bytes"]
     assert info["seconds"] > 0 and info["peak_rss_mib"] > 100
     assert info["litert_torch_version"] == importlib.metadata.version("litert-torch")
+
+
+def test_weight_only_roles_make_down_proj_and_lm_head_float_products(converted):
+    """The default dynamic_int8 keeps every down_proj and the lm_head weight-only: in the flatbuffer,
+    their FULLY_CONNECTED ops read a weight that a DEQUANTIZE op makes (2 layers + lm_head per signature)."""
+    folder, info = converted["dynamic_int8"]
+    assert info["weight_only_roles"] == ["down_proj", "lm_head"]
+    assert info["weight_only_ops"] == count_weight_only_ops(folder / TFLITE_FILE) == {f"prefill_{PREFILL}": 3, "decode": 3}
+    # other quantizations have no dynamic products to keep float: the roles are not applied, and recorded so
+    assert converted["none"][1]["weight_only_roles"] == [] and converted["none"][1]["weight_only_ops"] == {}
+    assert count_weight_only_ops(converted["none"][0] / TFLITE_FILE) == {f"prefill_{PREFILL}": 0, "decode": 0}
+
+
+def test_weight_only_roles_that_match_no_op_stop_the_conversion(tiny_qwen2, tmp_path, monkeypatch):
+    """A litert-torch whose op names no longer match the roles' patterns would convert silently unchanged
+    (as its own per-block overrides do); the count after the conversion stops it instead."""
+    monkeypatch.setitem(tflite_module._WEIGHT_ONLY_OPS, "down_proj", r"no-such-op")
+    with pytest.raises(ExportError, match=r"should make 3 FULLY_CONNECTED ops per signature weight-only; litert-torch's "
+                                          r"recipe made \{") as error:
+        convert_tflite(tiny_qwen2, tmp_path / "out", prefill_length=PREFILL, kv_cache_length=KV)
+    # only the lm_head matched
+    assert "'decode': 1" in str(error.value) and f"'prefill_{PREFILL}': 1" in str(error.value)
+    assert "\n" not in str(error.value) and "set tflite.weight_only_roles: []" in str(error.value)
+    assert not (tmp_path / "out").exists()
 
 
 def test_signatures_have_the_configured_shapes(converted, tiny_qwen2):
@@ -142,6 +167,7 @@ def test_dynamic_int8_logits_are_close(converted, torch_model):
     (dict(prefill_length=0, kv_cache_length=32), "prefill_length 0 is out of range"),
     (dict(quantize="full_int8"), "no full-integer"),
     (dict(quantize="int3"), "unknown"),
+    (dict(weight_only_roles=["up_proj"]), r"\['up_proj'\] are not roles it can keep weight-only; give some of down_proj, lm_head"),
 ])
 def test_bad_options_raise_one_line_and_write_nothing(tiny_qwen2, tmp_path, kwargs, match):
     with pytest.raises(OptionError, match=match) as error:

@@ -94,9 +94,12 @@ def test_tflite_defaults_are_the_librarys_and_the_clis():
 
     tflite = {k: v for k, v in defaults.section("tflite").items() if k in defaults.TFLITE_CONVERSION}
     parameters = inspect.signature(convert_tflite).parameters
-    assert {k: parameters[k].default for k in tflite} == tflite
-    assert {k: cli_defaults("tflite")[k] for k in tflite} == tflite
+    as_lists = lambda d: {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}  # noqa: E731
+    assert as_lists({k: parameters[k].default for k in tflite}) == tflite
+    assert as_lists({k: cli_defaults("tflite")[k] for k in tflite}) == tflite
     assert SCHEMA["$defs"]["tflite"]["properties"]["quantize"]["enum"] == list(defaults.TFLITE_QUANTIZATIONS)
+    roles = SCHEMA["$defs"]["tflite"]["properties"]["weight_only_roles"]
+    assert roles["items"]["enum"] == list(defaults.TFLITE_WEIGHT_ONLY_ROLES) and roles["default"] == tflite["weight_only_roles"]
 
 
 def test_library_functions_read_the_defaults_module():

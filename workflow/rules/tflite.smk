@@ -21,7 +21,12 @@ rule tflite:
     params:
         settings=lambda wc: {
             k: get_settings(wc.model, "tflite")[k]
-            for k in ("prefill_length", "kv_cache_length", "quantize")
+            for k in (
+                "prefill_length",
+                "kv_cache_length",
+                "quantize",
+                "weight_only_roles",
+            )
         },
         version=VERSION,
     script:

@@ -10,4 +10,5 @@ with logged(snakemake):
         prefill_length=settings["prefill_length"],
         kv_cache_length=settings["kv_cache_length"],
         quantize=settings["quantize"],
+        weight_only_roles=settings["weight_only_roles"],
     )

@@ -142,7 +142,7 @@ def run_tflite(a):
     from qwen_onnx.convert.tflite import convert_tflite
 
     return convert_tflite(a.hf_dir, a.output, prefill_length=a.prefill_length, kv_cache_length=a.kv_cache_length,
-                          quantize=a.quantize)
+                          quantize=a.quantize, weight_only_roles=a.weight_only_roles)
 
 
 def run_extract(a):

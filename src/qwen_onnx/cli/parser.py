@@ -46,6 +46,7 @@ from qwen_onnx.settings.defaults import (
     TASK_ACCURACY,
     TFLITE,
     TFLITE_QUANTIZATIONS,
+    TFLITE_WEIGHT_ONLY_ROLES,
 )
 from qwen_onnx.settings.gates import DEFAULT_GATES
 from qwen_onnx.source.text import CALIBRATION_TEXT, EVALUATION_TEXT, shipped_text
@@ -215,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quantize", default=TFLITE["quantize"], metavar="{" + ",".join(TFLITE_QUANTIZATIONS) + "}",
                    help="litert-torch's quantization: dynamic_int8 (int8 weights, dynamic-range, default), "
                         "weight_only_int8, fp16, none (fp32), dynamic_int4_block32/128")
+    p.add_argument("--weight-only-roles", nargs="*", default=list(TFLITE["weight_only_roles"]),
+                   metavar="{" + ",".join(TFLITE_WEIGHT_ONLY_ROLES) + "}",
+                   help="with dynamic_int8, the roles whose products run in float on INT8 weights, without dynamic "
+                        "activation quantization; none given: every role dynamic (default: %(default)s)")
     p.set_defaults(func=run_tflite)
 
     p = sub.add_parser("sensitivity", help="per-MatMul INT8 error (SQNR) on calibration text, lowest first")

@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 __all__ = ["EVALUATION", "EXPORT", "EXPORTERS", "FLOAT16", "LATENCY", "QUANTIZE_MIXED", "TASK_ACCURACY", "TASK_PEERS",
-           "TFLITE", "TFLITE_CONVERSION", "TFLITE_QUANTIZATIONS", "section"]
+           "TFLITE", "TFLITE_CONVERSION", "TFLITE_QUANTIZATIONS", "TFLITE_WEIGHT_ONLY_ROLES", "section"]
 
 #: ``export:`` (the fp32 export). ``exporter``: ``optimum`` (optimum-onnx) or ``torch``
 #: (``torch.onnx.export(dynamo=True)``, which needs ``opset`` 18 or newer); docs/export.md.
@@ -110,11 +110,15 @@ TFLITE: Mapping[str, Any] = MappingProxyType({
     "prefill_length": 256,
     "kv_cache_length": 1280,
     "quantize": "dynamic_int8",
+    "weight_only_roles": ("down_proj", "lm_head"),
     "max_rss_gib": 16,
     "rss_gib_per_billion_params": 26,
 })
 #: The keys of ``tflite:`` that :func:`qwen_onnx.convert.tflite.convert_tflite` takes (the others decide whether it runs).
-TFLITE_CONVERSION: tuple[str, ...] = ("prefill_length", "kv_cache_length", "quantize")
+TFLITE_CONVERSION: tuple[str, ...] = ("prefill_length", "kv_cache_length", "quantize", "weight_only_roles")
+#: The roles ``tflite.weight_only_roles`` may keep weight-only INT8 inside ``dynamic_int8``: every
+#: block's MLP down projection (litert-torch's ``GatedFeedForward`` ``w2``) and the lm_head.
+TFLITE_WEIGHT_ONLY_ROLES: tuple[str, ...] = ("down_proj", "lm_head")
 #: The allowed values of ``tflite.quantize``: litert-torch's ``QuantizationName`` (its generative
 #: converter offers no full-integer recipe).
 TFLITE_QUANTIZATIONS: tuple[str, ...] = (
