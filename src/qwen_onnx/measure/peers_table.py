@@ -71,7 +71,7 @@ def _median_row(figures: list[dict[str, Any]], loads: list[dict[str, Any]] | Non
                            "others_cores_before": load.get("before", {}).get("others_cores"),
                            "seconds": load.get("during", {}).get("seconds")} for load in loads]
     # what the row cost the sitting: its measuring processes' wall time over all rounds, start-up included
-    row["sitting_s"] = round(sum(load.get("during", {}).get("seconds") or 0.0 for load in loads), 1)
+    row["sitting_s"] = round(sum(load["seconds"] or 0.0 for load in row["rounds_load"]), 1)
     if "intra_op_spinning" in used[0]:
         row["intra_op_spinning"] = [f["intra_op_spinning"] for f in figures]
     busiest = max((load.get("during", {}).get("others_cores") or 0.0 for load in loads), default=0.0)
