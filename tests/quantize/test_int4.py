@@ -222,7 +222,7 @@ def test_int4_keeps_the_weights_a_gguf_mix_stored_wider_at_8_bits(tiny_qwen2, tm
     from qwen_onnx.source.resolve import resolve
 
     types = {"blk.0.attn_v.weight": "Q8_0", "blk.1.ffn_down.weight": "Q8_0", "blk.0.ffn_up.weight": "Q5_0",
-             "blk.1.attn_q.weight": "Q4_0", "token_embd.weight": "Q8_0"}
+             "blk.1.attn_q.weight": "Q4_0", "token_embd.weight": "Q8_0", "output.weight": "Q8_0"}
     info = resolve(str(write_tiny_gguf(tiny_qwen2, tmp_path / "mix.gguf", types)), tmp_path / "hf")
     recorded = info["weight_types"]
     assert recorded["model.layers.0.self_attn.v_proj.weight"] == "Q8_0"
@@ -235,10 +235,12 @@ def test_int4_keeps_the_weights_a_gguf_mix_stored_wider_at_8_bits(tiny_qwen2, tm
     done = quantize_int4_variant(tmp_path / "preprocessed", tmp_path / "int4", settings,
                                  source_info=tmp_path / "hf" / "source.json")
     picked = {(n["layer"], n["role"]): n["source_types"] for n in done["source_precise_nodes"]}
-    # Q5_0 (5.5 bits per weight), Q4_0 and the float tensors stay 4-bit; the embedding is no MatMul
-    assert picked == {(0, "v_proj"): ["Q8_0"], (1, "down_proj"): ["Q8_0"]}
-    bits = sorted(_attrs(n)["bits"] for n in _graph(tmp_path / "int4").node if n.op_type == "MatMulNBits")
-    assert bits == [4] * (MATMULS - 2) + [8, 8]
+    # Q5_0 (5.5 bits per weight), Q4_0 and the float tensors stay 4-bit; the embedding is no MatMul;
+    # the Q8_0 output matrix is recorded, but lm_head_bits decides the lm_head: 4
+    assert picked == {(0, "v_proj"): ["Q8_0"], (1, "down_proj"): ["Q8_0"], (None, "lm_head"): ["Q8_0"]}
+    nbits = {n.name: _attrs(n)["bits"] for n in _graph(tmp_path / "int4").node if n.op_type == "MatMulNBits"}
+    assert sorted(nbits.values()) == [4] * (MATMULS - 2) + [8, 8]
+    assert [b for name, b in nbits.items() if name.startswith(done["lm_head"])] == [4]
     _close_to_fp32(tmp_path / "int4", tmp_path / "preprocessed", max_rel_mean=0.35, min_corr=0.9)
     # a float source has no weight_types: nothing is picked; a GGUF source.json from before them is refused
     assert quantize_int4_variant(tmp_path / "preprocessed", tmp_path / "int4-float", settings,

@@ -124,7 +124,8 @@ class Int4Settings(SensitiveSettings):
         symmetric: 4-bit weights without zero points (True) or with one per block (False); None
             (default) takes the algorithm's own choice, :data:`SYMMETRIC_DEFAULT`. ``k_quant`` and
             ``hqq`` store zero points always, so True is refused for them.
-        lm_head_bits: 4 or 8 bits for the lm_head (the MatMul producing ``logits``).
+        lm_head_bits: 4 or 8 bits for the lm_head (the MatMul producing ``logits``), whatever
+            ``source_bits`` says of its GGUF source weight.
         embedding: ``shared`` (tied models: the embedding reads the lm_head's quantized weight),
             ``quantized`` (own GatherBlockQuantized table at ``embedding_bits``) or ``float``.
         embedding_bits: bits of an own embedding table (4 or 8; 4 with zero points measured
@@ -136,7 +137,8 @@ class Int4Settings(SensitiveSettings):
         sensitive_scheme: what those get: ``blockwise`` (8-bit MatMulNBits, default) or ``float``.
         source_bits: MatMuls whose GGUF source weight held at least this many bits per weight stay
             8-bit (6: Q6_K and Q8_0, the tensors llama.cpp's Q4_K_M mix keeps wider;
-            :mod:`qwen_onnx.quantize.source_precision`); 0 turns it off; no effect for float sources.
+            :mod:`qwen_onnx.quantize.source_precision`); 0 turns it off; no effect for float sources
+            nor on the lm_head (``lm_head_bits``).
         nodes_to_exclude: MatMul node names kept float.
         calibration_samples, calibration_sequence_length: ``gptq``: calibration windows and tokens
             per window.
@@ -452,7 +454,7 @@ def quantize_int4_variant(
     hf_config = read_json(input_dir / "config.json")
     layers, hidden = hf_config["num_hidden_layers"], hf_config["hidden_size"]
     precise = source_nodes(graph, settings.source_bits, source_info, layers, Path(output_dir).resolve().parent)
-    eight += [n["name"] for n in precise]
+    eight += [n["name"] for n in precise if n["name"] != head.name]
     eight += [n for n in weights if node_role(n)[1] in settings.eight_bit_roles]
     if settings.lm_head_bits == 8:
         eight.append(head.name)
