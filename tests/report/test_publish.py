@@ -102,3 +102,25 @@ def test_a_run_of_one_model_keeps_the_other_models_tables_with_their_provenance(
     block = readme.read_text().split(BEGIN)[1].split(END)[0]
     assert block.count("**big**: measured 2026-12-01 at commit 0ld0000") == 1 and "commit def5678" in block
     assert "abc1234" not in block
+
+
+def test_the_provenance_line_gives_the_runs_time_from_its_jobs(run, tmp_path):
+    """The run's span (first start to last end, from the benchmarks and the logs' times) and core bound
+    (the measuring jobs' wall time plus the others' CPU time over the cores) stand in each model's line."""
+    import os
+
+    header = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+    for job, wall, cpu, ended in (("resolve", 60.0, 50, 1060), ("export", 120.0, 200, 1180), ("sitting", 600.0, 300, 1780)):
+        (run / "benchmarks" / "m").mkdir(parents=True, exist_ok=True)
+        (run / "benchmarks" / "m" / f"{job}.tsv").write_text(header + f"{wall}\t0:01:00\t100\t1\t1\t1\t1\t1\t50\t{cpu}\n")
+        log = run / "logs" / "m" / f"{job}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("done\n")
+        os.utime(log, (ended, ended))
+    (run / "machine.json").write_text(json.dumps({**MACHINE, "affinity_cores": 2}))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{BEGIN}\n{END}\n")
+    publish(run, readme=readme, page=tmp_path / "p.md", commit="abc1234")
+    # span 1000 -> 1780 s = 13.0 min; core bound 600 + (50 + 200) / 2 = 725 s = 12.1 min
+    assert ("by the main command in 13.0 min (its last run: 3 jobs, setup excluded; core bound 12.1 min on 2 cores); "
+            "the whole report:") in readme.read_text()

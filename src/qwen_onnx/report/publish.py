@@ -7,8 +7,8 @@
   ran, then the run's ``report.md`` as it is;
 - the README's measured tables, one per model, between :data:`BEGIN` and :data:`END`: variant,
   gate, perplexity change, KL divergence, top-1 agreement, HumanEval pass@1, size, decode tokens/s, time to first token,
-  and whether the timing round was idle, each model's table under a line naming the commit, date, CPU, ISA and
-  page of the run it comes from. A run of some models replaces their tables and keeps the others' (the latest
+  and whether the timing round was idle, each model's table under a line naming the commit, date, CPU, ISA,
+  the run's time (its last span and core bound, :mod:`qwen_onnx.report.pipeline`) and page of the run it comes from. A run of some models replaces their tables and keeps the others' (the latest
   run per model).
 
 Nothing in the README between the markers is written by hand; a run that lacks a file is refused.
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.report.pipeline import pipeline_table
 from qwen_onnx.store.artifacts import read_json, write_text
 
 BEGIN = "<!-- measured:begin (written by `qwen-onnx publish` from a run; do not edit by hand) -->"
@@ -100,8 +101,18 @@ _OLD_PROVENANCE = re.compile(r"Measured (?P<rest>\S+ at commit \S+ on .*? by the
                              r"\[[^\]]+\]\([^)]+\))\.")
 
 
+def run_time_clause(pipeline: dict[str, Any]) -> str:
+    """`` in 97.3 min (its last run: 120 jobs, setup excluded; core bound 90.1 min on 2 cores)`` from
+    :func:`qwen_onnx.report.pipeline.pipeline_table`; empty when the logs give no span."""
+    if pipeline.get("span_s") is None:
+        return ""
+    bound = (f"; core bound {pipeline['core_bound_s'] / 60:.1f} min on {pipeline['cores']} cores"
+             if pipeline.get("core_bound_s") is not None else "")
+    return f" in {pipeline['span_s'] / 60:.1f} min (its last run: {pipeline['span_jobs']} jobs, setup excluded{bound})"
+
+
 def measured_tables(rows: Sequence[dict[str, Any]], machine: dict[str, Any], commit: str, date: str,
-                    page: str, previous: str = "") -> str:
+                    page: str, previous: str = "", run_time: str = "") -> str:
     """The README block: a legend, then per model its provenance line and a Markdown table (PyTorch and
     every variant of ``metrics.json``, in its order).
 
@@ -113,6 +124,7 @@ def measured_tables(rows: Sequence[dict[str, Any]], machine: dict[str, Any], com
         previous: the block as it was: the sections of models this run does not have are kept, in
             their place, with their own provenance (a block of the older one-line form lends each
             section its line).
+        run_time: :func:`run_time_clause` of the run, after "by the main command".
     """
     lines = [LEGEND]
     problems = sorted({r["task_problems"] for r in rows if r.get("task_problems")})
@@ -128,7 +140,8 @@ def measured_tables(rows: Sequence[dict[str, Any]], machine: dict[str, Any], com
             text = f"**{head['model']}**: measured {old['rest']}.\n" + text.split("\n", 1)[1]
         sections[head["model"]] = text
     for model in dict.fromkeys(r["model"] for r in rows):
-        table = [f"**{model}**: measured {date} at commit {commit} on {machine_line(machine)} by the main command; "
+        table = [f"**{model}**: measured {date} at commit {commit} on {machine_line(machine)} by the main command"
+                 f"{run_time}; "
                  f"the whole report: [{page}]({page}).", "",
                  "| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         table += ["| " + " | ".join(_cell(row, key, fmt) for _, key, fmt in COLUMNS) + " |"
@@ -192,9 +205,12 @@ def publish(results_dir: str | os.PathLike, *, readme: str | os.PathLike | None,
     for document, text in texts.items():  # every block checked before anything is written
         replace_block(text, "", str(document))
     write_text(page, measurement_page(report, machine, commit, date, command))
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    run_time = run_time_clause(pipeline_table(results_dir, models))
     for document, text in texts.items():
         relative = os.path.relpath(page, document.parent)
-        block = measured_tables(rows, machine, commit, date, relative, previous=current_block(text))
+        block = measured_tables(rows, machine, commit, date, relative, previous=current_block(text),
+                                run_time=run_time)
         write_text(document, replace_block(text, block, str(document)))
     return {"page": str(page), "readme": str(readme) if readme else "", "index": str(index) if index else "",
             "commit": commit, "date": date}
