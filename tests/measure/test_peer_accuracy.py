@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from qwen_onnx.measure.peer_accuracy import peer_accuracy
+from qwen_onnx.measure.peers_table import standing_notes
 from qwen_onnx.measure.reference import write_reference
 from qwen_onnx.report.rows import peer_metric_rows, peer_tables
 from qwen_onnx.settings.gates import DEFAULT_GATES
@@ -108,6 +109,58 @@ def test_peer_rows_carry_the_peers_accuracy(tmp_path):
     cells = {r["peer"]: (r["gate"], r["kl_mean"], r["top1_pct"], r["decode_tok_s"]) for r in table["rows"]}
     assert cells["int4"] == ("PASS", 0.02, 92.3, 35.0) and cells["llama.cpp"] == ("PASS", 0.031, 91.0, 30.0)
     assert cells["genai-builder-int4"] == ("FAIL", 0.05, 83.4, 40.0) and cells["pytorch"] == (None, None, None, 5.0)
+    assert table["notes"][-2:] == [
+        "Our fastest variant that passes its gate, int4 (35.0 tokens/s), decodes 0.85× the fastest peer, "
+        "genai-builder-int4-ort (FAIL), and 1.17× the fastest peer that passes, llama.cpp.",
+        "No peer is both faster and more accurate (lower mean KL) than any variant of ours."]
+
+
+def test_standing_names_each_peer_faster_and_more_accurate_than_a_variant_of_ours():
+    """The 0.5B's sitting on the Xeon AVX-512 VNNI + AMX (b56eecf, 2026-12-05), figures rounded."""
+    rows = [{"peer": "pytorch", "decode_tok_s": 10.9, "kl_mean": 0.0, "weight_bytes_per_token": 1976e6},
+            {"peer": "fp32", "decode_tok_s": 12.1, "gate": "PASS", "kl_mean": 2e-11},
+            {"peer": "int4", "decode_tok_s": 39.3, "gate": "PASS", "kl_mean": 0.011, "weight_bytes_per_token": 477.2e6},
+            {"peer": "tflite", "decode_tok_s": 13.6, "gate": "PASS", "kl_mean": 0.0038},
+            {"peer": "int4-openvino", "decode_tok_s": 23.4, "gate": "PASS", "kl_mean": 0.0101},
+            {"peer": "int8-dynamic-openvino", "decode_tok_s": 23.3, "gate": "PASS", "kl_mean": 0.00113},
+            {"peer": "int8-mixed", "skipped": "not built"},
+            {"peer": "llama.cpp", "decode_tok_s": 26.3, "gate": "PASS", "kl_mean": 0.0011,
+             "weight_bytes_per_token": 375.3e6},
+            {"peer": "genai-builder-int4", "decode_tok_s": 46.2, "gate": "FAIL", "kl_mean": 0.114,
+             "weight_bytes_per_token": 317.4e6},
+            {"peer": "openvino-int4", "decode_tok_s": 33.1, "gate": "FAIL", "kl_mean": 0.0989}]
+    assert standing_notes(rows) == [
+        "Our fastest variant that passes its gate, int4 (39.3 tokens/s), decodes 0.85× the fastest peer, "
+        "genai-builder-int4 (FAIL), and 1.49× the fastest peer that passes, llama.cpp.",
+        "Both faster and more accurate (lower mean KL) than a variant of ours: llama.cpp (26.3 tokens/s, KL 0.0011) "
+        "over tflite, int4-openvino, int8-dynamic-openvino.",
+        "int4 reads 477 MB of weights per token: 1.27× llama.cpp's 375 MB, 1.50× genai-builder-int4's 317 MB."]
+    # no variant of ours passes, or no peer was timed
+    failing = [{**r, "gate": "FAIL"} if r["peer"] in ("fp32", "int4", "tflite") else r for r in rows[:4]]
+    assert standing_notes([*failing, rows[-1]])[0] == "None of our timed variants passes its gate."
+    assert standing_notes(rows[:6]) == []
+
+
+def test_llama_cpp_reads_the_gguf_types_resolve_recorded(tmp_path):
+    """llama.cpp's bytes per token: each weight at its GGUF type's bits (source.json's weight_types) over the
+    checkpoint's shapes, the embedding as one row; an ONNX peer folder is counted as our graphs are."""
+    from safetensors.numpy import save_file
+
+    from qwen_onnx.report.rows import peer_weight_bytes_per_token
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    save_file({"model.embed_tokens.weight": np.zeros((100, 64), np.float32),
+               "model.layers.0.mlp.down_proj.weight": np.zeros((64, 256), np.float32),
+               "model.norm.weight": np.zeros(64, np.float32), "lm_head.weight": np.zeros((100, 64), np.float32)},
+              str(hf / "model.safetensors"))
+    (hf / "source.json").write_text(json.dumps({"kind": "gguf", "weight_types": {
+        "model.embed_tokens.weight": "Q8_0", "model.layers.0.mlp.down_proj.weight": "Q4_K", "lm_head.weight": "Q6_K"}}))
+    # one Q8_0 row 64 x 8.5 bits + Q4_K 64 x 256 x 4.5 bits + the norm's 64 float32 + Q6_K 100 x 64 x 6.5625 bits
+    assert peer_weight_bytes_per_token({"peer": "llama.cpp", "path": None}, hf) == 68 + 9216 + 256 + 5250
+    (hf / "source.json").write_text(json.dumps({"kind": "hub"}))
+    assert peer_weight_bytes_per_token({"peer": "llama.cpp", "path": None}, hf) is None
+    assert peer_weight_bytes_per_token({"peer": "genai-builder-int4", "path": str(tmp_path / "gone")}, hf) is None
 
 
 @pytest.mark.skipif(importlib.util.find_spec("openvino") is None,

@@ -164,3 +164,70 @@ def peers_notes(result: Mapping[str, Any]) -> list[str]:
                          f"CMAKE_ARGS=\"{c.get('setup_cmake_args')}\" (never AMX: its weight repacking crashes); "
                          f"n_ctx {c.get('n_ctx')}, n_batch {c.get('n_batch')}; ggml: {c.get('system_info', '').strip()}")
     return notes
+
+
+#: The rows that are other tools' routes; every other row but PyTorch's is one of our variants, in any runtime.
+PEER_ROUTES = (*REFERENCE_PEERS, GENAI_ORT)
+
+
+def _fastest(rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    return max(rows, key=lambda r: r["decode_tok_s"], default=None)
+
+
+def standing_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Where our variants stand against the peers in one sitting, one line each:
+
+    - our fastest variant that passes its gate: its decode speed over the fastest peer's and over the
+      fastest passing peer's;
+    - each peer both faster (decode tokens/s) and more accurate (lower mean KL divergence from PyTorch)
+      than some variant of ours, Pareto dominance on the report's accuracy–speed plot, or that none is;
+    - the bytes of weights our int4 reads per decoded token over each peer's.
+
+    Args:
+        rows: the sitting's rows (``peer``, ``decode_tok_s``, ``skipped``) with the report's ``gate``,
+            ``kl_mean`` and ``weight_bytes_per_token`` (bytes); any figure may be None (not measured).
+
+    Returns:
+        The lines; none when no peer or none of our variants was timed.
+    """
+    timed = [r for r in rows if not r.get("skipped") and r.get("decode_tok_s")]
+    peers = [r for r in timed if r["peer"] in PEER_ROUTES]
+    ours = [r for r in timed if r["peer"] not in PEER_ROUTES and r["peer"] != "pytorch"]
+    if not peers or not ours:
+        return []
+    lines = []
+    best = _fastest([r for r in ours if r.get("gate") == "PASS"])
+    top, top_passing = _fastest(peers), _fastest([r for r in peers if r.get("gate") == "PASS"])
+    if best is None:
+        lines.append("None of our timed variants passes its gate.")
+    else:
+        text = (f"Our fastest variant that passes its gate, {best['peer']} ({best['decode_tok_s']:.1f} tokens/s), "
+                f"decodes {best['decode_tok_s'] / top['decode_tok_s']:.2f}× the fastest peer, {top['peer']} "
+                f"({top.get('gate') or 'no accuracy figures'})")
+        if top_passing is None:
+            text += "; no peer passes its gate"
+        elif top_passing is not top:
+            text += (f", and {best['decode_tok_s'] / top_passing['decode_tok_s']:.2f}× the fastest peer that passes, "
+                     f"{top_passing['peer']}")
+        lines.append(text + ".")
+    beating = []
+    for peer in peers:
+        if peer.get("kl_mean") is None:
+            continue
+        beaten = [r["peer"] for r in ours if r.get("kl_mean") is not None
+                  and peer["decode_tok_s"] > r["decode_tok_s"] and peer["kl_mean"] < r["kl_mean"]]
+        if beaten:
+            beating.append(f"{peer['peer']} ({peer['decode_tok_s']:.1f} tokens/s, KL {peer['kl_mean']:.3g}) "
+                           f"over {', '.join(beaten)}")
+    if beating:
+        lines.append("Both faster and more accurate (lower mean KL) than a variant of ours: " + "; ".join(beating) + ".")
+    elif any(p.get("kl_mean") is not None for p in peers):
+        lines.append("No peer is both faster and more accurate (lower mean KL) than any variant of ours.")
+    int4 = next((r for r in ours if r["peer"] == "int4" and r.get("weight_bytes_per_token")), None)
+    theirs = [p for p in peers if p.get("weight_bytes_per_token")]
+    if int4 is not None and theirs:
+        ours_bytes = int4["weight_bytes_per_token"]
+        lines.append(f"int4 reads {ours_bytes / 1e6:.0f} MB of weights per token: " + ", ".join(
+            f"{ours_bytes / p['weight_bytes_per_token']:.2f}× {p['peer']}'s {p['weight_bytes_per_token'] / 1e6:.0f} MB"
+            for p in theirs) + ".")
+    return lines

@@ -11,11 +11,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from qwen_onnx.convert.tflite import tflite_skip_reason
-from qwen_onnx.measure.inspect_graph import FUSED_OPS
-from qwen_onnx.measure.peers_table import openvino_variant, peer_columns, peers_notes
+from qwen_onnx.measure.inspect_graph import FUSED_OPS, decode_weight_bytes, load_graph
+from qwen_onnx.measure.peers_table import LLAMA_CPP, openvino_variant, peer_columns, peers_notes, standing_notes
 from qwen_onnx.report.tables import COLUMNS, NOT_APPLICABLE, format_cell, label
 from qwen_onnx.settings.gates import gate_margins
 from qwen_onnx.settings.variants import BY_NAME
+from qwen_onnx.source.gguf_file import gguf_decode_weight_bytes
 from qwen_onnx.store.artifacts import read_json
 
 #: The goals of "Which variant to ship": (name, column, ``min`` or ``max``).
@@ -246,6 +247,33 @@ def peer_accuracy_columns(reports_dir: Path, peer: str) -> dict[str, Any]:
     return out
 
 
+def peer_weight_bytes_per_token(peer: Mapping[str, Any], hf_dir: str | os.PathLike) -> int | None:
+    """Bytes of weights a peer row reads per decoded token, counted as our variants' are.
+
+    An ONNX folder (the builder's graph, our variants run by OpenVINO):
+    :func:`qwen_onnx.measure.inspect_graph.decode_weight_bytes`; llama.cpp: the GGUF's types recorded by
+    ``resolve`` in ``hf_dir/source.json`` over the shapes of ``hf_dir``'s checkpoint
+    (:func:`qwen_onnx.source.gguf_file.gguf_decode_weight_bytes`); None for anything else (an OpenVINO
+    IR) and where the files are gone.
+    """
+    path = Path(peer["path"]) if peer.get("path") else None
+    if peer["peer"] == LLAMA_CPP:
+        source = Path(hf_dir, "source.json")
+        types = read_json(source).get("weight_types") if source.is_file() else None
+        if not types:
+            return None
+        from safetensors import safe_open
+
+        shapes = {}
+        for weights in sorted(Path(hf_dir).glob("*.safetensors")):
+            with safe_open(str(weights), "np") as f:
+                shapes.update({name: f.get_slice(name).get_shape() for name in f.keys()})
+        return gguf_decode_weight_bytes(shapes, types) if shapes else None
+    if path is not None and (path / "model.onnx").is_file():
+        return decode_weight_bytes(load_graph(path))
+    return None
+
+
 def peer_metric_rows(models: Sequence[str], paths: Sequence[str | os.PathLike],
                      prompt_lengths: Sequence[int], task: Sequence[str | os.PathLike] = ()) -> list[dict[str, Any]]:
     """metrics.csv/json rows of the measured peers (:func:`is_peer_row`) of each model's peers JSON
@@ -269,6 +297,7 @@ def peer_metric_rows(models: Sequence[str], paths: Sequence[str | os.PathLike],
                        timing_load=(peer.get("load_note") or "idle") if "busy" in peer else None)
             for key in ("load_s", "ttft_ms", "decode_tok_s", "peak_rss_mib", "bytes_on_disk"):
                 row[key] = peer.get(key)
+            row["weight_bytes_per_token"] = peer_weight_bytes_per_token(peer, Path(path).parents[1] / "hf")
             row.update(peer_accuracy_columns(Path(path).parent, peer["peer"]))
             task_key = (model, _PEER_TASK.get(peer["peer"]))
             if task_key in tasks:
@@ -289,25 +318,33 @@ def peer_metric_rows(models: Sequence[str], paths: Sequence[str | os.PathLike],
 
 #: The accuracy columns the "Against peers" table takes from each row's report row (ours and the peers').
 PEER_TABLE_ACCURACY = ("gate", "ppl_delta_pct", "kl_mean", "top1_pct")
+#: ... and, after the speed figures, the bytes of weights each reads per decoded token.
+PEER_TABLE_BYTES = ("weight_bytes_per_token",)
 
 
 def peer_tables(models: Sequence[str], paths: Sequence[str | os.PathLike],
                 report_rows: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
     """Per model the "Against peers" table: ``model``, ``notes`` (lines), ``columns`` and ``rows``.
 
-    Each row of the sitting gets the accuracy columns (:data:`PEER_TABLE_ACCURACY`) of the report row
-    of the same model and name in ``report_rows`` (our variants' from their accuracy stage, the peers'
-    from :func:`peer_metric_rows`), so that speed and accuracy sit side by side.
+    Each row of the sitting gets the accuracy columns (:data:`PEER_TABLE_ACCURACY`) and the weight bytes
+    per token (:data:`PEER_TABLE_BYTES`) of the report row of the same model and name in ``report_rows``
+    (our variants' from their accuracy and latency stages, the peers' from :func:`peer_metric_rows`), so
+    that speed and accuracy sit side by side; the notes end with where our variants stand against the
+    peers (:func:`qwen_onnx.measure.peers_table.standing_notes`).
     """
     accuracy = {(r["model"], r["variant"]): r for r in report_rows}
     out = []
     for model, path in zip(models, paths):
         result = read_json(path)
-        rows = [{"model": model, **r, **{c: accuracy.get((model, r["peer"]), {}).get(c) for c in PEER_TABLE_ACCURACY}}
+        rows = [{"model": model, **r, **{c: accuracy.get((model, r["peer"]), {}).get(c)
+                                         for c in (*PEER_TABLE_ACCURACY, *PEER_TABLE_BYTES)}}
                 for r in result["rows"]]
         columns = ["model", *peer_columns(result["prompt_lengths"])]
         columns[3:3] = PEER_TABLE_ACCURACY  # after model, peer, runtime
-        out.append({"model": model, "notes": peers_notes(result), "rows": rows, "columns": columns})
+        at = columns.index("bytes_on_disk") + 1
+        columns[at:at] = PEER_TABLE_BYTES
+        out.append({"model": model, "notes": [*peers_notes(result), *standing_notes(rows)], "rows": rows,
+                    "columns": columns})
     return out
 
 

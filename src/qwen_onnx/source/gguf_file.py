@@ -8,10 +8,11 @@ import dataclasses
 import hashlib
 import importlib
 import importlib.metadata
+import math
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping, Sequence
 
 from qwen_onnx.errors import PartError, SourceError
 
@@ -250,6 +251,33 @@ def bits_per_weight(type_name: str) -> float:
 
     block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
     return size * 8 / block
+
+
+def gguf_decode_weight_bytes(shapes: Mapping[str, Sequence[int]], weight_types: Mapping[str, str]) -> int:
+    """Bytes of weights llama.cpp reads to decode one token of a GGUF checkpoint.
+
+    Every tensor counts at its GGML type's stored bits per weight (:func:`bits_per_weight`; float32 for
+    a tensor without a recorded type, as GGUF stores norms and biases), the token embedding
+    (``model.embed_tokens.weight``, a row lookup) as one row, as
+    :func:`qwen_onnx.measure.inspect_graph.decode_weight_bytes` counts ONNX graphs; a tied checkpoint
+    (no ``lm_head.weight``) reads the whole embedding table again for its logits.
+
+    Args:
+        shapes: Hugging Face parameter name -> shape, every tensor of the checkpoint.
+        weight_types: Hugging Face parameter name -> GGML type name (``source.json``'s ``weight_types``,
+            :func:`gguf_weight_types`).
+
+    Raises:
+        KeyError: a type is not a ``gguf.GGMLQuantizationType``.
+    """
+    total = 0.0
+    for name, shape in shapes.items():
+        size = math.prod(shape) * (bits_per_weight(weight_types[name]) / 8 if name in weight_types else 4)
+        if name == "model.embed_tokens.weight":
+            total += size / shape[0] + (0 if "lm_head.weight" in shapes else size)
+        else:
+            total += size
+    return int(round(total))
 
 
 def gguf_weight_types(path: str | os.PathLike, num_layers: int) -> dict[str, str]:
