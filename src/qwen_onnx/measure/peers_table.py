@@ -167,7 +167,7 @@ def peers_notes(result: Mapping[str, Any]) -> list[str]:
 
 
 #: The rows that are other tools' routes; every other row but PyTorch's is one of our variants, in any runtime.
-PEER_ROUTES = (*REFERENCE_PEERS, GENAI_ORT)
+PEER_ROUTES = (LLAMA_CPP, GENAI, GENAI_ORT, OPENVINO_INT4)
 
 
 def _fastest(rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:

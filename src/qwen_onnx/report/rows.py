@@ -12,7 +12,14 @@ import numpy as np
 
 from qwen_onnx.convert.tflite import tflite_skip_reason
 from qwen_onnx.measure.inspect_graph import FUSED_OPS, decode_weight_bytes, load_graph
-from qwen_onnx.measure.peers_table import LLAMA_CPP, openvino_variant, peer_columns, peers_notes, standing_notes
+from qwen_onnx.measure.peers_table import (
+    LLAMA_CPP,
+    PEER_ROUTES,
+    openvino_variant,
+    peer_columns,
+    peers_notes,
+    standing_notes,
+)
 from qwen_onnx.report.tables import COLUMNS, NOT_APPLICABLE, format_cell, label
 from qwen_onnx.settings.gates import gate_margins
 from qwen_onnx.settings.variants import BY_NAME
@@ -204,7 +211,7 @@ def collect_rows(
 
 #: Peers of the sitting stage that become rows of metrics.csv/json (our variants and PyTorch have theirs), and
 #: every row of one of our variants run by OpenVINO (``int4-openvino``, :func:`is_peer_row`).
-PEER_VARIANTS = ("llama.cpp", "genai-builder-int4", "genai-builder-int4-ort", "openvino-int4")
+PEER_VARIANTS = PEER_ROUTES
 
 _PEER_PROVIDER = {"llama.cpp": "llama.cpp CPU", "genai-builder-int4": "onnxruntime-genai CPU",
                   "genai-builder-int4-ort": "CPUExecutionProvider", "openvino-int4": "openvino-genai CPU"}
