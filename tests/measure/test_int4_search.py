@@ -119,3 +119,68 @@ def test_calibrated_errors_add_up_to_each_layer_kinds_kl():
     # the lm_head's small weight error weighs most once scaled: it moves last
     steps = greedy_steps(scaled, {"q0": 100, "q1": 100, "head": 100}, ((8, 128), (4, 32)))
     assert steps[-1] == ("head", "4/32")
+
+
+def test_the_8_bit_option_is_scored_on_the_weights_onnxruntimes_kernel_computes_with():
+    """_blockwise_int8_restored against MatMulNBits itself: the 8-bit symmetric blockwise node that
+    blockwise_int8 ships, run on an identity input, returns the weight the search priced."""
+    import onnxruntime as ort
+    from onnx import TensorProto
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    from qwen_onnx.quantize.precision_search import _blockwise_int8_restored
+
+    k, n, block = 96, 40, 32  # three blocks a column, one of them heavy-tailed
+    weight = np.random.default_rng(3).standard_normal((k, n)).astype(np.float32)
+    weight[40:44] *= 30
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [k, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [k, n])],
+                              [onnx.numpy_helper.from_array(weight, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    quantizer = MatMulNBitsQuantizer(model, bits=8, block_size=block, is_symmetric=True, accuracy_level=0,
+                                     op_types_to_quantize=("MatMul",))
+    quantizer.process()
+    session = ort.InferenceSession(quantizer.model.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    kernel = session.run(None, {"x": np.eye(k, dtype=np.float32)})[0]
+    restored = _blockwise_int8_restored(weight, block)
+    assert restored.shape == (k, n)
+    np.testing.assert_allclose(restored, kernel, rtol=1e-6, atol=1e-6)
+    # one step per block of each column at most (onnxruntime maps max|w| to -128 and clips +128 to 127)
+    step = np.abs(weight).reshape(3, block, n).max(axis=1) / 128  # [blocks, N]
+    assert np.all(np.abs(restored - weight).reshape(3, block, n) <= step[:, None, :] * 1.0001)
+
+
+def test_the_candidates_reuse_each_weights_4_bit_blocks_and_build_the_same_graph(pipeline, texts, tmp_path,
+                                                                                 monkeypatch):
+    """A precision map built with the search's block cache: the k-quant search runs once per weight
+    and option, and a second build from the filled cache writes the same weights without it."""
+    from qwen_onnx.quantize import kquant
+    from qwen_onnx.quantize.int4 import quantize_int4_variant
+    from qwen_onnx.quantize.matmuls import node_role, weight_matmul_names
+    from qwen_onnx.quantize.precision_search import option_errors
+
+    settings = Int4Settings(importance_samples=2, calibration_sequence_length=32, embedding="float")
+    names = weight_matmul_names(pipeline["optimized"] / "model.onnx")
+    importance = {n: np.ones(64 if node_role(n)[1] != "down_proj" else 128, dtype=np.float32) for n in names}
+    cache: dict = {}
+    errors = option_errors(pipeline["optimized"], importance, cache=cache)
+    assert set(cache) == {(n, 4, b, False) for n in names for b in (32, 64)}
+    assert all(errors[n]["8/128"] < errors[n]["4/32"] < errors[n]["4/64"] for n in names)
+    precision = {n: ("4/64" if "mlp" in n else "4/32" if "attn" in n else "8/128") for n in names}
+    uncached = quantize_int4_variant(pipeline["optimized"], tmp_path / "a", settings, precision=precision,
+                                     importance=importance, calibration_text=texts["calibration"])
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("the k-quant search ran for a weight that was in the cache")
+
+    monkeypatch.setattr(kquant, "quantize_blocks", no_search)
+    cached = quantize_int4_variant(pipeline["optimized"], tmp_path / "b", settings, precision=precision,
+                                   importance=importance, calibration_text=texts["calibration"], block_cache=cache)
+    assert cached["precision"] == uncached["precision"]
+    weights = [{t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(tmp_path / d / "model.onnx")).graph.initializer}
+               for d in ("a", "b")]
+    assert weights[0].keys() == weights[1].keys()
+    assert any(name.endswith("_Q4G64") for name in weights[0])
+    for name, array in weights[0].items():
+        assert np.array_equal(array, weights[1][name]), name

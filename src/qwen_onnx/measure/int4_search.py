@@ -21,7 +21,7 @@ import onnx
 from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.measure.metrics import AccuracyAccumulator
 from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
-from qwen_onnx.quantize.kquant import activation_importance
+from qwen_onnx.quantize.kquant import BlockCache, activation_importance
 from qwen_onnx.quantize.matmuls import node_role, precision_by_role, weight_matmuls
 from qwen_onnx.quantize.precision_search import (
     OPTIONS,
@@ -129,7 +129,10 @@ def search_int4_variant(
     reference_model = OnnxCausalLM(input_dir, threads=threads)
     reference = np.stack([_logits(reference_model, w) for w in scored])
     del reference_model
-    errors = option_errors(input_dir, importance, OPTIONS, threads=threads or len(os.sched_getaffinity(0)))
+    # every candidate draws its 4-bit weights from here: each weight's k-quant search runs once per option
+    cache: BlockCache = {}
+    errors = option_errors(input_dir, importance, OPTIONS, threads=threads or len(os.sched_getaffinity(0)),
+                           cache=cache, symmetric=settings.symmetric_weights)
     names = list(sizes)
     scratch_root = Path(output_dir).resolve().parent
 
@@ -137,7 +140,8 @@ def search_int4_variant(
         with tempfile.TemporaryDirectory(prefix=".qwen-onnx-search-", dir=scratch_root) as scratch:
             folder = Path(scratch) / "candidate"
             quantize_int4_variant(input_dir, folder, settings, calibration_text=calibration_text,
-                                  source_info=source_info, threads=threads, precision=precision, importance=importance)
+                                  source_info=source_info, threads=threads, precision=precision, importance=importance,
+                                  block_cache=cache)
             return score_on_windows(folder, scored, reference, threads)
 
     # the weights' error to the model's: per layer kind, the KL of that kind alone at the probe option
@@ -190,5 +194,5 @@ def search_int4_variant(
     }
     info = quantize_int4_variant(input_dir, output_dir, settings, calibration_text=calibration_text,
                                  source_info=source_info, threads=threads, precision=precision, importance=importance,
-                                 record={"precision_search": record})
+                                 record={"precision_search": record}, block_cache=cache)
     return info

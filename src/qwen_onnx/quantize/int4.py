@@ -61,6 +61,7 @@ from qwen_onnx.quantize.embeddings import (
     quantize_embedding,
 )
 from qwen_onnx.quantize.kquant import (
+    BlockCache,
     activation_importance,
     kquant_int_pass,
     matmul_nbits_node,
@@ -394,6 +395,7 @@ def quantize_int4_variant(
     precision: Mapping[str, str] | None = None,
     importance: Mapping[str, Any] | None = None,
     record: Mapping[str, Any] | None = None,
+    block_cache: BlockCache | None = None,
 ) -> dict:
     """Weight-only 4-bit quantization of the float variant at ``input_dir`` into ``output_dir``.
 
@@ -419,6 +421,9 @@ def quantize_int4_variant(
         importance: ``k_quant_int``'s activation importance, when the caller has it already
             (:func:`qwen_onnx.quantize.kquant.activation_importance`); default measured here.
         record: more keys for ``quantize.json`` (the precision search's record).
+        block_cache: ``precision`` maps only: the 4-bit blocks of each weight, reused and filled
+            (:data:`qwen_onnx.quantize.kquant.BlockCache`; valid for this input and ``importance``
+            only): the precision search builds many candidates from the same weights.
 
     Returns:
         Provenance written to ``output_dir/quantize.json``: settings, 8-bit and float node names,
@@ -480,7 +485,7 @@ def quantize_int4_variant(
                 graph_only = kquant_int_pass(graph_only, names, block, settings.accuracy_level,
                                              ScratchFiles(scratch.folder, f"{scratch.tag}-b{block}"), importance,
                                              threads=threads or len(os.sched_getaffinity(0)),
-                                             symmetric=settings.symmetric_weights)
+                                             symmetric=settings.symmetric_weights, cache=block_cache)
             shutil.copyfile(graph_only, stage / MODEL_FILE)
             normalise_external_data(stage, search=[input_dir])
         embedding = quantize_embedding(stage, settings.embedding_plan(tied))

@@ -35,7 +35,7 @@ import collections
 import logging
 import os
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping, MutableMapping, Sequence
 
 import numpy as np
 import onnx
@@ -235,6 +235,48 @@ def activation_importance(
     return {n.name: (sums[n.input[0]] / tokens[n.input[0]]).astype(np.float32) for n in matmuls}
 
 
+#: ``{(node name, bits, block size, symmetric): (q uint8 [blocks, block], scale float32 [blocks, 1],
+#: zero point uint8 [blocks, 1])}``: :func:`quantize_blocks`' result for one weight, kept by a caller that
+#: quantizes the same weights with the same importance more than once (the precision search's candidates).
+#: Valid for one graph and one importance only.
+BlockCache = MutableMapping[tuple[str, int, int, bool], tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+def quantize_weight(name: str, weight: np.ndarray, bits: int, block_size: int,
+                    importance: Mapping[str, np.ndarray] | None = None, threads: int = 1, symmetric: bool = False,
+                    cache: BlockCache | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One MatMul weight in MatMulNBits' blocks by :func:`quantize_blocks`, looked up in ``cache`` first.
+
+    Args:
+        name: the MatMul node's name (the key of ``importance`` and ``cache``).
+        weight: float32 [K, N], the MatMul's weight.
+        bits, block_size, threads, symmetric: as :func:`quantize_blocks`.
+        importance: ``{node name: float32 [K]}`` (:func:`activation_importance`), or None.
+        cache: results by ``(name, bits, block_size, symmetric)``; a miss is computed and stored.
+
+    Returns:
+        ``(q, scale, zero_point)``: q uint8 [N * k_blocks, block_size], scale float32 [N * k_blocks, 1],
+        zero_point uint8 [N * k_blocks, 1]; ``k_blocks = ceil(K / block_size)``, K zero-padded.
+    """
+    from onnxruntime.quantization.neural_compressor.weight_only import pad_tensor
+
+    key = (name, bits, block_size, symmetric)
+    if cache is not None and key in cache:
+        return cache[key]
+    k = weight.shape[0]
+    k_blocks = (k - 1) // block_size + 1
+    padded = pad_tensor(weight, block_size, k_blocks)  # [K_padded, N]
+    channel = None
+    if importance is not None:
+        channel = np.zeros(padded.shape[0], dtype=np.float32)
+        channel[:k] = importance[name]
+    q, scale, zp = quantize_blocks(padded.T, bits, block_size, channel, threads=threads, symmetric=symmetric)
+    result = (q.astype(np.uint8), scale, zp)
+    if cache is not None:
+        cache[key] = result
+    return result
+
+
 def kquant_int_pass(
     graph_only: Path,
     names: Sequence[str],
@@ -244,6 +286,7 @@ def kquant_int_pass(
     importance: Mapping[str, np.ndarray] | None = None,
     threads: int = 1,
     symmetric: bool = False,
+    cache: BlockCache | None = None,
 ) -> Path:
     """Turn the MatMuls ``names`` of ``graph_only`` into 4-bit MatMulNBits with :func:`quantize_blocks`.
 
@@ -257,12 +300,11 @@ def kquant_int_pass(
         importance: ``{node name: float32 [K]}`` from :func:`activation_importance`, or None.
         threads: threads of each weight's block search (:func:`quantize_blocks`).
         symmetric: no zero points (:func:`quantize_blocks`).
+        cache: each weight's blocks, reused and filled (:data:`BlockCache`, :func:`quantize_weight`).
 
     Returns:
         The new graph (``scratch / "kquant_int.onnx"``).
     """
-    from onnxruntime.quantization.neural_compressor.weight_only import pad_tensor
-
     proto = onnx.load(str(graph_only), load_external_data=False)
     graph = proto.graph
     initializers = {t.name: t for t in graph.initializer}
@@ -277,23 +319,17 @@ def kquant_int_pass(
         weight = onnx.numpy_helper.to_array(tensor, base_dir=str(graph_only.parent)).astype(np.float32)
         k, n = weight.shape
         k_blocks = (k - 1) // block_size + 1
-        padded = pad_tensor(weight, block_size, k_blocks)  # [K_padded, N]
-        channel = None
-        if importance is not None:
-            channel = np.zeros(padded.shape[0], dtype=np.float32)
-            channel[:k] = importance[node.name]
-        q, scale, zp = quantize_blocks(padded.T, 4, block_size, channel, threads=threads, symmetric=symmetric)
+        q, scale, zp = quantize_weight(node.name, weight, 4, block_size, importance, threads, symmetric, cache)
         new, tensors = matmul_nbits_node(
             node=node, weight_shape=(k, n), num_bits=4, group_size=block_size, k_blocks=k_blocks,
-            q_weight=q.astype(np.uint8), scale=scale, zero_point=None if symmetric else zp,
-            accuracy_level=accuracy_level,
+            q_weight=q, scale=scale, zero_point=None if symmetric else zp, accuracy_level=accuracy_level,
         )
         graph.initializer.extend(tensors)
         nodes.append(new)
         readers[tensor.name] -= 1
         if readers[tensor.name] == 0:
             dropped.add(tensor.name)
-        del weight, padded, q
+        del weight, q
     del graph.node[:]
     graph.node.extend(nodes)
     kept = [t for t in graph.initializer if t.name not in dropped]

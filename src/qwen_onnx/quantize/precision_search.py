@@ -40,7 +40,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from qwen_onnx.quantize.kquant import quantize_blocks
+from qwen_onnx.quantize.kquant import BlockCache, quantize_weight
 from qwen_onnx.quantize.matmuls import weight_matmuls
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,14 @@ def bytes_per_weight(bits: int, block: int) -> float:
 
 def option_errors(model_dir: str | os.PathLike, importance: Mapping[str, np.ndarray],
                   options: Sequence[tuple[int, int]] = OPTIONS, threads: int = 1,
-                  names: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
+                  names: Sequence[str] | None = None, cache: BlockCache | None = None,
+                  symmetric: bool = False) -> dict[str, dict[str, float]]:
     """The relative product error of every option for every weight MatMul of the float graph.
+
+    Each option's weight is the one the int4 stage ships: 4-bit by :func:`qwen_onnx.quantize.kquant.quantize_weight`
+    (k-quant with integer zero points and activation importance), 8-bit by onnxruntime's symmetric
+    blockwise round to nearest (``quantize_matmul_8bits``, what :func:`qwen_onnx.quantize.blockwise.blockwise_int8`
+    runs).
 
     Args:
         model_dir: a float variant folder (``model.onnx`` with external data).
@@ -70,12 +76,12 @@ def option_errors(model_dir: str | os.PathLike, importance: Mapping[str, np.ndar
         options: (bits, block) pairs.
         threads: threads of the block search.
         names: the MatMuls to score (default every weight MatMul).
+        cache: the 4-bit blocks, kept for the candidates built after (:data:`qwen_onnx.quantize.kquant.BlockCache`).
+        symmetric: the 4-bit options without zero points.
 
     Returns:
         ``{node name: {"bits/block": relative error}}``, dimensionless (0 is exact).
     """
-    from onnxruntime.quantization.neural_compressor.weight_only import pad_tensor
-
     path = Path(model_dir) / "model.onnx"
     graph = onnx.load(str(path), load_external_data=False).graph
     out: dict[str, dict[str, float]] = {}
@@ -88,17 +94,33 @@ def option_errors(model_dir: str | os.PathLike, importance: Mapping[str, np.ndar
         signal = float(np.einsum("k,kn,kn->", imp, weight, weight, dtype=np.float64))
         out[node.name] = {}
         for bits, block in options:
-            k_blocks = (k - 1) // block + 1
-            padded = pad_tensor(weight, block, k_blocks)  # [K_padded, N]
-            channel = np.zeros(padded.shape[0], dtype=np.float32)
-            channel[:k] = importance[node.name]
-            q, scale, zero = quantize_blocks(padded.T, bits, block, channel, threads=threads)
-            restored = (scale * (q - zero.astype(np.float32))).reshape(padded.T.shape).T[:k]
+            if bits == 8:
+                restored = _blockwise_int8_restored(weight, block)
+            else:
+                q, scale, zero = quantize_weight(node.name, weight, bits, block, importance, threads, symmetric, cache)
+                restored = (scale * (q.astype(np.float32) - zero.astype(np.float32))).reshape(weight.shape[1], -1).T[:k]
             noise = float(np.einsum("k,kn,kn->", imp, weight - restored, weight - restored, dtype=np.float64))
             out[node.name][option_key(bits, block)] = noise / signal if signal > 0 else 0.0
-            del q, scale, zero, restored, padded
+            del restored
         del weight
     return out
+
+
+def _blockwise_int8_restored(weight: np.ndarray, block: int) -> np.ndarray:
+    """float32 [K, N]: ``weight`` after onnxruntime's symmetric 8-bit blockwise quantization
+    (``quantize_matmul_8bits``; zero point 128, one scale per ``block`` inputs of a column) and back."""
+    from onnxruntime.capi._pybind_state import quantize_matmul_8bits
+
+    k, n = weight.shape
+    k_blocks = (k - 1) // block + 1
+    padded = np.zeros((k_blocks * block, n), dtype=np.float32)
+    padded[:k] = weight
+    packed = np.zeros((n, k_blocks, block), dtype=np.uint8)
+    scales = np.zeros((n, k_blocks), dtype=np.float32)
+    zero_point = np.zeros((n, (k_blocks + 1) // 2), dtype=np.uint8)
+    quantize_matmul_8bits(packed, padded, scales, zero_point, block, n, k_blocks * block, True)
+    restored = (packed.astype(np.float32) - 128.0) * scales[:, :, None]  # [N, k_blocks, block]
+    return restored.reshape(n, -1).T[:k]
 
 
 #: The option every layer kind is probed at to scale its weight errors to the model's KL.
