@@ -13,9 +13,11 @@ from qwen_onnx.quantize.matmuls import precision_by_role
 from qwen_onnx.quantize.precision_search import (
     bytes_per_weight,
     calibrate_errors,
+    galloping_prefix,
     greedy_steps,
     longest_passing_prefix,
     precision_after,
+    skip_move,
     weight_bytes,
 )
 from qwen_onnx.run.runtime import OnnxCausalLM
@@ -53,6 +55,29 @@ def test_the_binary_search_finds_the_last_passing_prefix(last_pass):
     assert 0 not in calls and len(calls) <= 4
 
 
+@pytest.mark.parametrize("last_pass", [3, 4, 5, 8, 12, 20])
+def test_the_galloping_search_finds_the_last_passing_prefix_past_low_with_few_calls_near_it(last_pass):
+    calls = []
+
+    def passes(t):
+        calls.append(t)
+        return t <= last_pass
+
+    assert galloping_prefix(3, 20, passes) == last_pass
+    assert 3 not in calls and all(t > 3 for t in calls)
+    if last_pass == 3:  # the next move fails: one call
+        assert calls == [4]
+    if last_pass == 4:
+        assert calls == [4, 6, 5]
+
+
+def test_skipping_a_move_leaves_its_matmul_at_its_option_and_keeps_the_others_in_order():
+    steps = [("a", "4/32"), ("b", "4/32"), ("c", "4/32"), ("b", "4/64"), ("a", "4/64"), ("c", "4/64")]
+    rest = skip_move(steps, 1)
+    assert rest == [("a", "4/32"), ("c", "4/32"), ("a", "4/64"), ("c", "4/64")]
+    assert precision_after(rest, ["a", "b", "c"], 4, (8, 128)) == {"a": "4/64", "b": "8/128", "c": "4/64"}
+
+
 def test_the_precision_map_is_summarised_per_layer_kind():
     precision = {"/model/layers.0/mlp/down_proj/MatMul": "8/128", "/model/layers.1/mlp/down_proj/MatMul": "4/32",
                  "/model/layers.0/attn/qkv_proj/MatMul": "4/32", "/lm_head/MatMul": "8/128"}
@@ -71,9 +96,14 @@ def test_the_search_on_the_tiny_model_saves_bytes_and_its_choice_passes_on_calib
     assert 0 < record["moves"] < record["of_moves"] == 11 * 2  # 2 layers x (qkv, o, gate, up, down) + lm_head, 2 moves each
     assert record["weight_bytes_per_token"] < record["weight_bytes_per_token_all_8bit"]
     assert record["chosen"]["gate"] == "PASS" and record["chosen"]["marginal"] == []
-    # the next move would not have passed (or there is none): the search stopped where it had to
-    later = [c for c in record["candidates"] if c["moves"] == record["moves"] + 1]
+    # the next move would not have passed (or there is none): the search stopped where it had to, and
+    # each move it stepped past had failed
+    last_round = len(record["skipped_moves"])
+    later = [c for c in record["candidates"] if c["round"] == last_round and c["moves"] == record["moves"] + 1]
     assert all(c["gate"] == "FAIL" or c["marginal"] for c in later)
+    for skip in record["skipped_moves"]:
+        assert skip["figures"]["gate"] == "FAIL" or skip["figures"]["marginal"]
+        assert info["precision"][skip["matmul"]] != skip["option"]
     # the shipped graph is the map: each MatMulNBits at its bits and block
     graph = onnx.load(str(tmp_path / "int4" / "model.onnx"), load_external_data=False).graph
     built = {n.name: {a.name: helper.get_attribute_value(a) for a in n.attribute}

@@ -27,11 +27,13 @@ from qwen_onnx.quantize.precision_search import (
     OPTIONS,
     PROBE,
     calibrate_errors,
+    galloping_prefix,
     greedy_steps,
     longest_passing_prefix,
     option_errors,
     option_key,
     precision_after,
+    skip_move,
     weight_bytes,
 )
 from qwen_onnx.run.runtime import OnnxCausalLM
@@ -76,6 +78,7 @@ def search_int4_variant(
     source_info: str | os.PathLike | Mapping[str, Any] | None = None,
     score_windows: int = 8,
     threads: int | None = None,
+    skips: int = 2,
 ) -> dict[str, Any]:
     """The int4 variant of the float graph at ``input_dir`` with the precision map that reads the
     fewest weight bytes per token and still passes ``gate`` with margin on calibration text.
@@ -92,6 +95,8 @@ def search_int4_variant(
             passes when :func:`~qwen_onnx.settings.gates.check_gate` passes and
             :func:`~qwen_onnx.settings.gates.gate_margins` finds no figure within the margin.
         score_windows: calibration windows that score each candidate.
+        skips: how many times a failing move is left out and the search goes on along the rest of
+            the path (:func:`~qwen_onnx.quantize.precision_search.skip_move`); 0: stop at the first.
 
     Returns:
         The variant's ``quantize.json`` record, whose ``precision_search`` holds the precision per
@@ -162,24 +167,34 @@ def search_int4_variant(
         figures = build_and_score(precision)
         verdict, failures = check_gate(figures, gate)
         marginal = gate_margins(figures, gate) if verdict == "PASS" else []
-        candidates.append({"moves": taken, "weight_bytes_per_token": weight_bytes(precision, sizes),
+        candidates.append({"round": len(skipped), "moves": taken, "weight_bytes_per_token": weight_bytes(precision, sizes),
                            **{k: figures[k] for k in ("ppl_delta_pct", "kl_mean", "top1_pct")},
                            "gate": verdict, "failures": failures, "marginal": marginal})
         log.info("precision search: %d of %d moves, %.1f MB a token: %s", taken, len(steps),
                  candidates[-1]["weight_bytes_per_token"] / 1e6, verdict if not marginal else "marginal")
         return verdict == "PASS" and not marginal
 
+    skipped: list[dict[str, Any]] = []
+    path_moves = len(steps)
     taken = longest_passing_prefix(len(steps), passes)
+    while len(skipped) < skips and taken < len(steps):
+        failed = next((c for c in candidates if c["round"] == len(skipped) and c["moves"] == taken + 1), None)
+        skipped.append({"matmul": steps[taken][0], "option": steps[taken][1], "after_moves": taken,
+                        "figures": failed})
+        steps = skip_move(steps, taken)
+        taken = galloping_prefix(taken, len(steps), passes)
     precision = precision_after(steps, names, taken)
-    chosen = next((c for c in candidates if c["moves"] == taken), None)
+    # the searches only move past a candidate that passed: the last one to pass is the map chosen
+    chosen = next((c for c in reversed(candidates) if c["gate"] == "PASS" and not c["marginal"]), None)
     widest = precision_after(steps, names, 0)
     record = {
         "method": "greedy error-per-byte path from all 8-bit, longest prefix passing the int4 gate with margin "
-                  "on calibration text (qwen_onnx.quantize.precision_search)",
+                  "on calibration text, past up to `skips` failing moves (qwen_onnx.quantize.precision_search)",
         "options": [option_key(*o) for o in OPTIONS],
         "role_kl_at_probe": {"probe": probe, **role_kl},
         "moves": taken,
-        "of_moves": len(steps),
+        "of_moves": path_moves,
+        "skipped_moves": skipped,
         "weight_bytes_per_token": weight_bytes(precision, sizes),
         "weight_bytes_per_token_all_8bit": weight_bytes(widest, sizes),
         "by_role": precision_by_role(precision),

@@ -25,6 +25,10 @@ they matter), on the options MatMulNBits offers a CPU (:data:`OPTIONS`):
    scored on calibration windows against the float graph (never on the evaluation windows the
    report scores); it passes when it clears every limit of the int4 gate with the margin the
    report calls non-marginal (:func:`qwen_onnx.settings.gates.gate_margins`).
+4. **Past a move that fails** (:func:`skip_move`, :func:`galloping_prefix`): one large move (on the
+   0.5B, the lm_head to 4 bits, a tenth of the bytes) can fail where the small moves after it would
+   pass; that move's MatMul is left at its option and the search goes on along the rest of the
+   path from where it stopped, a few times (``skips``).
 
 Bytes (:func:`bytes_per_weight`): MatMulNBits stores ``bits / 8`` bytes a weight, a float32 scale
 and a ``bits``-bit zero point per block; a decode step reads every weight MatMul once.
@@ -211,15 +215,15 @@ def weight_bytes(precision: Mapping[str, str], weights: Mapping[str, int]) -> fl
     return float(sum(weights[n] * bytes_per_weight(*parse_option(k)) for n, k in precision.items()))
 
 
-def longest_passing_prefix(total: int, passes: Callable[[int], bool]) -> int:
-    """The most moves ``t`` in ``[0, total]`` with ``passes(t)``, by binary search (``passes`` is
-    taken to be monotone: true up to some ``t``, false after). 0 when no prefix passes but the
-    first is assumed (all 8-bit) to; ``passes(0)`` is never called.
+def longest_passing_prefix(total: int, passes: Callable[[int], bool], low: int = 0) -> int:
+    """The most moves ``t`` in ``[low, total]`` with ``passes(t)``, by binary search (``passes`` is
+    taken to be monotone: true up to some ``t``, false after). ``low`` when no longer prefix passes;
+    ``passes(low)`` is assumed (all 8-bit for ``low`` 0) and never called.
 
     Returns:
-        ``t``; ``passes`` is called about ``log2(total)`` times.
+        ``t``; ``passes`` is called about ``log2(total - low)`` times.
     """
-    low, high = 0, total  # passes(low) holds (assumed for 0); the answer is in [low, high]
+    high = total  # passes(low) holds; the answer is in [low, high]
     while low < high:
         mid = (low + high + 1) // 2
         if passes(mid):
@@ -227,3 +231,25 @@ def longest_passing_prefix(total: int, passes: Callable[[int], bool]) -> int:
         else:
             high = mid - 1
     return low
+
+
+def galloping_prefix(low: int, total: int, passes: Callable[[int], bool]) -> int:
+    """:func:`longest_passing_prefix` from ``low`` by exponential search first (``low + 1``,
+    ``low + 2``, ``low + 4``, ...), then binary search inside the last doubling: about
+    ``2 log2(t - low)`` calls, fewer than a binary search over ``[low, total]`` when the answer ``t`` is
+    near ``low`` (Bentley and Yao, "An almost optimal algorithm for unbounded searching", 1976).
+    ``passes(low)`` is assumed and never called."""
+    step = 1
+    while low < total:
+        probe = min(low + step, total)
+        if not passes(probe):
+            return longest_passing_prefix(probe - 1, passes, low)
+        low, step = probe, step * 2
+    return low
+
+
+def skip_move(steps: Sequence[tuple[str, str]], taken: int) -> list[tuple[str, str]]:
+    """The path with its move ``taken`` (0-based: the first not taken) left out, and every later move
+    of the same MatMul: that MatMul stays at its option, and the path goes on with the others."""
+    name = steps[taken][0]
+    return [*steps[:taken], *(s for s in steps[taken + 1:] if s[0] != name)]
