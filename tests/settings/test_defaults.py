@@ -24,10 +24,11 @@ CONFIG = yaml.safe_load((REPO / "config.yaml").read_text(encoding="utf-8"))
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text(encoding="utf-8"))
 
 #: Library defaults that differ from the workflow's on purpose: the library picks no sensitive
-#: MatMuls unless it is handed a sensitivity report, the workflow always makes one.
+#: MatMuls unless it is handed a sensitivity report, the workflow always makes one; the library's
+#: quantize_int4_variant (and the CLI without --search) builds one fixed map, the workflow searches it.
 LIBRARY_ONLY = {("quantize_static", "sensitive.max_nodes"), ("quantize_static", "sensitive.below_sqnr_db"),
                 ("quantize_static", "sensitive.scheme"), ("quantize_static", "sensitive.rank"),
-                ("quantize_static", "sensitive.max_fraction")}
+                ("quantize_static", "sensitive.max_fraction"), ("quantize_int4", "search")}
 
 
 def schema_defaults(section: str) -> dict:

@@ -148,7 +148,8 @@ class Int4Settings(SensitiveSettings):
             per input channel (llama.cpp's imatrix); 0: unweighted.
         search: choose every weight MatMul's precision by search instead of the fixed recipe above
             (:func:`qwen_onnx.measure.int4_search.search_int4_variant`; the workflow's int4 rule
-            calls it when set). :func:`quantize_int4_variant` itself only builds a given map.
+            calls it when set, as ``config.yaml`` does by default). :func:`quantize_int4_variant` itself
+            only builds the fixed recipe or a given map, hence the library default False.
         search_windows: calibration windows (after the importance ones) that score each candidate.
     """
     algorithm: str = "k_quant_int"
