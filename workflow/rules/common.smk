@@ -72,7 +72,9 @@ MEM_PER_FP32_GB = {  # GiB of peak RSS per GB of fp32 weights
     "quantize_dynamic": 1.3,
     "quantize_static": 2.2,
     "quantize_mixed": 2.2,
-    "quantize_int4": 1.3,
+    # the precision search (the default) holds every weight's 4-bit blocks at two block sizes beside one
+    # candidate's session: 5.0 / 9.2 GiB measured on the 0.5B / 1.5B (/usr/bin/time, 2026-12-05, 492df53 and 9581a0f)
+    "quantize_int4": 2.5,
     "sensitivity": 1.8,
     "optimize": 1.8,
     # fp32 graph and weights in memory, then their float16 copy and its serialisation: 6.5 GB measured
@@ -109,7 +111,7 @@ RUNTIME_MIN_PER_FP32_GB = {
     "quantize_dynamic": 0.2,
     "quantize_static": 0.3,
     "quantize_mixed": 0.3,
-    "quantize_int4": 0.7,
+    "quantize_int4": 5.2,  # the precision search: 7.9 / 31.5 min on the 0.5B / 1.5B (Xeon, 2026-12-05)
     "sensitivity": 0.4,
     "optimize": 0.3,
     "float16": 0.4,  # 44 s on the 0.5B
