@@ -35,7 +35,7 @@ import collections
 import logging
 import os
 from pathlib import Path
-from typing import Mapping, MutableMapping, Sequence
+from typing import Callable, Mapping, MutableMapping, Sequence
 
 import numpy as np
 import onnx
@@ -242,14 +242,14 @@ def activation_importance(
 BlockCache = MutableMapping[tuple[str, int, int, bool], tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
-def quantize_weight(name: str, weight: np.ndarray, bits: int, block_size: int,
+def quantize_weight(name: str, load: Callable[[], np.ndarray], bits: int, block_size: int,
                     importance: Mapping[str, np.ndarray] | None = None, threads: int = 1, symmetric: bool = False,
                     cache: BlockCache | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One MatMul weight in MatMulNBits' blocks by :func:`quantize_blocks`, looked up in ``cache`` first.
 
     Args:
         name: the MatMul node's name (the key of ``importance`` and ``cache``).
-        weight: float32 [K, N], the MatMul's weight.
+        load: returns the MatMul's weight, float32 [K, N]; called only on a cache miss.
         bits, block_size, threads, symmetric: as :func:`quantize_blocks`.
         importance: ``{node name: float32 [K]}`` (:func:`activation_importance`), or None.
         cache: results by ``(name, bits, block_size, symmetric)``; a miss is computed and stored.
@@ -263,6 +263,7 @@ def quantize_weight(name: str, weight: np.ndarray, bits: int, block_size: int,
     key = (name, bits, block_size, symmetric)
     if cache is not None and key in cache:
         return cache[key]
+    weight = load()
     k = weight.shape[0]
     k_blocks = (k - 1) // block_size + 1
     padded = pad_tensor(weight, block_size, k_blocks)  # [K_padded, N]
@@ -318,12 +319,10 @@ def kquant_int_pass(
         tensor = initializers[node.input[1]]
         k, n = tensor.dims
         k_blocks = (k - 1) // block_size + 1
-        blocks = cache.get((node.name, 4, block_size, symmetric)) if cache is not None else None
-        if blocks is None:  # a hit reads no float weight: a 1.5B candidate built in 24 s instead of 37
-            weight = onnx.numpy_helper.to_array(tensor, base_dir=str(graph_only.parent)).astype(np.float32)
-            blocks = quantize_weight(node.name, weight, 4, block_size, importance, threads, symmetric, cache)
-            del weight
-        q, scale, zp = blocks
+        # a cache hit reads no float weight: a 1.5B candidate built in 24 s instead of 37
+        q, scale, zp = quantize_weight(
+            node.name, lambda: onnx.numpy_helper.to_array(tensor, base_dir=str(graph_only.parent)).astype(np.float32),
+            4, block_size, importance, threads, symmetric, cache)
         new, tensors = matmul_nbits_node(
             node=node, weight_shape=(k, n), num_bits=4, group_size=block_size, k_blocks=k_blocks,
             q_weight=q, scale=scale, zero_point=None if symmetric else zp, accuracy_level=accuracy_level,
@@ -333,7 +332,7 @@ def kquant_int_pass(
         readers[tensor.name] -= 1
         if readers[tensor.name] == 0:
             dropped.add(tensor.name)
-        del q, blocks
+        del q
     del graph.node[:]
     graph.node.extend(nodes)
     kept = [t for t in graph.initializer if t.name not in dropped]

@@ -101,7 +101,8 @@ def option_errors(model_dir: str | os.PathLike, importance: Mapping[str, np.ndar
             if bits == 8:
                 restored = _blockwise_int8_restored(weight, block)
             else:
-                q, scale, zero = quantize_weight(node.name, weight, bits, block, importance, threads, symmetric, cache)
+                q, scale, zero = quantize_weight(node.name, lambda w=weight: w, bits, block, importance, threads, symmetric,
+                                                cache)
                 restored = (scale * (q.astype(np.float32) - zero.astype(np.float32))).reshape(weight.shape[1], -1).T[:k]
             noise = float(np.einsum("k,kn,kn->", imp, weight - restored, weight - restored, dtype=np.float64))
             out[node.name][option_key(bits, block)] = noise / signal if signal > 0 else 0.0
