@@ -181,16 +181,17 @@ def test_the_8_bit_option_is_scored_on_the_weights_onnxruntimes_kernel_computes_
     assert np.all(np.abs(restored - weight).reshape(3, block, n) <= step[:, None, :] * 1.0001)
 
 
-def test_the_candidates_reuse_each_weights_4_bit_blocks_and_build_the_same_graph(pipeline, texts, tmp_path,
-                                                                                 monkeypatch):
+def test_the_candidates_reuse_each_weights_blocks_and_table_and_build_the_same_graph(pipeline, texts, tmp_path,
+                                                                                     monkeypatch):
     """A precision map built with the search's block cache: the k-quant search runs once per weight
-    and option, and a second build from the filled cache writes the same weights without it."""
-    from qwen_onnx.quantize import kquant
+    and option, the embedding table is quantized once, and builds from the filled cache write the
+    same weights as a build without it."""
+    from qwen_onnx.quantize import embeddings, kquant
     from qwen_onnx.quantize.int4 import quantize_int4_variant
     from qwen_onnx.quantize.matmuls import node_role, weight_matmul_names
     from qwen_onnx.quantize.precision_search import option_errors
 
-    settings = Int4Settings(importance_samples=2, calibration_sequence_length=32, embedding="float")
+    settings = Int4Settings(importance_samples=2, calibration_sequence_length=32)
     names = weight_matmul_names(pipeline["optimized"] / "model.onnx")
     importance = {n: np.ones(64 if node_role(n)[1] != "down_proj" else 128, dtype=np.float32) for n in names}
     cache: dict = {}
@@ -200,17 +201,58 @@ def test_the_candidates_reuse_each_weights_4_bit_blocks_and_build_the_same_graph
     precision = {n: ("4/64" if "mlp" in n else "4/32" if "attn" in n else "8/128") for n in names}
     uncached = quantize_int4_variant(pipeline["optimized"], tmp_path / "a", settings, precision=precision,
                                      importance=importance, calibration_text=texts["calibration"])
+    quantize_int4_variant(pipeline["optimized"], tmp_path / "b", settings, precision=precision,
+                          importance=importance, calibration_text=texts["calibration"], block_cache=cache)
+    eight_bit = {key for key in cache if key[1] == 8}
+    assert eight_bit == {(n, 8, 64, True) for n, option in precision.items() if option == "8/128"}  # fitted to hidden 64
+    tables = [key for key in cache if key[0] not in names]
+    assert [key[1:] for key in tables] == [(4, 32, False)]  # the embedding table, at the int4 settings' bits and block
 
     def no_search(*args, **kwargs):
-        raise AssertionError("the k-quant search ran for a weight that was in the cache")
+        raise AssertionError("a weight or table in the cache was quantized again")
 
     monkeypatch.setattr(kquant, "quantize_blocks", no_search)
-    cached = quantize_int4_variant(pipeline["optimized"], tmp_path / "b", settings, precision=precision,
+    monkeypatch.setattr(embeddings, "quantize_table", no_search)
+    monkeypatch.setattr("qwen_onnx.quantize.blockwise.blockwise_int8_weight", no_search)
+    cached = quantize_int4_variant(pipeline["optimized"], tmp_path / "c", settings, precision=precision,
                                    importance=importance, calibration_text=texts["calibration"], block_cache=cache)
     assert cached["precision"] == uncached["precision"]
+    assert cached["embedding"]["mode"] == uncached["embedding"]["mode"] == "quantized"
     weights = [{t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(tmp_path / d / "model.onnx")).graph.initializer}
-               for d in ("a", "b")]
-    assert weights[0].keys() == weights[1].keys()
+               for d in ("a", "b", "c")]
+    assert weights[0].keys() == weights[1].keys() == weights[2].keys()
     assert any(name.endswith("_Q4G64") for name in weights[0])
     for name, array in weights[0].items():
-        assert np.array_equal(array, weights[1][name]), name
+        assert np.array_equal(array, weights[1][name]) and np.array_equal(array, weights[2][name]), name
+
+
+def test_a_precision_maps_8_bit_node_is_the_one_onnxruntimes_quantizer_makes(tmp_path):
+    """blockwise_int8_node, one node at a time, against blockwise_int8 (onnxruntime's MatMulNBitsQuantizer
+    over the graph): the same node (name, inputs, attributes) and the same initializers, byte for byte,
+    with K not a multiple of the block."""
+    from onnx import TensorProto
+
+    from qwen_onnx.quantize.blockwise import blockwise_int8, blockwise_int8_node
+    from qwen_onnx.quantize.common import lazy_quantization
+    from qwen_onnx.store.artifacts import MODEL_FILE
+    from qwen_onnx.store.external import DATA_FILE
+
+    k, n, block = 80, 24, 32
+    weight = np.random.default_rng(5).standard_normal((k, n)).astype(np.float32)
+    weight[10:12] *= 20
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="/mm/MatMul")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", n])],
+                              [onnx.numpy_helper.from_array(weight, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    onnx.save_model(model, str(tmp_path / MODEL_FILE), save_as_external_data=True, location=DATA_FILE,
+                    size_threshold=0)
+    with lazy_quantization(tmp_path) as (graph_only, scratch):
+        shipped = onnx.load(str(blockwise_int8(graph_only, ["/mm/MatMul"], block, scratch)), load_external_data=False)
+        tensors = {t.name: onnx.numpy_helper.to_array(t, base_dir=str(scratch.folder)) for t in shipped.graph.initializer}
+    node, new = blockwise_int8_node(model.graph.node[0], model.graph.initializer[0], lambda: weight, block)
+    assert node == shipped.graph.node[0]
+    assert {t.name for t in new} == set(tensors) == {"w_Q8", "w_scales"}
+    for t in new:
+        assert np.array_equal(onnx.numpy_helper.to_array(t), tensors[t.name]), t.name
+        assert onnx.numpy_helper.to_array(t).dtype == tensors[t.name].dtype

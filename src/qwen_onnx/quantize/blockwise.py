@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
+import numpy as np
 import onnx
 
 from qwen_onnx.errors import QwenOnnxError
@@ -55,3 +56,55 @@ def blockwise_int8(graph_only: Path, names: Sequence[str], block_size: int, scra
     )
     onnx.save_model(quantizer.model.model, str(output))
     return output
+
+
+def blockwise_int8_weight(weight: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``weight`` in onnxruntime's symmetric 8-bit MatMulNBits blocks, by its own C++ kernel
+    (``quantize_matmul_8bits``, what :func:`blockwise_int8`'s quantizer calls).
+
+    Args:
+        weight: float32 [K, N]; K is zero-padded to a multiple of ``block_size``.
+
+    Returns:
+        ``(packed, scales)``: uint8 [N, k_blocks, block_size] (value ``q + 128``; 0 past K), float32
+        [N, k_blocks], ``k_blocks = ceil(K / block_size)``; the weight is ``(packed - 128) * scale``.
+    """
+    from onnxruntime.capi._pybind_state import quantize_matmul_8bits
+
+    k, n = weight.shape
+    k_blocks = (k - 1) // block_size + 1
+    padded = np.zeros((k_blocks * block_size, n), dtype=np.float32)
+    padded[:k] = weight
+    packed = np.zeros((n, k_blocks, block_size), dtype=np.uint8)
+    scales = np.zeros((n, k_blocks), dtype=np.float32)
+    zero_point = np.zeros((n, (k_blocks + 1) // 2), dtype=np.uint8)  # unused when symmetric
+    quantize_matmul_8bits(packed, padded, scales, zero_point, block_size, n, k, True)  # rows past K stay 0, as in onnxruntime
+    return packed, scales
+
+
+def blockwise_int8_node(node: onnx.NodeProto, weight: onnx.TensorProto, load: Callable[[], np.ndarray],
+                        block_size: int, cache: dict | None = None) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
+    """The MatMulNBits node and initializers that :func:`blockwise_int8` makes of one MatMul (onnxruntime's
+    ``DefaultWeightOnlyQuantizer``, QOperator format, symmetric, ``accuracy_level=4``), node for node
+    and byte for byte, without a quantizer pass over the graph.
+
+    Args:
+        node: the MatMul; ``weight`` its second input, a 2-D float initializer [K, N].
+        load: returns that weight as float32 [K, N]; called only when ``cache`` lacks it.
+        cache: ``{(node name, 8, block_size, True): (packed, scales, None)}``, looked up and filled
+            (the key and value shape of :data:`qwen_onnx.quantize.kquant.BlockCache`).
+    """
+    key = (node.name, 8, block_size, True)
+    if cache is not None and key in cache:
+        packed, scales, _ = cache[key]
+    else:
+        packed, scales = blockwise_int8_weight(load(), block_size)
+        if cache is not None:
+            cache[key] = (packed, scales, None)
+    k, n = (int(d) for d in weight.dims)
+    tensors = [onnx.numpy_helper.from_array(packed, weight.name + "_Q8"),
+               onnx.numpy_helper.from_array(scales, weight.name + "_scales")]
+    new = onnx.helper.make_node("MatMulNBits", [node.input[0], *(t.name for t in tensors)], [node.output[0]],
+                                name=node.name + "_Q8" if node.name else "", domain="com.microsoft",
+                                K=k, N=n, bits=8, block_size=block_size, accuracy_level=4)
+    return new, tensors

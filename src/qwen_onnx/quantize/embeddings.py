@@ -206,8 +206,15 @@ def find_lm_head(graph: onnx.GraphProto) -> onnx.NodeProto | None:
     return next((n for n in heads if LOGITS in n.output), None) or next((n for n in heads if "lm_head" in n.name), None)
 
 
-def _rows(tensor: onnx.TensorProto, start: int, stop: int) -> np.ndarray:
-    return numpy_helper.to_array(tensor)[start:stop]
+def _mapped(tensor: onnx.TensorProto) -> np.ndarray:
+    """``tensor``'s values, memory-mapped from its external data file (relative to the working
+    directory) when it has one, so that a caller reading a few rows reads only those from disk."""
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return numpy_helper.to_array(tensor)
+    info = {e.key: e.value for e in tensor.external_data}
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    return np.memmap(info["location"], dtype=dtype, mode="r", offset=int(info.get("offset", 0)),
+                     shape=tuple(tensor.dims))
 
 
 def embedding_tied(folder: str | os.PathLike) -> bool:
@@ -215,8 +222,9 @@ def embedding_tied(folder: str | os.PathLike) -> bool:
     [vocab, hidden] transposed, value for value (a tied model, ``tie_word_embeddings``).
 
     A table stored once (:func:`qwen_onnx.convert.tied.store_tied_once`, which checked the values) is tied
-    when lm_head reads it. Otherwise reads the two tables from the external data (about 2 × 545 MB
-    on Qwen2.5 0.5B) and compares them in chunks of rows.
+    when lm_head reads it. Otherwise compares the two tables in chunks of rows, read from the
+    external data up to the first chunk that differs (all of them, about 2 × 545 MB on Qwen2.5 0.5B,
+    only for a tied pair).
     """
     with lazy_model(folder) as (proto, _):
         lookup = find_lookup(proto.graph)
@@ -232,8 +240,7 @@ def embedding_tied(folder: str | os.PathLike) -> bool:
             return False
         if table.name == weight.name:
             return False  # the same tensor read two ways would need a Transpose; not a layout we write
-        emb = numpy_helper.to_array(table)
-        lm = numpy_helper.to_array(weight)
+        emb, lm = _mapped(table), _mapped(weight)  # an untied pair differs in its first rows: read no more
         return all(np.array_equal(emb[i:i + _CHUNK_ROWS], lm[:, i:i + _CHUNK_ROWS].T)
                    for i in range(0, emb.shape[0], _CHUNK_ROWS))
 
@@ -318,7 +325,29 @@ def _qdq_lookup(graph: onnx.GraphProto, lookup: Lookup, prefix: str) -> tuple[li
 
 
 def quantize_embedding(folder: str | os.PathLike, plan: EmbeddingPlan) -> dict[str, Any]:
-    """Replace the float token lookup (:func:`find_lookup`) of the variant in ``folder`` by a quantized one, in place.
+    """Replace the float token lookup (:func:`find_lookup`) of the variant in ``folder`` by a quantized one, in place
+    (:func:`replace_lookup`); ``folder/model.onnx_data`` is rewritten without the float table when nothing
+    else reads it.
+
+    Returns:
+        :func:`replace_lookup`'s record.
+
+    Raises:
+        QwenOnnxError: a bad plan, or a hidden size that the block size does not divide.
+    """
+    plan.check()
+    folder = Path(folder)
+    if plan.mode == "float":
+        return {"mode": "float"}
+    with lazy_model(folder) as (proto, _):
+        info = replace_lookup(proto, plan)
+        if info["mode"] != "float":
+            consolidate_external_data(proto, folder / MODEL_FILE, search=[folder])
+    return info
+
+
+def replace_lookup(proto: onnx.ModelProto, plan: EmbeddingPlan, cache: dict | None = None) -> dict[str, Any]:
+    """Replace the float token lookup (:func:`find_lookup`) of ``proto`` by a quantized one, in memory.
 
     - ``shared`` with ``plan.tied`` and an lm_head that is ``MatMulNBits`` over [hidden, vocab]:
       ``GatherBlockQuantized`` reads the lm_head's packed weight, scales and zero points through
@@ -330,8 +359,13 @@ def quantize_embedding(folder: str | os.PathLike, plan: EmbeddingPlan) -> dict[s
       quantized on its own at ``plan.bits`` with ``plan.block_size`` (halved down to 16 until it
       divides the hidden size) for ``GatherBlockQuantized``.
 
-    The float table is removed when nothing else reads it, and ``folder/model.onnx_data``
-    rewritten without it.
+    The float table is removed from the graph when nothing else reads it; an external table is read
+    relative to the working directory (inside :func:`qwen_onnx.store.external.lazy_model`).
+
+    Args:
+        cache: ``{(table name, bits, block size, symmetric): (data, scales, zero points)}``
+            (:func:`quantize_table`'s result), looked up and filled: the precision search builds
+            every candidate with the same table.
 
     Returns:
         ``{"mode", "bits", "block_size", "shared_with", "table_bytes_before", "table_bytes_after"}``
@@ -341,74 +375,76 @@ def quantize_embedding(folder: str | os.PathLike, plan: EmbeddingPlan) -> dict[s
         QwenOnnxError: a bad plan, or a hidden size that the block size does not divide.
     """
     plan.check()
-    folder = Path(folder)
     if plan.mode == "float":
         return {"mode": "float"}
-    with lazy_model(folder) as (proto, _):
-        graph = proto.graph
-        lookup = find_lookup(graph)
-        if lookup is None:
-            return {"mode": "float", "reason": "no float embedding Gather"}
-        first = lookup.nodes[0]
-        name = lookup.gather.name or "embedding"  # new nodes keep the lookup's name (/model/embed_tokens/...)
-        prefix = name.strip("/").replace("/", "_")
-        head = find_lm_head(graph)
-        attrs = {a.name: helper.get_attribute_value(a) for a in head.attribute} if head is not None else {}
-        table = lookup.table
-        added: list[onnx.TensorProto] = []
-        after = 0
-        shared_with = None
-        qdq = _qdq_lookup(graph, lookup, prefix) if lookup.dequantize is not None and plan.mode == "shared" else None
-        if lookup.dequantize is not None and qdq is None:
-            return {"mode": "float", "reason": "the lookup reads a DequantizeLinear that cannot be shared"}
-        if qdq is not None:
-            new_nodes, shape = qdq
-            vocab, hidden = shape["vocab"], shape["hidden"]
-            bits, block_size, shared_with, share = 8, hidden, shape["shared_with"], True
+    graph = proto.graph
+    lookup = find_lookup(graph)
+    if lookup is None:
+        return {"mode": "float", "reason": "no float embedding Gather"}
+    first = lookup.nodes[0]
+    name = lookup.gather.name or "embedding"  # new nodes keep the lookup's name (/model/embed_tokens/...)
+    prefix = name.strip("/").replace("/", "_")
+    head = find_lm_head(graph)
+    attrs = {a.name: helper.get_attribute_value(a) for a in head.attribute} if head is not None else {}
+    table = lookup.table
+    added: list[onnx.TensorProto] = []
+    after = 0
+    shared_with = None
+    qdq = _qdq_lookup(graph, lookup, prefix) if lookup.dequantize is not None and plan.mode == "shared" else None
+    if lookup.dequantize is not None and qdq is None:
+        return {"mode": "float", "reason": "the lookup reads a DequantizeLinear that cannot be shared"}
+    if qdq is not None:
+        new_nodes, shape = qdq
+        vocab, hidden = shape["vocab"], shape["hidden"]
+        bits, block_size, shared_with, share = 8, hidden, shape["shared_with"], True
+    else:
+        vocab, hidden = (int(d) for d in (table.dims[::-1] if lookup.hidden_first else table.dims))
+        share = (plan.mode == "shared" and plan.tied and head is not None and head.op_type == "MatMulNBits"
+                 and attrs.get("K") == hidden and attrs.get("N") == vocab and hidden % attrs["block_size"] == 0)
+    before = vocab * hidden * 4
+    if share and qdq is None:
+        bits, block_size = int(attrs["bits"]), int(attrs["block_size"])
+        data_shape = _const(prefix + "_shared_data_shape", [vocab, hidden * bits // 8])
+        scale_shape = _const(prefix + "_shared_scales_shape", [vocab, hidden // block_size])
+        reshapes = [
+            helper.make_node("Reshape", [head.input[1], data_shape.name], [prefix + "_shared_data"],
+                             name=prefix + "_shared_data_Reshape"),
+            helper.make_node("Reshape", [head.input[2], scale_shape.name], [prefix + "_shared_scales"],
+                             name=prefix + "_shared_scales_Reshape"),
+        ]
+        inputs = [prefix + "_shared_data", lookup.ids, prefix + "_shared_scales"]
+        if len(head.input) > 3 and head.input[3]:
+            inputs.append(head.input[3])  # packed uint8 zero points, one row per vocab entry
+        new_nodes = [*reshapes, _gather_node(name, inputs, lookup.output, bits, block_size)]
+        added = [data_shape, scale_shape]
+        shared_with = head.name
+    elif not share:
+        bits, block_size = plan.bits, fitting_block_size(plan.block_size, hidden)
+        key = (table.name, bits, block_size, plan.symmetric)
+        if cache is not None and key in cache:
+            data, scales, zero_points = cache[key]
         else:
-            vocab, hidden = (int(d) for d in (table.dims[::-1] if lookup.hidden_first else table.dims))
-            share = (plan.mode == "shared" and plan.tied and head is not None and head.op_type == "MatMulNBits"
-                     and attrs.get("K") == hidden and attrs.get("N") == vocab and hidden % attrs["block_size"] == 0)
-        before = vocab * hidden * 4
-        if share and qdq is None:
-            bits, block_size = int(attrs["bits"]), int(attrs["block_size"])
-            data_shape = _const(prefix + "_shared_data_shape", [vocab, hidden * bits // 8])
-            scale_shape = _const(prefix + "_shared_scales_shape", [vocab, hidden // block_size])
-            reshapes = [
-                helper.make_node("Reshape", [head.input[1], data_shape.name], [prefix + "_shared_data"],
-                                 name=prefix + "_shared_data_Reshape"),
-                helper.make_node("Reshape", [head.input[2], scale_shape.name], [prefix + "_shared_scales"],
-                                 name=prefix + "_shared_scales_Reshape"),
-            ]
-            inputs = [prefix + "_shared_data", lookup.ids, prefix + "_shared_scales"]
-            if len(head.input) > 3 and head.input[3]:
-                inputs.append(head.input[3])  # packed uint8 zero points, one row per vocab entry
-            new_nodes = [*reshapes, _gather_node(name, inputs, lookup.output, bits, block_size)]
-            added = [data_shape, scale_shape]
-            shared_with = head.name
-        elif not share:
-            bits, block_size = plan.bits, fitting_block_size(plan.block_size, hidden)
             data, scales, zero_points = quantize_table(lookup.float_table(), bits, block_size, plan.symmetric)
-            stem = table.name.removesuffix("_transposed")
-            added = [numpy_helper.from_array(data, stem + f"_Q{bits}"),
-                     numpy_helper.from_array(scales.astype(np.float32), stem + "_scales")]
-            if zero_points is not None:
-                added.append(numpy_helper.from_array(zero_points, stem + "_zero_points"))
-            inputs = [added[0].name, lookup.ids, *(t.name for t in added[1:])]
-            new_nodes = [_gather_node(name, inputs, lookup.output, bits, block_size)]
-            after = sum(len(t.raw_data) for t in added)
-            del data, scales, zero_points
-        graph.initializer.extend(added)
-        position = list(graph.node).index(first)
-        for node in lookup.nodes:
-            graph.node.remove(node)
-        for offset, node in enumerate(new_nodes):
-            graph.node.insert(position + offset, node)
-        if table is not None and not any(table.name in n.input for n in graph.node):
-            graph.initializer.remove(table)
-        if not any(o.domain == "com.microsoft" for o in proto.opset_import):
-            proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-        consolidate_external_data(proto, folder / MODEL_FILE, search=[folder])
+            if cache is not None:
+                cache[key] = (data, scales, zero_points)
+        stem = table.name.removesuffix("_transposed")
+        added = [numpy_helper.from_array(data, stem + f"_Q{bits}"),
+                 numpy_helper.from_array(scales.astype(np.float32), stem + "_scales")]
+        if zero_points is not None:
+            added.append(numpy_helper.from_array(zero_points, stem + "_zero_points"))
+        inputs = [added[0].name, lookup.ids, *(t.name for t in added[1:])]
+        new_nodes = [_gather_node(name, inputs, lookup.output, bits, block_size)]
+        after = sum(len(t.raw_data) for t in added)
+    graph.initializer.extend(added)
+    position = list(graph.node).index(first)
+    for node in lookup.nodes:
+        graph.node.remove(node)
+    for offset, node in enumerate(new_nodes):
+        graph.node.insert(position + offset, node)
+    if table is not None and not any(table.name in n.input for n in graph.node):
+        graph.initializer.remove(table)
+    if not any(o.domain == "com.microsoft" for o in proto.opset_import):
+        proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     mode = "shared" if share else "quantized"
     log.info("embedding: %s, %d bits, block %d, %.0f MB -> %.0f MB", mode, bits, block_size,
              before / 1e6, after / 1e6)

@@ -45,7 +45,7 @@ import onnx
 from qwen_onnx.convert.export import normalise_external_data
 from qwen_onnx.convert.genai_config import write_genai_config
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.quantize.blockwise import blockwise_int8
+from qwen_onnx.quantize.blockwise import blockwise_int8, blockwise_int8_node
 from qwen_onnx.quantize.calibration import TextCalibrationReader
 from qwen_onnx.quantize.common import (
     SensitiveSettings,
@@ -59,12 +59,15 @@ from qwen_onnx.quantize.embeddings import (
     find_lm_head,
     fitting_block_size,
     quantize_embedding,
+    replace_lookup,
 )
 from qwen_onnx.quantize.kquant import (
     BlockCache,
     activation_importance,
+    kquant_int_builder,
     kquant_int_pass,
     matmul_nbits_node,
+    replace_weight_matmuls,
 )
 from qwen_onnx.quantize.matmuls import ROLES, node_role, weight_matmul_names, weight_matmuls
 from qwen_onnx.quantize.source_precision import source_precise_nodes
@@ -84,7 +87,7 @@ from qwen_onnx.store.artifacts import (
     read_json,
     write_json,
 )
-from qwen_onnx.store.external import ScratchFiles
+from qwen_onnx.store.external import ScratchFiles, consolidate_external_data, lazy_model
 from qwen_onnx.store.provenance import library_versions
 from qwen_onnx.store.staging import staged_dir
 
@@ -377,6 +380,42 @@ def _read_weight_types(info: Mapping[str, Any], num_layers: int, scratch_dir: Pa
         return gguf_weight_types(path, num_layers)
 
 
+def precision_map_model(input_dir: Path, output: Path, eight: Sequence[str], blocks: Mapping[int, Sequence[str]],
+                        settings: Int4Settings, importance: Mapping[str, Any] | None, threads: int,
+                        cache: BlockCache | None, tied: bool) -> dict[str, Any]:
+    """The int4 graph of a precision map, built in one pass and written once to ``output`` (its
+    weights to ``model.onnx_data`` beside it): ``eight`` 8-bit blockwise
+    (:func:`qwen_onnx.quantize.blockwise.blockwise_int8_node`, the nodes :func:`blockwise_int8` makes),
+    ``blocks`` ``{block size: names}`` 4-bit by ``k_quant_int``, then the embedding
+    (:func:`qwen_onnx.quantize.embeddings.replace_lookup`). Every result is looked up in and added to
+    ``cache``: a precision-search candidate reads only the float weights no earlier candidate
+    quantized the same way, and writes its weights once (the passes of the fixed recipe write
+    them three times: a 1.5B candidate spent 11 of its 24 s build consolidating them).
+
+    Returns:
+        The embedding's record (:func:`qwen_onnx.quantize.embeddings.replace_lookup`).
+    """
+    hidden = read_json(input_dir / "config.json")["hidden_size"]
+    block8 = fitting_block_size(settings.block_size_8bit, hidden)  # so that a tied embedding can share it
+
+    def eight_bit(node, tensor, load):
+        return blockwise_int8_node(node, tensor, load, block8, cache)
+
+    builders = {name: eight_bit for name in eight}
+    for block, names in blocks.items():
+        build = kquant_int_builder(block, settings.accuracy_level, importance, threads, settings.symmetric_weights,
+                                   cache)
+        builders.update({name: build for name in names})
+    output = Path(output).resolve()  # lazy_model works inside input_dir
+    with lazy_model(input_dir) as (proto, _):
+        replace_weight_matmuls(proto, builders, base_dir=input_dir)
+        embedding = replace_lookup(proto, settings.embedding_plan(tied), cache)
+        consolidate_external_data(proto, output, search=[input_dir])
+    log.info("precision map: %d MatMuls 8-bit (block %d), %s", len(eight), block8,
+             ", ".join(f"{len(names)} 4-bit (block {block})" for block, names in sorted(blocks.items())))
+    return embedding
+
+
 def _importance(input_dir: Path, graph: onnx.GraphProto, settings: Int4Settings, calibration_text) -> dict:
 
     text = shipped_text(CALIBRATION_TEXT) if calibration_text is None else calibration_text
@@ -473,23 +512,20 @@ def quantize_int4_variant(
     if importance is None and settings.algorithm == "k_quant_int" and settings.importance_samples:
         importance = _importance(input_dir, graph, settings, calibration_text)
     with staged_dir(output_dir) as stage:
-        with lazy_quantization(input_dir) as (graph_only, scratch):
-            if eight:
-                # fitted to the hidden size, so that a tied embedding can share the lm_head's blocks
-                graph_only = blockwise_int8(graph_only, eight, fitting_block_size(settings.block_size_8bit, hidden),
-                                            scratch)
-            if blocks is None:
+        if blocks is not None:
+            embedding = precision_map_model(input_dir, stage / MODEL_FILE, eight, blocks, settings, importance,
+                                            threads or len(os.sched_getaffinity(0)), block_cache, tied)
+        else:
+            with lazy_quantization(input_dir) as (graph_only, scratch):
+                if eight:
+                    # fitted to the hidden size, so that a tied embedding can share the lm_head's blocks
+                    graph_only = blockwise_int8(graph_only, eight,
+                                                fitting_block_size(settings.block_size_8bit, hidden), scratch)
                 graph_only = int4_pass(graph_only, settings, [*eight, *float_names], scratch, calibration_text,
                                        importance, threads=threads or len(os.sched_getaffinity(0)))
-            for block, names in sorted((blocks or {}).items()):  # one k-quant pass per block size
-                # a scratch name per pass: each reads the previous pass's data file
-                graph_only = kquant_int_pass(graph_only, names, block, settings.accuracy_level,
-                                             ScratchFiles(scratch.folder, f"{scratch.tag}-b{block}"), importance,
-                                             threads=threads or len(os.sched_getaffinity(0)),
-                                             symmetric=settings.symmetric_weights, cache=block_cache)
-            shutil.copyfile(graph_only, stage / MODEL_FILE)
-            normalise_external_data(stage, search=[input_dir])
-        embedding = quantize_embedding(stage, settings.embedding_plan(tied))
+                shutil.copyfile(graph_only, stage / MODEL_FILE)
+                normalise_external_data(stage, search=[input_dir])
+            embedding = quantize_embedding(stage, settings.embedding_plan(tied))
         copy_side_files(input_dir, stage)
         write_genai_config(stage)  # onnxruntime-genai runs the folder
         info = {

@@ -278,6 +278,22 @@ def quantize_weight(name: str, load: Callable[[], np.ndarray], bits: int, block_
     return result
 
 
+def kquant_int_builder(block_size: int, accuracy_level: int, importance: Mapping[str, np.ndarray] | None = None,
+                       threads: int = 1, symmetric: bool = False, cache: BlockCache | None = None) -> Callable:
+    """A :func:`replace_weight_matmuls` builder: one MatMul to 4-bit MatMulNBits at ``block_size`` by
+    :func:`quantize_weight` (arguments as :func:`kquant_int_pass`)."""
+
+    def build(node: onnx.NodeProto, tensor: onnx.TensorProto, load: Callable[[], np.ndarray]):
+        k, n = tensor.dims
+        # a cache hit reads no float weight: a 1.5B candidate built in 24 s instead of 37
+        q, scale, zp = quantize_weight(node.name, load, 4, block_size, importance, threads, symmetric, cache)
+        return matmul_nbits_node(node=node, weight_shape=(k, n), num_bits=4, group_size=block_size,
+                                 k_blocks=(k - 1) // block_size + 1, q_weight=q, scale=scale,
+                                 zero_point=None if symmetric else zp, accuracy_level=accuracy_level)
+
+    return build
+
+
 def kquant_int_pass(
     graph_only: Path,
     names: Sequence[str],
@@ -307,39 +323,10 @@ def kquant_int_pass(
         The new graph (``scratch / "kquant_int.onnx"``).
     """
     proto = onnx.load(str(graph_only), load_external_data=False)
-    graph = proto.graph
-    initializers = {t.name: t for t in graph.initializer}
-    readers = collections.Counter(i for n in graph.node for i in n.input)
+
     wanted = set(names)
-    nodes, dropped = [], set()
-    for node in graph.node:
-        if node.name not in wanted:
-            nodes.append(node)
-            continue
-        tensor = initializers[node.input[1]]
-        k, n = tensor.dims
-        k_blocks = (k - 1) // block_size + 1
-        # a cache hit reads no float weight: a 1.5B candidate built in 24 s instead of 37
-        q, scale, zp = quantize_weight(
-            node.name, lambda: onnx.numpy_helper.to_array(tensor, base_dir=str(graph_only.parent)).astype(np.float32),
-            4, block_size, importance, threads, symmetric, cache)
-        new, tensors = matmul_nbits_node(
-            node=node, weight_shape=(k, n), num_bits=4, group_size=block_size, k_blocks=k_blocks,
-            q_weight=q, scale=scale, zero_point=None if symmetric else zp, accuracy_level=accuracy_level,
-        )
-        graph.initializer.extend(tensors)
-        nodes.append(new)
-        readers[tensor.name] -= 1
-        if readers[tensor.name] == 0:
-            dropped.add(tensor.name)
-        del q
-    del graph.node[:]
-    graph.node.extend(nodes)
-    kept = [t for t in graph.initializer if t.name not in dropped]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    if not any(o.domain == "com.microsoft" for o in proto.opset_import):
-        proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    build = kquant_int_builder(block_size, accuracy_level, importance, threads, symmetric, cache)
+    replace_weight_matmuls(proto, {name: build for name in wanted}, base_dir=graph_only.parent)
     output = scratch / "kquant_int.onnx"
     onnx.external_data_helper.convert_model_to_external_data(
         proto, all_tensors_to_one_file=True, location=(scratch / "kquant_int.data").name, size_threshold=1024,
@@ -348,3 +335,41 @@ def kquant_int_pass(
     log.info("k_quant_int: %d MatMuls 4-bit (block %d%s%s)", len(wanted), block_size,
              ", symmetric" if symmetric else "", ", activation importance" if importance is not None else "")
     return output
+
+
+def replace_weight_matmuls(proto: onnx.ModelProto, builders: Mapping[str, Callable], base_dir: str | os.PathLike
+                           ) -> None:
+    """Replace weight MatMuls of ``proto`` in place by the nodes their builders return.
+
+    Args:
+        builders: ``{MatMul node name: build}``; ``build(node, weight, load)`` gets the node, its
+            weight initializer (2-D float [K, N]) and a ``load()`` that reads that weight as float32
+            [K, N] from ``base_dir``, and returns ``(new node, new initializers)``
+            (:func:`matmul_nbits_node`, :func:`qwen_onnx.quantize.blockwise.blockwise_int8_node`).
+
+    A float weight no other node reads is removed; the ``com.microsoft`` opset is added.
+    """
+    graph = proto.graph
+    initializers = {t.name: t for t in graph.initializer}
+    readers = collections.Counter(i for n in graph.node for i in n.input)
+    nodes, dropped = [], set()
+    for node in graph.node:
+        build = builders.get(node.name)
+        if build is None:
+            nodes.append(node)
+            continue
+        tensor = initializers[node.input[1]]
+        new, tensors = build(node, tensor, lambda t=tensor: onnx.numpy_helper.to_array(
+            t, base_dir=str(base_dir)).astype(np.float32))
+        graph.initializer.extend(tensors)
+        nodes.append(new)
+        readers[tensor.name] -= 1
+        if readers[tensor.name] == 0:
+            dropped.add(tensor.name)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    kept = [t for t in graph.initializer if t.name not in dropped]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    if not any(o.domain == "com.microsoft" for o in proto.opset_import):
+        proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))

@@ -44,6 +44,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
+from qwen_onnx.quantize.blockwise import blockwise_int8_weight
 from qwen_onnx.quantize.kquant import BlockCache, quantize_weight
 from qwen_onnx.quantize.matmuls import weight_matmuls
 
@@ -113,17 +114,9 @@ def option_errors(model_dir: str | os.PathLike, importance: Mapping[str, np.ndar
 
 def _blockwise_int8_restored(weight: np.ndarray, block: int) -> np.ndarray:
     """float32 [K, N]: ``weight`` after onnxruntime's symmetric 8-bit blockwise quantization
-    (``quantize_matmul_8bits``; zero point 128, one scale per ``block`` inputs of a column) and back."""
-    from onnxruntime.capi._pybind_state import quantize_matmul_8bits
-
+    (:func:`qwen_onnx.quantize.blockwise.blockwise_int8_weight`) and back."""
     k, n = weight.shape
-    k_blocks = (k - 1) // block + 1
-    padded = np.zeros((k_blocks * block, n), dtype=np.float32)
-    padded[:k] = weight
-    packed = np.zeros((n, k_blocks, block), dtype=np.uint8)
-    scales = np.zeros((n, k_blocks), dtype=np.float32)
-    zero_point = np.zeros((n, (k_blocks + 1) // 2), dtype=np.uint8)
-    quantize_matmul_8bits(packed, padded, scales, zero_point, block, n, k_blocks * block, True)
+    packed, scales = blockwise_int8_weight(weight, block)
     restored = (packed.astype(np.float32) - 128.0) * scales[:, :, None]  # [N, k_blocks, block]
     return restored.reshape(n, -1).T[:k]
 
