@@ -121,17 +121,26 @@ def _search_blocks(x: np.ndarray, e: np.ndarray, maxq: int) -> tuple[np.ndarray,
     best_err = np.full(rmin.shape, np.inf, dtype=np.float32)
     best_s = span / np.float32(maxq)
     best_z = np.zeros_like(rmin)
+    scaled = np.empty_like(x)
+    level = np.empty_like(x)
+    weighted = np.empty_like(x)
     for step in range(-1, STEPS):
         factor = maxq if step < 0 else maxq - 1.0 + (2.0 / STEPS) * step
         s0 = span / np.float32(factor)
         at = -rmin / s0
+        np.divide(x, s0, out=scaled)
         for zp in (np.clip(np.floor(at), 0, maxq), np.clip(np.ceil(at), 0, maxq)):
-            level = np.clip(np.round(x / s0 + zp), 0, maxq) - zp
-            num = np.sum(ex * level, axis=1, keepdims=True)
-            den = np.sum(e * level * level, axis=1, keepdims=True)
+            np.add(scaled, zp, out=level)
+            np.rint(level, out=level)
+            np.clip(level, 0, maxq, out=level)
+            level -= zp
+            num = np.einsum("bg,bg->b", ex, level)[:, None]
+            np.multiply(e, level, out=weighted)
+            den = np.einsum("bg,bg->b", weighted, level)[:, None]
             s = np.where((den > 0) & (num > 0), num / np.where(den > 0, den, 1), s0)
-            diff = s * level - x
-            err = np.sum(e * diff * diff, axis=1, keepdims=True)
+            # sum(e (s level - x)^2) = s^2 den - 2 s num + sum(e x^2): the last term is the same for
+            # every candidate of a block, so it is left out of the comparison (no pass over diff)
+            err = s * s * den - 2 * s * num
             better = err < best_err
             best_err = np.where(better, err, best_err)
             best_s = np.where(better, s, best_s)
@@ -152,11 +161,10 @@ def _search_symmetric(x: np.ndarray, e: np.ndarray, maxq: int) -> tuple[np.ndarr
     for step in range(STEPS + 1):
         s0 = amax / np.float32(z - 1 + 1.5 * step / STEPS)
         level = np.clip(np.round(x / s0), -z, z - 1)
-        num = np.sum(ex * level, axis=1, keepdims=True)
-        den = np.sum(e * level * level, axis=1, keepdims=True)
+        num = np.einsum("bg,bg->b", ex, level)[:, None]
+        den = np.einsum("bg,bg->b", e * level, level)[:, None]
         s = np.where((den > 0) & (num > 0), num / np.where(den > 0, den, 1), s0)
-        diff = s * level - x
-        err = np.sum(e * diff * diff, axis=1, keepdims=True)
+        err = s * s * den - 2 * s * num  # the weighted squared error less sum(e x^2), as in _search_blocks
         better = err < best_err
         best_err = np.where(better, err, best_err)
         best_s = np.where(better, s, best_s)
