@@ -202,7 +202,15 @@ def test_slurm_profile_resources_apply_to_every_job(tmp_path, tiny_qwen2, texts,
     # accuracy) x 6.16 GB: 1000 + 3.3 x 6.16 x 1073.74 = 22,827
     export = ("40000", "180") if override else ("22827", "43")
     assert (resources["export"]["mem_mb"], resources["export"]["runtime"]) == export
-    assert resources["profile"]["mem_mb"] == "22827" and resources["accuracy"]["mem_mb"] == "17535"
+    assert resources["profile"]["mem_mb"] == "22827"
+    # the jobs that hold one session declare by its kind: 2.0 (float), 1.6 (quantized) GiB per fp32 GB for
+    # accuracy, 1.6 and 0.5 for HumanEval's task_accuracy (SESSION_MEM_PER_FP32_GB)
+    sessions = {(rule, dict(w.split("=", 1) for w in wildcards.split(", "))["variant"]): dict(
+        item.split("=", 1) for item in line.split(", "))["mem_mb"]
+        for rule, wildcards, line in re.findall(r"^rule (accuracy|task_accuracy):\n(?:    .*\n)*?    wildcards: (.*)\n"
+                                                r"(?:    .*\n)*?    resources: (.*)$", result.stdout, re.M)}
+    assert sessions[("accuracy", "fp32")] == "14228" and sessions[("accuracy", "int4")] == "11582"
+    assert sessions[("task_accuracy", "fp32")] == "11582" and sessions[("task_accuracy", "int4")] == "4307"
     assert resources["sitting"]["mem_mb"] == "22827" and resources["float16"]["mem_mb"] == "22827"
     assert resources["latency_row"]["mem_mb"] == "1000" and resources["latency_row_pytorch"]["mem_mb"] == "1000"
 

@@ -352,6 +352,22 @@ def test_tflite_latency_refuses_prompts_past_the_cache(converted, texts):
                                decode_prompt_tokens=KV - 4, new_tokens=5, threads=1)
 
 
+def test_tflite_latency_takes_the_sittings_token_ids(converted, texts):
+    """The sitting tokenizes once and hands each tflite measurement the ids (no tokenizer in the child);
+    too few ids are refused with the count needed."""
+    from qwen_onnx.errors import TextError
+    from qwen_onnx.measure.latency import measure_tflite_latency, prompt_tokens
+    from qwen_onnx.source.text import load_tokenizer
+
+    folder = converted["dynamic_int8"][0]
+    tokens = prompt_tokens(load_tokenizer(folder), texts["evaluation"], 16)
+    timing = dict(prompt_lengths=(4, 8, 16), decode_prompt_tokens=16, new_tokens=3, threads=1, warmup=0, repeats=1)
+    result = measure_tflite_latency(folder, None, tokens=tokens, **timing)
+    assert_timed(result, (4, 8, 16))
+    with pytest.raises(TextError, match="^15 prompt tokens given; the protocol needs 16$"):
+        measure_tflite_latency(folder, None, tokens=tokens[:15], **timing)
+
+
 def test_inspect_names_the_signatures_ops_and_quantized_weights(converted):
     from qwen_onnx.measure.inspect_tflite import inspect_tflite, inspect_tflite_markdown
 

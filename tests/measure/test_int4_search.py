@@ -196,15 +196,15 @@ def test_the_candidates_reuse_each_weights_blocks_and_table_and_build_the_same_g
     importance = {n: np.ones(64 if node_role(n)[1] != "down_proj" else 128, dtype=np.float32) for n in names}
     cache: dict = {}
     errors = option_errors(pipeline["optimized"], importance, cache=cache)
-    assert set(cache) == {(n, 4, b, False) for n in names for b in (32, 64)}
+    assert set(cache) == {(n, 4, b, False) for n in names for b in (32, 64)} | {(n, 8, 128, True) for n in names}
     assert all(errors[n]["8/128"] < errors[n]["4/32"] < errors[n]["4/64"] for n in names)
     precision = {n: ("4/64" if "mlp" in n else "4/32" if "attn" in n else "8/128") for n in names}
     uncached = quantize_int4_variant(pipeline["optimized"], tmp_path / "a", settings, precision=precision,
                                      importance=importance, calibration_text=texts["calibration"])
     quantize_int4_variant(pipeline["optimized"], tmp_path / "b", settings, precision=precision,
                           importance=importance, calibration_text=texts["calibration"], block_cache=cache)
-    eight_bit = {key for key in cache if key[1] == 8}
-    assert eight_bit == {(n, 8, 64, True) for n, option in precision.items() if option == "8/128"}  # fitted to hidden 64
+    built = {key for key in cache if key[1] == 8 and key[2] == 64}  # 8-bit blocks fitted to the hidden size, 64
+    assert built == {(n, 8, 64, True) for n, option in precision.items() if option == "8/128"}
     tables = [key for key in cache if key[0] not in names]
     assert [key[1:] for key in tables] == [(4, 32, False)]  # the embedding table, at the int4 settings' bits and block
 

@@ -116,6 +116,9 @@ rule quantize_int4:
         f"{RESULTS}/benchmarks/{{model}}/quantize_int4.tsv"
     conda:
         "../../envs/qwen-onnx.yaml"
+    # the longest build, on the critical path (resolve -> optimize -> quantize_int4 -> sitting): scheduled
+    # before the other ready jobs, it starts as soon as its graph exists
+    priority: 10
     threads: 2
     resources:
         mem_mb=get_mem_mb("quantize_int4"),

@@ -288,8 +288,9 @@ TFLITE_PROFILE_NOTE = ("no op profile: ONNX Runtime's profiler does not apply to
 
 def measure_tflite_latency(
     variant_dir: str | os.PathLike,
-    text_path: str | os.PathLike,
+    text_path: str | os.PathLike | None,
     *,
+    tokens: np.ndarray | None = None,
     prompt_lengths: Sequence[int] = defaults.LATENCY["prompt_lengths"],
     decode_prompt_tokens: int = defaults.LATENCY["decode_prompt_tokens"],
     new_tokens: int = defaults.LATENCY["new_tokens"],
@@ -307,6 +308,11 @@ def measure_tflite_latency(
     ceil(n / L) calls of L tokens each, so a prompt shorter than L pays for L
     (``prefill_signature_calls_{n}`` records the count per prompt length). Decode feeds the KV
     cache back through the ``decode`` signature, one token per call.
+
+    Args:
+        text_path: the prompts' text, tokenized here; or None with ``tokens``.
+        tokens: the prompts' token ids, int64 [n] (the sitting tokenizes once for every row,
+            instead of each measuring process loading transformers' tokenizer, about 4 s).
 
     Returns:
         The keys of :func:`measure_latency` (``load_s``: the interpreter's creation with the
@@ -333,8 +339,12 @@ def measure_tflite_latency(
                           f"decode {decode_prompt_tokens} + {new_tokens} tokens), more than this tflite variant's KV "
                           f"cache of {cache}; convert it with tflite.kv_cache_length of at least {needed} or "
                           "shorten the prompts")
-    tokenizer = load_tokenizer(variant_dir)
-    tokens = prompt_tokens(tokenizer, text_path, max([*prompt_lengths, decode_prompt_tokens]))
+    longest = max([*prompt_lengths, decode_prompt_tokens])
+    if tokens is None:
+        tokens = prompt_tokens(load_tokenizer(variant_dir), text_path, longest)
+    elif len(tokens) < longest:
+        raise TextError(f"{len(tokens)} prompt tokens given; the protocol needs {longest}")
+    tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
     started = time.perf_counter()
     lm = TfliteCausalLM(variant_dir, threads=threads)
     load_s = time.perf_counter() - started

@@ -146,10 +146,10 @@ def _measure_onnx(folder: str, tokens: np.ndarray, s: dict, cores_busy: bool = F
     return figures
 
 
-def _measure_tflite(folder: str, text: str, s: dict) -> dict[str, Any]:
+def _measure_tflite(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
     """Our tflite variant with the LiteRT interpreter (:func:`qwen_onnx.measure.latency.measure_tflite_latency`)."""
 
-    result = measure_tflite_latency(folder, text, **s)
+    result = measure_tflite_latency(folder, None, tokens=tokens, **s)
     return sitting_figures(result, s["prompt_lengths"])
 
 
@@ -387,7 +387,7 @@ def run_peers(
                 (_measure_onnx, (os.fspath(folder), tokens, settings)), onnxruntime=package_version("onnxruntime"))
         if tflite_dir is not None:
             add(Path(tflite_dir).name, "LiteRT interpreter (qwen-onnx TfliteCausalLM)", os.fspath(tflite_dir),
-                (Path(tflite_dir) / "model.tflite").stat().st_size, (_measure_tflite, (os.fspath(tflite_dir), text, settings)),
+                (Path(tflite_dir) / "model.tflite").stat().st_size, (_measure_tflite, (os.fspath(tflite_dir), tokens, settings)),
                 ai_edge_litert=package_version("ai-edge-litert"))
         for folder in openvino_dirs:
             add(**variant_row(folder, tokens, settings, installed=_installed("openvino")))

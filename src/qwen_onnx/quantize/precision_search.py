@@ -96,29 +96,46 @@ def option_errors(model_dir: str | os.PathLike, importance: Mapping[str, np.ndar
         weight = onnx.numpy_helper.to_array(tensor, base_dir=str(path.parent)).astype(np.float32)  # [K, N]
         k = weight.shape[0]
         imp = np.asarray(importance[node.name], dtype=np.float64)
-        signal = float(np.einsum("k,kn,kn->", imp, weight, weight, dtype=np.float64))
+        signal = _weighted_squares(imp, weight)
         out[node.name] = {}
         for bits, block in options:
             if bits == 8:
-                restored = _blockwise_int8_restored(weight, block)
+                key = (node.name, 8, block, True)  # blockwise_int8_node's entry: the candidates reuse it
+                if cache is not None and key in cache:
+                    packed, scales, _ = cache[key]
+                else:
+                    packed, scales = blockwise_int8_weight(weight, block)
+                    if cache is not None:
+                        cache[key] = (packed, scales, None)
+                restored = _int8_restored(packed, scales, k)
             else:
                 q, scale, zero = quantize_weight(node.name, lambda w=weight: w, bits, block, importance, threads, symmetric,
                                                 cache)
                 restored = (scale * (q.astype(np.float32) - zero.astype(np.float32))).reshape(weight.shape[1], -1).T[:k]
-            noise = float(np.einsum("k,kn,kn->", imp, weight - restored, weight - restored, dtype=np.float64))
-            out[node.name][option_key(bits, block)] = noise / signal if signal > 0 else 0.0
+            np.subtract(weight, restored, out=restored)
+            out[node.name][option_key(bits, block)] = _weighted_squares(imp, restored) / signal if signal > 0 else 0.0
             del restored
         del weight
     return out
 
 
+def _weighted_squares(importance: np.ndarray, matrix: np.ndarray) -> float:
+    """``sum_k importance_k sum_n matrix_kn^2`` of float32 [K, N] with float64 [K] importance: each row's
+    squares summed in float32, the rows weighted in float64."""
+    return float(importance @ np.einsum("kn,kn->k", matrix, matrix).astype(np.float64))
+
+
 def _blockwise_int8_restored(weight: np.ndarray, block: int) -> np.ndarray:
     """float32 [K, N]: ``weight`` after onnxruntime's symmetric 8-bit blockwise quantization
     (:func:`qwen_onnx.quantize.blockwise.blockwise_int8_weight`) and back."""
-    k, n = weight.shape
-    packed, scales = blockwise_int8_weight(weight, block)
+    return _int8_restored(*blockwise_int8_weight(weight, block), weight.shape[0])
+
+
+def _int8_restored(packed: np.ndarray, scales: np.ndarray, k: int) -> np.ndarray:
+    """float32 [K, N] from :func:`~qwen_onnx.quantize.blockwise.blockwise_int8_weight`'s ``(packed, scales)``."""
+    n = packed.shape[0]
     restored = (packed.astype(np.float32) - 128.0) * scales[:, :, None]  # [N, k_blocks, block]
-    return restored.reshape(n, -1).T[:k]
+    return np.ascontiguousarray(restored.reshape(n, -1).T[:k])
 
 
 #: The option every layer kind is probed at to scale its weight errors to the model's KL.
