@@ -456,8 +456,9 @@ def quantize_int4_variant(
             it); default the cores this process may run on.
         precision: ``{weight MatMul name: "bits/block"}`` for every weight MatMul, e.g. from
             :mod:`qwen_onnx.quantize.precision_search`: each MatMul at its own option (8-bit ones
-            blockwise, 4-bit ones by ``k_quant_int`` at their block size), instead of ``lm_head_bits``,
-            ``source_bits``, the sensitive nodes and ``block_size``. ``k_quant_int`` only.
+            blockwise, 4-bit ones by ``k_quant_int`` at their block size, the graph built in one pass:
+            :func:`precision_map_model`), instead of ``lm_head_bits``, ``source_bits``, the sensitive
+            nodes and ``block_size``. ``k_quant_int`` only.
         importance: ``k_quant_int``'s activation importance, when the caller has it already
             (:func:`qwen_onnx.quantize.kquant.activation_importance`); default measured here.
         record: more keys for ``quantize.json`` (the precision search's record).
