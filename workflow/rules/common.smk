@@ -177,7 +177,11 @@ def session_kind(wildcards):
     by OpenVINO, VARIANT-openvino, as the variant)."""
     name = getattr(wildcards, "variant", None) or getattr(wildcards, "peer", "")
     name = name.removesuffix("-openvino")
-    return "tflite" if name == "tflite" else "float" if name in FLOAT_SESSIONS else "quantized"
+    return (
+        "tflite"
+        if name == "tflite"
+        else "float" if name in FLOAT_SESSIONS else "quantized"
+    )
 
 
 def get_mem_mb(stage):
@@ -186,8 +190,11 @@ def get_mem_mb(stage):
 
     def mem_mb(wildcards):
         fp32_gb = 4.0 * float(config["models"][wildcards.model]["params_billion"])
-        per_gb = (SESSION_MEM_PER_FP32_GB[stage][session_kind(wildcards)] if stage in SESSION_MEM_PER_FP32_GB
-                  else MEM_PER_FP32_GB[stage])
+        per_gb = (
+            SESSION_MEM_PER_FP32_GB[stage][session_kind(wildcards)]
+            if stage in SESSION_MEM_PER_FP32_GB
+            else MEM_PER_FP32_GB[stage]
+        )
         return int(1000 + MB_PER_GIB * per_gb * fp32_gb)
 
     return mem_mb
@@ -608,8 +615,12 @@ def memory_over_cap():
         return []
     lines = []
     for model in get_models():
-        wildcards = types.SimpleNamespace(model=model, variant="fp32")  # a float session: the session stages' largest but tflite's
-        over = {stage: get_mem_mb(stage)(wildcards) for stage in [*MEM_PER_FP32_GB, *SESSION_MEM_PER_FP32_GB]}
+        # a float session: the session stages' largest but tflite's
+        wildcards = types.SimpleNamespace(model=model, variant="fp32")
+        over = {
+            stage: get_mem_mb(stage)(wildcards)
+            for stage in [*MEM_PER_FP32_GB, *SESSION_MEM_PER_FP32_GB]
+        }
         over = {stage: mb for stage, mb in over.items() if mb > cap}
         if over:
             worst = max(over, key=over.get)

@@ -114,11 +114,11 @@ rule quantize_int4:
         f"{RESULTS}/logs/{{model}}/quantize_int4.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/quantize_int4.tsv"
-    conda:
-        "../../envs/qwen-onnx.yaml"
     # the longest build, on the critical path (resolve -> optimize -> quantize_int4 -> sitting): scheduled
     # before the other ready jobs, it starts as soon as its graph exists
     priority: 10
+    conda:
+        "../../envs/qwen-onnx.yaml"
     threads: 2
     resources:
         mem_mb=get_mem_mb("quantize_int4"),
