@@ -82,6 +82,20 @@ def blockwise_int8_weight(weight: np.ndarray, block_size: int) -> tuple[np.ndarr
     return packed, scales
 
 
+def cached_int8_weight(name: str, load: Callable[[], np.ndarray], block_size: int,
+                       cache: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`blockwise_int8_weight` of MatMul ``name``'s weight, looked up in ``cache`` first under
+    ``(name, 8, block_size, True)`` (value ``(packed, scales, None)``, the shape of
+    :data:`qwen_onnx.quantize.kquant.BlockCache`); ``load()`` returns the float32 [K, N] weight on a miss."""
+    key = (name, 8, block_size, True)
+    if cache is not None and key in cache:
+        return cache[key][:2]
+    packed, scales = blockwise_int8_weight(load(), block_size)
+    if cache is not None:
+        cache[key] = (packed, scales, None)
+    return packed, scales
+
+
 def blockwise_int8_node(node: onnx.NodeProto, weight: onnx.TensorProto, load: Callable[[], np.ndarray],
                         block_size: int, cache: dict | None = None) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
     """The MatMulNBits node and initializers that :func:`blockwise_int8` makes of one MatMul (onnxruntime's
@@ -94,13 +108,7 @@ def blockwise_int8_node(node: onnx.NodeProto, weight: onnx.TensorProto, load: Ca
         cache: ``{(node name, 8, block_size, True): (packed, scales, None)}``, looked up and filled
             (the key and value shape of :data:`qwen_onnx.quantize.kquant.BlockCache`).
     """
-    key = (node.name, 8, block_size, True)
-    if cache is not None and key in cache:
-        packed, scales, _ = cache[key]
-    else:
-        packed, scales = blockwise_int8_weight(load(), block_size)
-        if cache is not None:
-            cache[key] = (packed, scales, None)
+    packed, scales = cached_int8_weight(node.name, load, block_size, cache)
     k, n = (int(d) for d in weight.dims)
     tensors = [onnx.numpy_helper.from_array(packed, weight.name + "_Q8"),
                onnx.numpy_helper.from_array(scales, weight.name + "_scales")]

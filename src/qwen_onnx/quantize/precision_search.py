@@ -44,7 +44,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from qwen_onnx.quantize.blockwise import blockwise_int8_weight
+from qwen_onnx.quantize.blockwise import blockwise_int8_weight, cached_int8_weight
 from qwen_onnx.quantize.kquant import BlockCache, quantize_weight
 from qwen_onnx.quantize.matmuls import weight_matmuls
 
@@ -100,13 +100,8 @@ def option_errors(model_dir: str | os.PathLike, importance: Mapping[str, np.ndar
         out[node.name] = {}
         for bits, block in options:
             if bits == 8:
-                key = (node.name, 8, block, True)  # blockwise_int8_node's entry: the candidates reuse it
-                if cache is not None and key in cache:
-                    packed, scales, _ = cache[key]
-                else:
-                    packed, scales = blockwise_int8_weight(weight, block)
-                    if cache is not None:
-                        cache[key] = (packed, scales, None)
+                # blockwise_int8_node's entry: the candidates reuse it
+                packed, scales = cached_int8_weight(node.name, lambda w=weight: w, block, cache)
                 restored = _int8_restored(packed, scales, k)
             else:
                 q, scale, zero = quantize_weight(node.name, lambda w=weight: w, bits, block, importance, threads, symmetric,
