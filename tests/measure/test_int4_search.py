@@ -85,14 +85,18 @@ def test_the_precision_map_is_summarised_per_layer_kind():
                                             "qkv_proj": {"4/32": 1}}
 
 
+@pytest.mark.parametrize("gptq_updates", [False, True])
 def test_the_search_on_the_tiny_model_saves_bytes_and_its_choice_passes_on_calibration_text(
-        pipeline, texts, tmp_path):
-    settings = Int4Settings(importance_samples=2, calibration_sequence_length=32, embedding="float")
+        pipeline, texts, tmp_path, gptq_updates):
+    settings = Int4Settings(importance_samples=2, calibration_sequence_length=32, embedding="float",
+                            gptq_updates=gptq_updates)
     # a tiny random model's 4-bit logits move far more than a real one's: a gate it can meet
     gate = {"ppl_delta_pct": 5.0, "top1_pct": 80.0, "kl_mean": 0.05}
     info = search_int4_variant(pipeline["optimized"], tmp_path / "int4", settings, gate,
                                calibration_text=texts["calibration"], score_windows=3)
     record = info["precision_search"]
+    # the Hessians: one capture of the tiny model's inputs, released once every option was in the cache
+    assert (record["gptq_updates"], record["hessian_captures"]) == ((True, 1) if gptq_updates else (False, None))
     assert 0 < record["moves"] < record["of_moves"] == 11 * 2  # 2 layers x (qkv, o, gate, up, down) + lm_head, 2 moves each
     assert record["weight_bytes_per_token"] < record["weight_bytes_per_token_all_8bit"]
     assert record["chosen"]["gate"] == "PASS" and record["chosen"]["marginal"] == []
@@ -117,9 +121,10 @@ def test_the_search_on_the_tiny_model_saves_bytes_and_its_choice_passes_on_calib
     assert {k for c in record["by_role"].values() for k in c} <= {"8/128", "4/32", "4/64"}
     # scored again here, on the same calibration windows: the shipped variant passes the gate
     windows = token_windows(load_tokenizer(pipeline["optimized"]), texts["calibration"], 32)
-    # the importance took the first 2 windows; the 3 scoring ones are spread evenly over the others
-    rest = len(windows) - 2
-    assert record["score_window_indices"] == [2, 2 + rest // 3, 2 + 2 * rest // 3]
+    # the 3 scoring windows are spread evenly over the text; the importance took the first 2 of the others
+    total = len(windows)
+    assert record["score_window_indices"] == [0, total // 3, 2 * total // 3]
+    assert record["importance_window_indices"] == [1, 2]
     windows = windows[record["score_window_indices"]]
     reference = np.stack([OnnxCausalLM(pipeline["optimized"]).forward(w[None])[0][0] for w in windows])
     figures = score_on_windows(tmp_path / "int4", windows, reference)

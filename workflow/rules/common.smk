@@ -184,9 +184,16 @@ def session_kind(wildcards):
     )
 
 
+# GPTQ's Hessians (quantize_int4.gptq_updates): float32 [K, K] per MatMul input, at most
+# qwen_onnx.quantize.gptq.BUDGET_BYTES (3 GiB) held at a time, plus the float64 arrays of the
+# inverse Cholesky factor of the widest input (1.8 GiB at the 1.5B's 8960), whatever the model's size.
+GPTQ_GIB = 4.8
+
+
 def get_mem_mb(stage):
     """Declared memory of a stage's job, in MB, from the model's parameter count (and, for the jobs
-    that hold one session, its kind: SESSION_MEM_PER_FP32_GB)."""
+    that hold one session, its kind: SESSION_MEM_PER_FP32_GB; for the int4 stage, GPTQ's Hessians).
+    """
 
     def mem_mb(wildcards):
         fp32_gb = 4.0 * float(config["models"][wildcards.model]["params_billion"])
@@ -195,7 +202,13 @@ def get_mem_mb(stage):
             if stage in SESSION_MEM_PER_FP32_GB
             else MEM_PER_FP32_GB[stage]
         )
-        return int(1000 + MB_PER_GIB * per_gb * fp32_gb)
+        hessians = (
+            GPTQ_GIB
+            if stage == "quantize_int4"
+            and get_settings(wildcards.model, "quantize_int4").get("gptq_updates")
+            else 0.0
+        )
+        return int(1000 + MB_PER_GIB * (per_gb * fp32_gb + hessians))
 
     return mem_mb
 

@@ -186,14 +186,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="choose each MatMul's precision (8/128, 4/32, 4/64) by search: the fewest weight bytes "
                         "per token that pass the default int4 gate with margin on the calibration text (k_quant_int)")
     p.add_argument("--search-windows", type=int, default=8,
-                   help="calibration windows (after the importance ones) that score each search candidate")
+                   help="calibration windows, spread over the text, that score each search candidate")
     p.add_argument("--source-info", default=None, metavar="SOURCE_JSON",
                    help="the resolve stage's HF_DIR/source.json (its weight_types)")
     p.add_argument("--calibration-text", default=str(shipped_text(CALIBRATION_TEXT)),
                    help="calibration text of gptq and of k_quant_int's importance")
     p.add_argument("--samples", type=int, default=8, help="gptq calibration windows")
-    p.add_argument("--importance-samples", type=int, default=16,
-                   help="k_quant_int: calibration windows weighting the 4-bit error per input channel (imatrix); 0: off")
+    p.add_argument("--importance-samples", type=int, default=64,
+                   help="k_quant_int: calibration windows weighting the 4-bit error per input channel (imatrix), "
+                        "and GPTQ's Hessians; 0: off")
+    p.add_argument("--gptq-updates", action=argparse.BooleanOptionalAction, default=True,
+                   help="k_quant_int: each 4-bit weight's rounding error compensated in the inputs not yet rounded "
+                        "(GPTQ on the k-quant grid; --no-gptq-updates: the block search alone)")
     p.add_argument("--sequence-length", type=int, default=128, help="gptq tokens per window")
     p.set_defaults(func=run_int4)
 

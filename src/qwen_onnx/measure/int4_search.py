@@ -20,6 +20,7 @@ import onnx
 
 from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.measure.metrics import AccuracyAccumulator
+from qwen_onnx.quantize.gptq import Hessians
 from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
 from qwen_onnx.quantize.kquant import BlockCache, activation_importance
 from qwen_onnx.quantize.matmuls import node_role, precision_by_role, weight_matmuls
@@ -84,9 +85,10 @@ def search_int4_variant(
     fewest weight bytes per token and still passes ``gate`` with margin on calibration text.
 
     Calibration text (default the shipped ``calibration.txt``) cut into windows of
-    ``settings.calibration_sequence_length`` tokens: the first ``settings.importance_samples`` give
-    the activation importance (as in the shipped int4), ``score_windows`` spread evenly over the
-    others score the candidates (the float graph's logits on them are the reference). The search
+    ``settings.calibration_sequence_length`` tokens: ``score_windows`` spread evenly over the whole text score
+    the candidates (the float graph's logits on them are the reference); the first
+    ``settings.importance_samples`` of the others give the activation importance and, with
+    ``settings.gptq_updates``, GPTQ's Hessians. The search
     (module docstring of :mod:`qwen_onnx.quantize.precision_search`) builds one candidate per layer kind to calibrate the
     weight errors, then about ``log2(3 x MatMuls)`` along the path.
 
@@ -121,15 +123,16 @@ def search_int4_variant(
                             f"{settings.calibration_sequence_length} tokens; the precision search needs {needed} "
                             f"({settings.importance_samples} for importance, {score_windows} to score): use a "
                             "longer text or fewer importance_samples")
-    # spread over the rest of the text: its last windows are one section (Chinese prose in the shipped
-    # calibration.txt, where the default int4 moved perplexity +7.1% against +4.7% on spread windows)
-    first = settings.importance_samples
-    scored_at = [first + i for i in evenly_spaced(score_windows, len(windows) - first)]
-    scored = windows[scored_at]
+    # both sets spread over the whole text, which is sections of code, English and Chinese: the last windows
+    # are one section (Chinese prose in the shipped calibration.txt, where the default int4 moved perplexity
+    # +7.1% against +4.7% on spread windows), and GPTQ's Hessians want most of the windows
+    scored_at = evenly_spaced(score_windows, len(windows))
+    calibrated_at = [i for i in range(len(windows)) if i not in set(scored_at)][:settings.importance_samples]
+    scored, calibration = windows[scored_at], windows[calibrated_at]
     graph = onnx.load(str(model_path(input_dir)), load_external_data=False).graph
     matmuls = weight_matmuls(graph)
-    importance = activation_importance(input_dir, windows[:settings.importance_samples], [n for n, _ in matmuls],
-                                       threads)
+    importance = activation_importance(input_dir, calibration, [n for n, _ in matmuls], threads)
+    hessians = Hessians(input_dir, calibration, matmuls, threads) if settings.gptq_updates else None
     sizes = {node.name: int(np.prod(tensor.dims)) for node, tensor in matmuls}
     reference_model = OnnxCausalLM(input_dir, threads=threads)
     reference = np.stack([_logits(reference_model, w) for w in scored])
@@ -137,7 +140,9 @@ def search_int4_variant(
     # every candidate draws its 4-bit weights from here: each weight's k-quant search runs once per option
     cache: BlockCache = {}
     errors = option_errors(input_dir, importance, OPTIONS, threads=threads or len(os.sched_getaffinity(0)),
-                           cache=cache, symmetric=settings.symmetric_weights)
+                           cache=cache, symmetric=settings.symmetric_weights, hessians=hessians)
+    if hessians is not None:
+        hessians.release()  # every option of every weight is in the cache now
     names = list(sizes)
     scratch_root = Path(output_dir).resolve().parent
 
@@ -146,7 +151,7 @@ def search_int4_variant(
             folder = Path(scratch) / "candidate"
             quantize_int4_variant(input_dir, folder, settings, calibration_text=calibration_text,
                                   source_info=source_info, threads=threads, precision=precision, importance=importance,
-                                  block_cache=cache)
+                                  block_cache=cache, hessians=hessians)
             return score_on_windows(folder, scored, reference, threads)
 
     # the weights' error to the model's: per layer kind, the KL of that kind alone at the probe option
@@ -203,11 +208,14 @@ def search_int4_variant(
         "candidates": candidates,
         "score_windows": score_windows,
         "score_window_indices": scored_at,
+        "importance_window_indices": calibrated_at,
         "importance_samples": settings.importance_samples,
+        "gptq_updates": settings.gptq_updates,
+        "hessian_captures": None if hessians is None else hessians.captures,
         "sequence_length": settings.calibration_sequence_length,
         "seconds": round(time.time() - started, 1),  # the run time of the whole search
     }
     info = quantize_int4_variant(input_dir, output_dir, settings, calibration_text=calibration_text,
                                  source_info=source_info, threads=threads, precision=precision, importance=importance,
-                                 record={"precision_search": record}, block_cache=cache)
+                                 record={"precision_search": record}, block_cache=cache, hessians=hessians)
     return info

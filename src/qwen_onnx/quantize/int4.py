@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import onnx
 
 from qwen_onnx.convert.export import normalise_external_data
@@ -61,6 +62,7 @@ from qwen_onnx.quantize.embeddings import (
     quantize_embedding,
     replace_lookup,
 )
+from qwen_onnx.quantize.gptq import Hessians
 from qwen_onnx.quantize.kquant import (
     BlockCache,
     activation_importance,
@@ -149,6 +151,9 @@ class Int4Settings(SensitiveSettings):
         importance_samples: ``k_quant_int`` only (other algorithms ignore it): calibration windows
             (of ``calibration_sequence_length`` tokens) whose activations weight the 4-bit error
             per input channel (llama.cpp's imatrix); 0: unweighted.
+        gptq_updates: ``k_quant_int`` only: each 4-bit weight rounded input by input with GPTQ's error
+            compensation on the same grid (:mod:`qwen_onnx.quantize.gptq`), the Hessians measured on the
+            ``importance_samples`` windows.
         search: choose every weight MatMul's precision by search instead of the fixed recipe above
             (:func:`qwen_onnx.measure.int4_search.search_int4_variant`; the workflow's int4 rule
             calls it when set, as ``config.yaml`` does by default). :func:`quantize_int4_variant` itself
@@ -172,6 +177,7 @@ class Int4Settings(SensitiveSettings):
     calibration_samples: int = 8
     calibration_sequence_length: int = 128
     importance_samples: int = 16
+    gptq_updates: bool = False
     search: bool = False
     search_windows: int = 8
 
@@ -194,6 +200,9 @@ class Int4Settings(SensitiveSettings):
                                 "form; drop symmetric (or --symmetric), or use k_quant_int, rtn, default or gptq")
         if self.accuracy_level not in ACCURACY_LEVELS:
             raise QwenOnnxError(f"accuracy_level must be 0 to 4 (MatMulNBits), got {self.accuracy_level}")
+        if self.gptq_updates and (self.algorithm != "k_quant_int" or not self.importance_samples):
+            raise QwenOnnxError("gptq_updates runs on the k_quant_int grid with its calibration windows; set "
+                                "algorithm: k_quant_int and importance_samples above 0, or gptq_updates: false")
         if self.lm_head_bits not in (4, 8):
             raise QwenOnnxError(f"lm_head_bits must be 4 or 8, got {self.lm_head_bits}")
         if not 0 <= self.source_bits <= 32:
@@ -243,13 +252,14 @@ def _algo_config(settings: Int4Settings, graph_only: Path, float_names: Sequence
 
 
 def int4_pass(graph_only: Path, settings: Int4Settings, keep: Sequence[str], scratch: ScratchFiles,
-              calibration_text=None, importance=None, threads: int = 1) -> Path:
+              calibration_text=None, importance=None, threads: int = 1, hessians: Hessians | None = None) -> Path:
     """Turn every float weight MatMul of ``graph_only`` except ``keep`` into 4-bit MatMulNBits.
 
     Args:
         importance: ``k_quant_int`` only: ``{node name: float32 [in_features]}`` activation
             importance (:func:`qwen_onnx.quantize.kquant.activation_importance`), or None.
         threads: ``k_quant_int`` only: threads of the block search (:func:`qwen_onnx.quantize.kquant.quantize_blocks`).
+        hessians: ``k_quant_int`` only: GPTQ's updates (:class:`qwen_onnx.quantize.gptq.Hessians`), or None.
 
     Returns:
         The new graph (``scratch / "int4.onnx"`` or ``"kquant_int.onnx"``), its new weights in a
@@ -268,7 +278,7 @@ def int4_pass(graph_only: Path, settings: Int4Settings, keep: Sequence[str], scr
     targets = [n for n in weights if n not in set(keep)]
     if settings.algorithm == "k_quant_int":
         return kquant_int_pass(graph_only, targets, settings.block_size, settings.accuracy_level, scratch, importance,
-                               threads=threads, symmetric=settings.symmetric_weights)
+                               threads=threads, symmetric=settings.symmetric_weights, hessians=hessians)
     kept_float = [n for n in weights if n in set(keep)]  # the 8-bit ones are MatMulNBits already
     before = sum(n.op_type == "MatMulNBits" for n in proto.graph.node)
     others = [n.name for n in proto.graph.node if n.op_type == "MatMul" and n.name not in set(targets)]
@@ -382,11 +392,12 @@ def _read_weight_types(info: Mapping[str, Any], num_layers: int, scratch_dir: Pa
 
 def precision_map_model(input_dir: Path, output: Path, eight: Sequence[str], blocks: Mapping[int, Sequence[str]],
                         settings: Int4Settings, importance: Mapping[str, Any] | None, threads: int,
-                        cache: BlockCache | None, tied: bool) -> dict[str, Any]:
+                        cache: BlockCache | None, tied: bool, hessians: Hessians | None = None) -> dict[str, Any]:
     """The int4 graph of a precision map, built in one pass and written once to ``output`` (its
     weights to ``model.onnx_data`` beside it): ``eight`` 8-bit blockwise
     (:func:`qwen_onnx.quantize.blockwise.blockwise_int8_node`, the nodes :func:`blockwise_int8` makes),
-    ``blocks`` ``{block size: names}`` 4-bit by ``k_quant_int``, then the embedding
+    ``blocks`` ``{block size: names}`` 4-bit by ``k_quant_int`` (with GPTQ's updates when ``hessians`` are
+    given), then the embedding
     (:func:`qwen_onnx.quantize.embeddings.replace_lookup`). Every result is looked up in and added to
     ``cache``: a precision-search candidate reads only the float weights no earlier candidate
     quantized the same way, and writes its weights once (the passes of the fixed recipe write
@@ -404,7 +415,7 @@ def precision_map_model(input_dir: Path, output: Path, eight: Sequence[str], blo
     builders = {name: eight_bit for name in eight}
     for block, names in blocks.items():
         build = kquant_int_builder(block, settings.accuracy_level, importance, threads, settings.symmetric_weights,
-                                   cache)
+                                   cache, hessians)
         builders.update({name: build for name in names})
     output = Path(output).resolve()  # lazy_model works inside input_dir
     with lazy_model(input_dir) as (proto, _):
@@ -416,12 +427,13 @@ def precision_map_model(input_dir: Path, output: Path, eight: Sequence[str], blo
     return embedding
 
 
-def _importance(input_dir: Path, graph: onnx.GraphProto, settings: Int4Settings, calibration_text) -> dict:
-
+def importance_windows(input_dir: Path, settings: Int4Settings, calibration_text=None) -> np.ndarray:
+    """The calibration windows of the activation importance and GPTQ's Hessians: the first
+    ``settings.importance_samples`` windows of ``calibration_sequence_length`` tokens of ``calibration_text``
+    (default the shipped ``calibration.txt``), int64 [windows, sequence]."""
     text = shipped_text(CALIBRATION_TEXT) if calibration_text is None else calibration_text
-    windows = token_windows(load_tokenizer(input_dir), text, settings.calibration_sequence_length,
-                            settings.importance_samples)
-    return activation_importance(input_dir, windows, [n for n, _ in weight_matmuls(graph)])
+    return token_windows(load_tokenizer(input_dir), text, settings.calibration_sequence_length,
+                         settings.importance_samples)
 
 
 def quantize_int4_variant(
@@ -436,6 +448,7 @@ def quantize_int4_variant(
     importance: Mapping[str, Any] | None = None,
     record: Mapping[str, Any] | None = None,
     block_cache: BlockCache | None = None,
+    hessians: Hessians | None = None,
 ) -> dict:
     """Weight-only 4-bit quantization of the float variant at ``input_dir`` into ``output_dir``.
 
@@ -510,12 +523,18 @@ def quantize_int4_variant(
         eight = blocks.pop(8)
     tied = settings.embedding == "shared" and embedding_tied(input_dir)
     started = time.time()
-    if importance is None and settings.algorithm == "k_quant_int" and settings.importance_samples:
-        importance = _importance(input_dir, graph, settings, calibration_text)
+    if settings.algorithm == "k_quant_int" and settings.importance_samples and (
+            importance is None or (settings.gptq_updates and hessians is None)):
+        windows = importance_windows(input_dir, settings, calibration_text)
+        matmuls = weight_matmuls(graph)
+        if importance is None:
+            importance = activation_importance(input_dir, windows, [n for n, _ in matmuls])
+        if settings.gptq_updates and hessians is None:
+            hessians = Hessians(input_dir, windows, matmuls)
     with staged_dir(output_dir) as stage:
         if blocks is not None:
             embedding = precision_map_model(input_dir, stage / MODEL_FILE, eight, blocks, settings, importance,
-                                            threads or len(os.sched_getaffinity(0)), block_cache, tied)
+                                            threads or len(os.sched_getaffinity(0)), block_cache, tied, hessians)
         else:
             with lazy_quantization(input_dir) as (graph_only, scratch):
                 if eight:
@@ -523,7 +542,7 @@ def quantize_int4_variant(
                     graph_only = blockwise_int8(graph_only, eight,
                                                 fitting_block_size(settings.block_size_8bit, hidden), scratch)
                 graph_only = int4_pass(graph_only, settings, [*eight, *float_names], scratch, calibration_text,
-                                       importance, threads=threads or len(os.sched_getaffinity(0)))
+                                       importance, threads=threads or len(os.sched_getaffinity(0)), hessians=hessians)
                 shutil.copyfile(graph_only, stage / MODEL_FILE)
                 normalise_external_data(stage, search=[input_dir])
             embedding = quantize_embedding(stage, settings.embedding_plan(tied))

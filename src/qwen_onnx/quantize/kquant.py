@@ -35,7 +35,7 @@ import collections
 import logging
 import os
 from pathlib import Path
-from typing import Callable, Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, MutableMapping, Sequence
 
 import numpy as np
 import onnx
@@ -44,6 +44,9 @@ from onnxruntime.quantization.neural_compressor.weight_only import (
 )
 
 from qwen_onnx.quantize.sensitivity import capture_activations
+
+if TYPE_CHECKING:
+    from qwen_onnx.quantize.gptq import Hessians
 from qwen_onnx.store.external import ScratchFiles
 
 log = logging.getLogger(__name__)
@@ -252,8 +255,11 @@ BlockCache = MutableMapping[tuple[str, int, int, bool], tuple[np.ndarray, np.nda
 
 def quantize_weight(name: str, load: Callable[[], np.ndarray], bits: int, block_size: int,
                     importance: Mapping[str, np.ndarray] | None = None, threads: int = 1, symmetric: bool = False,
-                    cache: BlockCache | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One MatMul weight in MatMulNBits' blocks by :func:`quantize_blocks`, looked up in ``cache`` first.
+                    cache: BlockCache | None = None, hessians: Hessians | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One MatMul weight in MatMulNBits' blocks by :func:`quantize_blocks`, or with GPTQ's error compensation on
+    the same grid when ``hessians`` are given (:func:`qwen_onnx.quantize.gptq.gptq_blocks`), looked up in
+    ``cache`` first.
 
     Args:
         name: the MatMul node's name (the key of ``importance`` and ``cache``).
@@ -261,6 +267,8 @@ def quantize_weight(name: str, load: Callable[[], np.ndarray], bits: int, block_
         bits, block_size, threads, symmetric: as :func:`quantize_blocks`.
         importance: ``{node name: float32 [K]}`` (:func:`activation_importance`), or None.
         cache: results by ``(name, bits, block_size, symmetric)``; a miss is computed and stored.
+        hessians: the MatMuls' input Hessians (:class:`qwen_onnx.quantize.gptq.Hessians`, which records
+            each weight's product error), or None for the block search alone.
 
     Returns:
         ``(q, scale, zero_point)``: q uint8 [N * k_blocks, block_size], scale float32 [N * k_blocks, 1],
@@ -279,7 +287,10 @@ def quantize_weight(name: str, load: Callable[[], np.ndarray], bits: int, block_
     if importance is not None:
         channel = np.zeros(padded.shape[0], dtype=np.float32)
         channel[:k] = importance[name]
-    q, scale, zp = quantize_blocks(padded.T, bits, block_size, channel, threads=threads, symmetric=symmetric)
+    if hessians is None:
+        q, scale, zp = quantize_blocks(padded.T, bits, block_size, channel, threads=threads, symmetric=symmetric)
+    else:
+        q, scale, zp = hessians.quantize(name, padded, bits, block_size, channel, threads, symmetric)
     result = (q.astype(np.uint8), scale, zp)
     if cache is not None:
         cache[key] = result
@@ -287,14 +298,15 @@ def quantize_weight(name: str, load: Callable[[], np.ndarray], bits: int, block_
 
 
 def kquant_int_builder(block_size: int, accuracy_level: int, importance: Mapping[str, np.ndarray] | None = None,
-                       threads: int = 1, symmetric: bool = False, cache: BlockCache | None = None) -> Callable:
+                       threads: int = 1, symmetric: bool = False, cache: BlockCache | None = None,
+                       hessians: Hessians | None = None) -> Callable:
     """A :func:`replace_weight_matmuls` builder: one MatMul to 4-bit MatMulNBits at ``block_size`` by
     :func:`quantize_weight` (arguments as :func:`kquant_int_pass`)."""
 
     def build(node: onnx.NodeProto, tensor: onnx.TensorProto, load: Callable[[], np.ndarray]):
         k, n = tensor.dims
         # a cache hit reads no float weight: a 1.5B candidate built in 24 s instead of 37
-        q, scale, zp = quantize_weight(node.name, load, 4, block_size, importance, threads, symmetric, cache)
+        q, scale, zp = quantize_weight(node.name, load, 4, block_size, importance, threads, symmetric, cache, hessians)
         return matmul_nbits_node(node=node, weight_shape=(k, n), num_bits=4, group_size=block_size,
                                  k_blocks=(k - 1) // block_size + 1, q_weight=q, scale=scale,
                                  zero_point=None if symmetric else zp, accuracy_level=accuracy_level)
@@ -312,6 +324,7 @@ def kquant_int_pass(
     threads: int = 1,
     symmetric: bool = False,
     cache: BlockCache | None = None,
+    hessians: Hessians | None = None,
 ) -> Path:
     """Turn the MatMuls ``names`` of ``graph_only`` into 4-bit MatMulNBits with :func:`quantize_blocks`.
 
@@ -326,6 +339,7 @@ def kquant_int_pass(
         threads: threads of each weight's block search (:func:`quantize_blocks`).
         symmetric: no zero points (:func:`quantize_blocks`).
         cache: each weight's blocks, reused and filled (:data:`BlockCache`, :func:`quantize_weight`).
+        hessians: GPTQ's error compensation on the same grid (:func:`quantize_weight`), or None.
 
     Returns:
         The new graph (``scratch / "kquant_int.onnx"``).
@@ -333,15 +347,16 @@ def kquant_int_pass(
     proto = onnx.load(str(graph_only), load_external_data=False)
 
     wanted = set(names)
-    build = kquant_int_builder(block_size, accuracy_level, importance, threads, symmetric, cache)
+    build = kquant_int_builder(block_size, accuracy_level, importance, threads, symmetric, cache, hessians)
     replace_weight_matmuls(proto, {name: build for name in wanted}, base_dir=graph_only.parent)
     output = scratch / "kquant_int.onnx"
     onnx.external_data_helper.convert_model_to_external_data(
         proto, all_tensors_to_one_file=True, location=(scratch / "kquant_int.data").name, size_threshold=1024,
     )
     onnx.save_model(proto, str(output))
-    log.info("k_quant_int: %d MatMuls 4-bit (block %d%s%s)", len(wanted), block_size,
-             ", symmetric" if symmetric else "", ", activation importance" if importance is not None else "")
+    log.info("k_quant_int: %d MatMuls 4-bit (block %d%s%s%s)", len(wanted), block_size,
+             ", symmetric" if symmetric else "", ", activation importance" if importance is not None else "",
+             ", GPTQ updates" if hessians is not None else "")
     return output
 
 

@@ -45,6 +45,7 @@ import numpy as np
 import onnx
 
 from qwen_onnx.quantize.blockwise import blockwise_int8_weight, cached_int8_weight
+from qwen_onnx.quantize.gptq import Hessians
 from qwen_onnx.quantize.kquant import BlockCache, quantize_weight
 from qwen_onnx.quantize.matmuls import weight_matmuls
 
@@ -66,7 +67,7 @@ def bytes_per_weight(bits: int, block: int) -> float:
 def option_errors(model_dir: str | os.PathLike, importance: Mapping[str, np.ndarray],
                   options: Sequence[tuple[int, int]] = OPTIONS, threads: int = 1,
                   names: Sequence[str] | None = None, cache: BlockCache | None = None,
-                  symmetric: bool = False) -> dict[str, dict[str, float]]:
+                  symmetric: bool = False, hessians: Hessians | None = None) -> dict[str, dict[str, float]]:
     """The relative product error of every option for every weight MatMul of the float graph.
 
     Each option's weight is the one the int4 stage ships: 4-bit by :func:`qwen_onnx.quantize.kquant.quantize_weight`
@@ -83,6 +84,9 @@ def option_errors(model_dir: str | os.PathLike, importance: Mapping[str, np.ndar
         names: the MatMuls to score (default every weight MatMul).
         cache: the 4-bit blocks, kept for the candidates built after (:data:`qwen_onnx.quantize.kquant.BlockCache`).
         symmetric: the 4-bit options without zero points.
+        hessians: the 4-bit options with GPTQ's updates (:class:`qwen_onnx.quantize.gptq.Hessians`); their
+            error is then the product's, ``trace((W - Ŵ)^T H (W - Ŵ))``, which GPTQ computes as it goes
+            (the weight error alone would count its compensating updates as error).
 
     Returns:
         ``{node name: {"bits/block": relative error}}``, dimensionless (0 is exact).
@@ -105,7 +109,11 @@ def option_errors(model_dir: str | os.PathLike, importance: Mapping[str, np.ndar
                 restored = _int8_restored(packed, scales, k)
             else:
                 q, scale, zero = quantize_weight(node.name, lambda w=weight: w, bits, block, importance, threads, symmetric,
-                                                cache)
+                                                cache, hessians)
+                product = None if hessians is None else hessians.errors.get((node.name, bits, block, symmetric))
+                if product is not None:
+                    out[node.name][option_key(bits, block)] = product / signal if signal > 0 else 0.0
+                    continue
                 restored = (scale * (q.astype(np.float32) - zero.astype(np.float32))).reshape(weight.shape[1], -1).T[:k]
             np.subtract(weight, restored, out=restored)
             out[node.name][option_key(bits, block)] = _weighted_squares(imp, restored) / signal if signal > 0 else 0.0
