@@ -143,6 +143,9 @@ def search_int4_variant(
                            cache=cache, symmetric=settings.symmetric_weights, hessians=hessians)
     if hessians is not None:
         hessians.release()  # every option of every weight is in the cache now
+    log.info("precision search: %d MatMuls priced at %s in %.0f s since the start%s", len(errors),
+             ", ".join(option_key(*o) for o in OPTIONS), time.time() - started,
+             " (GPTQ's updates on the 4-bit options)" if hessians is not None else "")
     names = list(sizes)
     scratch_root = Path(output_dir).resolve().parent
 

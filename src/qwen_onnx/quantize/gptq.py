@@ -21,12 +21,16 @@ Shapes: a MatMul weight ``W`` float32 [K, N] (``y = x W``, K inputs, N outputs);
 from __future__ import annotations
 
 import collections
+import logging
 import os
+import time
 from typing import Sequence
 
 import numpy as np
 
 from qwen_onnx.quantize.kquant import quantize_blocks
+
+log = logging.getLogger(__name__)
 
 #: Dampening added to the Hessian's diagonal, as a fraction of its mean (the reference code's ``percdamp``).
 DAMPING = 0.01
@@ -86,6 +90,7 @@ class Hessians:
         from qwen_onnx.quantize.sensitivity import capture_activations
 
         self._held, self._factor = {}, None
+        started = time.perf_counter()
         names = [name for name, g in self._group.items() if g == group]
         sums: dict[str, torch.Tensor] = {}
         tokens: dict[str, int] = collections.Counter()
@@ -101,6 +106,8 @@ class Hessians:
         self._held = {name: total.div_(tokens[name]).numpy() for name, total in sums.items()}
         self._held_group = group
         self.captures += 1
+        log.info("GPTQ: Hessians of %d inputs (group %d of %d) on %d windows in %.1f s", len(names), group + 1,
+                 self.groups, len(self.windows), time.perf_counter() - started)
 
     def release(self) -> None:
         """Drop the group held (a later request captures it again)."""

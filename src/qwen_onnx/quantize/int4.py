@@ -18,11 +18,13 @@ Algorithms (``onnxruntime.quantization.matmul_nbits_quantizer``, onnxruntime 1.3
   (``KQuantWeightOnlyQuantConfig``; always asymmetric);
 - ``k_quant_int``: the same search completed for the integer zero points MatMulNBits stores, and
   optionally weighted by activation importance on calibration text (llama.cpp's imatrix;
-  :mod:`qwen_onnx.quantize.kquant`);
+  :mod:`qwen_onnx.quantize.kquant`); with ``gptq_updates``, each weight is rounded input by input on
+  that grid with GPTQ's error compensation (:mod:`qwen_onnx.quantize.gptq`);
 - ``hqq``: Half-Quadratic Quantization, Badri & Shaji 2023 (``HQQWeightOnlyQuantConfig``;
   asymmetric with float zero points, so the embedding cannot share the lm_head's weight);
-- ``gptq``: GPTQ, Frantar et al. 2022, arXiv:2210.17323 (``GPTQWeightOnlyQuantConfig``), with
-  the Hessians from calibration text (:class:`qwen_onnx.quantize.calibration.TextCalibrationReader`).
+- ``gptq``: onnxruntime's GPTQ, Frantar et al. 2022, arXiv:2210.17323 (``GPTQWeightOnlyQuantConfig``,
+  Neural Compressor's min-max grid), with the Hessians from calibration text
+  (:class:`qwen_onnx.quantize.calibration.TextCalibrationReader`).
 
 The graph is found by what it computes, not by exporter names: weight MatMuls by their initializer,
 the lm_head as the MatMul producing ``logits``, the embedding as the Gather of a float table; so
@@ -158,7 +160,8 @@ class Int4Settings(SensitiveSettings):
             (:func:`qwen_onnx.measure.int4_search.search_int4_variant`; the workflow's int4 rule
             calls it when set, as ``config.yaml`` does by default). :func:`quantize_int4_variant` itself
             only builds the fixed recipe or a given map, hence the library default False.
-        search_windows: calibration windows (after the importance ones) that score each candidate.
+        search_windows: calibration windows, spread evenly over the text, that score each candidate; the
+            first ``importance_samples`` of the others give the importance (and the Hessians).
     """
     algorithm: str = "k_quant_int"
     block_size: int = 32
