@@ -196,7 +196,7 @@ def test_the_candidates_reuse_each_weights_blocks_and_table_and_build_the_same_g
     from qwen_onnx.quantize.matmuls import node_role, weight_matmul_names
     from qwen_onnx.quantize.precision_search import option_errors
 
-    settings = Int4Settings(importance_samples=2, calibration_sequence_length=32)
+    settings = Int4Settings(importance_samples=2, calibration_sequence_length=32, gptq_updates=False)
     names = weight_matmul_names(pipeline["optimized"] / "model.onnx")
     importance = {n: np.ones(64 if node_role(n)[1] != "down_proj" else 128, dtype=np.float32) for n in names}
     cache: dict = {}

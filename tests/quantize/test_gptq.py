@@ -63,11 +63,15 @@ def test_gptq_refuses_a_weight_whose_inputs_are_not_whole_blocks():
         gptq_blocks(weight, hessian, 4, 64)
 
 
-def test_gptq_updates_need_the_k_quant_grid_and_its_calibration_windows():
-    with pytest.raises(QwenOnnxError, match="gptq_updates runs on the k_quant_int grid"):
-        Int4Settings(algorithm="rtn", gptq_updates=True).check()
-    with pytest.raises(QwenOnnxError, match="importance_samples above 0"):
+def test_gptq_updates_apply_to_the_k_quant_grid_and_need_its_calibration_windows():
+    assert Int4Settings().gptq_active  # the library's default is the workflow's
+    rtn = Int4Settings(algorithm="rtn", gptq_updates=True)
+    rtn.check()  # other algorithms ignore it, as they ignore importance_samples
+    assert not rtn.gptq_active
+    with pytest.raises(QwenOnnxError, match="gptq_updates needs calibration windows for its Hessians: set "
+                                            "importance_samples above 0, or gptq_updates: false"):
         Int4Settings(importance_samples=0, gptq_updates=True).check()
+    Int4Settings(importance_samples=0, gptq_updates=False).check()
 
 
 def test_hessians_are_captured_in_groups_within_the_budget_and_their_diagonal_is_the_importance(pipeline, texts):

@@ -310,7 +310,8 @@ def test_k_quant_int_variant_runs_in_onnxruntime(pipeline, texts, tmp_path, impo
     from qwen_onnx.quantize.kquant import quantize_blocks
 
     settings = Int4Settings(algorithm="k_quant_int", eight_bit_roles=(), embedding="float", sensitive_max_nodes=0,
-                            importance_samples=importance_samples, calibration_sequence_length=32)
+                            importance_samples=importance_samples, calibration_sequence_length=32,
+                            gptq_updates=False)
     quantize_int4_variant(pipeline["preprocessed"], tmp_path / "int4", settings, calibration_text=texts["calibration"])
     graph = _graph(tmp_path / "int4")
     nodes = [n for n in graph.node if n.op_type == "MatMulNBits"]

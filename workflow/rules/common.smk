@@ -202,10 +202,10 @@ def get_mem_mb(stage):
             if stage in SESSION_MEM_PER_FP32_GB
             else MEM_PER_FP32_GB[stage]
         )
+        int4 = get_settings(wildcards.model, "quantize_int4") if stage == "quantize_int4" else {}
         hessians = (
             GPTQ_GIB
-            if stage == "quantize_int4"
-            and get_settings(wildcards.model, "quantize_int4").get("gptq_updates")
+            if int4.get("gptq_updates") and int4.get("algorithm") == "k_quant_int"
             else 0.0
         )
         return int(1000 + MB_PER_GIB * (per_gb * fp32_gb + hessians))

@@ -132,7 +132,7 @@ def search_int4_variant(
     graph = onnx.load(str(model_path(input_dir)), load_external_data=False).graph
     matmuls = weight_matmuls(graph)
     importance = activation_importance(input_dir, calibration, [n for n, _ in matmuls], threads)
-    hessians = Hessians(input_dir, calibration, matmuls, threads) if settings.gptq_updates else None
+    hessians = Hessians(input_dir, calibration, matmuls, threads) if settings.gptq_active else None
     sizes = {node.name: int(np.prod(tensor.dims)) for node, tensor in matmuls}
     reference_model = OnnxCausalLM(input_dir, threads=threads)
     reference = np.stack([_logits(reference_model, w) for w in scored])
@@ -213,7 +213,7 @@ def search_int4_variant(
         "score_window_indices": scored_at,
         "importance_window_indices": calibrated_at,
         "importance_samples": settings.importance_samples,
-        "gptq_updates": settings.gptq_updates,
+        "gptq_updates": settings.gptq_active,
         "hessian_captures": None if hessians is None else hessians.captures,
         "sequence_length": settings.calibration_sequence_length,
         "seconds": round(time.time() - started, 1),  # the run time of the whole search

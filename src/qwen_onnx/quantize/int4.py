@@ -153,9 +153,9 @@ class Int4Settings(SensitiveSettings):
         importance_samples: ``k_quant_int`` only (other algorithms ignore it): calibration windows
             (of ``calibration_sequence_length`` tokens) whose activations weight the 4-bit error
             per input channel (llama.cpp's imatrix); 0: unweighted.
-        gptq_updates: ``k_quant_int`` only: each 4-bit weight rounded input by input with GPTQ's error
-            compensation on the same grid (:mod:`qwen_onnx.quantize.gptq`), the Hessians measured on the
-            ``importance_samples`` windows.
+        gptq_updates: ``k_quant_int`` only (other algorithms ignore it): each 4-bit weight rounded input by
+            input with GPTQ's error compensation on the same grid (:mod:`qwen_onnx.quantize.gptq`), the
+            Hessians measured on the ``importance_samples`` windows (:attr:`gptq_active`).
         search: choose every weight MatMul's precision by search instead of the fixed recipe above
             (:func:`qwen_onnx.measure.int4_search.search_int4_variant`; the workflow's int4 rule
             calls it when set, as ``config.yaml`` does by default). :func:`quantize_int4_variant` itself
@@ -179,8 +179,8 @@ class Int4Settings(SensitiveSettings):
     nodes_to_exclude: tuple[str, ...] | list[str] = ()
     calibration_samples: int = 8
     calibration_sequence_length: int = 128
-    importance_samples: int = 16
-    gptq_updates: bool = False
+    importance_samples: int = 64
+    gptq_updates: bool = True
     search: bool = False
     search_windows: int = 8
 
@@ -203,14 +203,19 @@ class Int4Settings(SensitiveSettings):
                                 "form; drop symmetric (or --symmetric), or use k_quant_int, rtn, default or gptq")
         if self.accuracy_level not in ACCURACY_LEVELS:
             raise QwenOnnxError(f"accuracy_level must be 0 to 4 (MatMulNBits), got {self.accuracy_level}")
-        if self.gptq_updates and (self.algorithm != "k_quant_int" or not self.importance_samples):
-            raise QwenOnnxError("gptq_updates runs on the k_quant_int grid with its calibration windows; set "
-                                "algorithm: k_quant_int and importance_samples above 0, or gptq_updates: false")
+        if self.gptq_active and not self.importance_samples:
+            raise QwenOnnxError("gptq_updates needs calibration windows for its Hessians: set importance_samples "
+                                "above 0, or gptq_updates: false")
         if self.lm_head_bits not in (4, 8):
             raise QwenOnnxError(f"lm_head_bits must be 4 or 8, got {self.lm_head_bits}")
         if not 0 <= self.source_bits <= 32:
             raise QwenOnnxError(f"source_bits must be 0 (off) to 32 bits per weight, got {self.source_bits}")
         self.embedding_plan(False).check()
+
+    @property
+    def gptq_active(self) -> bool:
+        """``gptq_updates`` where they apply: ``k_quant_int``'s 4-bit weights."""
+        return bool(self.gptq_updates) and self.algorithm == "k_quant_int"
 
     @property
     def symmetric_weights(self) -> bool:
@@ -527,12 +532,12 @@ def quantize_int4_variant(
     tied = settings.embedding == "shared" and embedding_tied(input_dir)
     started = time.time()
     if settings.algorithm == "k_quant_int" and settings.importance_samples and (
-            importance is None or (settings.gptq_updates and hessians is None)):
+            importance is None or (settings.gptq_active and hessians is None)):
         windows = importance_windows(input_dir, settings, calibration_text)
         matmuls = weight_matmuls(graph)
         if importance is None:
             importance = activation_importance(input_dir, windows, [n for n, _ in matmuls])
-        if settings.gptq_updates and hessians is None:
+        if settings.gptq_active and hessians is None:
             hessians = Hessians(input_dir, windows, matmuls)
     with staged_dir(output_dir) as stage:
         if blocks is not None:

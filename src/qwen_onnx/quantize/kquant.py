@@ -35,7 +35,7 @@ import collections
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping, MutableMapping, Sequence
+from typing import Callable, Mapping, MutableMapping, Protocol, Sequence
 
 import numpy as np
 import onnx
@@ -45,8 +45,6 @@ from onnxruntime.quantization.neural_compressor.weight_only import (
 
 from qwen_onnx.quantize.sensitivity import capture_activations
 
-if TYPE_CHECKING:
-    from qwen_onnx.quantize.gptq import Hessians
 from qwen_onnx.store.external import ScratchFiles
 
 log = logging.getLogger(__name__)
@@ -249,8 +247,17 @@ def activation_importance(
 #: ``{(node name, bits, block size, symmetric): (q uint8 [blocks, block], scale float32 [blocks, 1],
 #: zero point uint8 [blocks, 1])}``: :func:`quantize_blocks`' result for one weight, kept by a caller that
 #: quantizes the same weights with the same importance more than once (the precision search's candidates).
-#: Valid for one graph and one importance only.
+#: Valid for one graph, one importance and one choice of GPTQ's Hessians (or none) only.
 BlockCache = MutableMapping[tuple[str, int, int, bool], tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+class Hessians(Protocol):
+    """What :func:`quantize_weight` asks of GPTQ's Hessians (:class:`qwen_onnx.quantize.gptq.Hessians`, which
+    builds on this module): one padded weight float32 [K, N] rounded onto :func:`quantize_blocks`' grid with
+    GPTQ's error compensation, ``(q, scale, zero_point)`` as :func:`quantize_blocks` returns them."""
+
+    def quantize(self, node: str, weight: np.ndarray, num_bits: int, block_size: int, importance: np.ndarray | None,
+                 threads: int = 1, symmetric: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 
 
 def quantize_weight(name: str, load: Callable[[], np.ndarray], bits: int, block_size: int,
