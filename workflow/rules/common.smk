@@ -202,7 +202,11 @@ def get_mem_mb(stage):
             if stage in SESSION_MEM_PER_FP32_GB
             else MEM_PER_FP32_GB[stage]
         )
-        int4 = get_settings(wildcards.model, "quantize_int4") if stage == "quantize_int4" else {}
+        int4 = (
+            get_settings(wildcards.model, "quantize_int4")
+            if stage == "quantize_int4"
+            else {}
+        )
         hessians = (
             GPTQ_GIB
             if int4.get("gptq_updates") and int4.get("algorithm") == "k_quant_int"
