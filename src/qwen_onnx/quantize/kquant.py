@@ -44,7 +44,6 @@ from onnxruntime.quantization.neural_compressor.weight_only import (
 )
 
 from qwen_onnx.quantize.sensitivity import capture_activations
-
 from qwen_onnx.store.external import ScratchFiles
 
 log = logging.getLogger(__name__)
