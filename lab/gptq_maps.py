@@ -28,7 +28,6 @@ from lab.command import run_command
 from qwen_onnx.measure.accuracy import accuracy_from_reference
 from qwen_onnx.quantize.gptq import Hessians
 from qwen_onnx.quantize.int4 import Int4Settings, importance_windows, quantize_int4_variant
-from qwen_onnx.quantize.kquant import activation_importance
 from qwen_onnx.quantize.matmuls import weight_matmuls
 from qwen_onnx.quantize.precision_search import weight_bytes
 from qwen_onnx.run.machine import machine_isa
@@ -64,8 +63,8 @@ def run(a: argparse.Namespace) -> dict:
     for count in a.windows:
         settings = Int4Settings(**{**vars(base), "importance_samples": count, "search": False})
         windows = importance_windows(source, settings)
-        importance = activation_importance(source, windows, [n for n, _ in matmuls])
         hessians = Hessians(source, windows, matmuls)
+        importance = hessians.importance()
         for name in a.maps:
             for gptq in (False, True):
                 folder = work / f"int4-{name}-{count}-{'gptq' if gptq else 'kquant'}"

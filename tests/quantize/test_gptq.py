@@ -82,6 +82,10 @@ def test_hessians_are_captured_in_groups_within_the_budget_and_their_diagonal_is
     # the tiny Qwen2 (hidden 64, intermediate 128): a layer's inputs have 3 x 16 KiB + 64 KiB of Hessians
     hessians = Hessians(folder, windows, matmuls, budget_bytes=80 * 1024)
     assert hessians.groups > 1
+    from_hessians = hessians.importance()  # measured in the first capture, the same sums as activation_importance
+    assert hessians.captures == 1 and from_hessians.keys() == importance.keys()
+    for name, values in importance.items():
+        np.testing.assert_array_equal(from_hessians[name], values)
     by_name = {node.name: node for node, _ in matmuls}
     for node, tensor in reversed(matmuls):  # out of order: groups are captured again as needed
         h = hessians[node.name]

@@ -131,8 +131,9 @@ def search_int4_variant(
     scored, calibration = windows[scored_at], windows[calibrated_at]
     graph = onnx.load(str(model_path(input_dir)), load_external_data=False).graph
     matmuls = weight_matmuls(graph)
-    importance = activation_importance(input_dir, calibration, [n for n, _ in matmuls], threads)
     hessians = Hessians(input_dir, calibration, matmuls, threads) if settings.gptq_active else None
+    importance = (activation_importance(input_dir, calibration, [n for n, _ in matmuls], threads) if hessians is None
+                  else hessians.importance())
     sizes = {node.name: int(np.prod(tensor.dims)) for node, tensor in matmuls}
     reference_model = OnnxCausalLM(input_dir, threads=threads)
     reference = np.stack([_logits(reference_model, w) for w in scored])

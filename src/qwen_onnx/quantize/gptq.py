@@ -50,7 +50,8 @@ class Hessians:
     gate and up). The inputs are split, in graph order, into groups whose Hessians fit ``budget_bytes``;
     asking for a MatMul of another group runs the float graph over the windows again and keeps that
     group's only. Each capture accumulates ``X^T X`` window by window
-    (:func:`qwen_onnx.quantize.sensitivity.capture_activations`).
+    (:func:`qwen_onnx.quantize.sensitivity.capture_activations`); the first also every input's mean squared
+    activation per channel (:meth:`importance`), so the k-quant search's importance costs no pass of its own.
 
     Args:
         model_dir: the float variant folder the MatMuls belong to.
@@ -83,6 +84,7 @@ class Hessians:
         self._factor: tuple[str, np.ndarray] | None = None
         self.errors: dict[tuple[str, int, int, bool], float] = {}
         self.captures = 0
+        self._importance: dict[str, np.ndarray] | None = None
 
     def _capture(self, group: int) -> None:
         import torch
@@ -92,22 +94,40 @@ class Hessians:
         self._held, self._factor = {}, None
         started = time.perf_counter()
         names = [name for name, g in self._group.items() if g == group]
+        squares = self._importance is None  # the first capture also measures every input's importance
         sums: dict[str, torch.Tensor] = {}
+        square_sums: dict[str, np.ndarray] = {}
         tokens: dict[str, int] = collections.Counter()
 
         def add(name: str, x: np.ndarray) -> None:  # x float32 [tokens, K]
+            if squares:  # as activation_importance sums them, so that the importance is the same
+                square_sums[name] = square_sums.get(name, 0) + np.einsum("tk,tk->k", x, x, dtype=np.float64)
+            tokens[name] += x.shape[0]
+            if self._group[name] != group:
+                return
             if name not in sums:
                 sums[name] = torch.zeros((x.shape[1], x.shape[1]), dtype=torch.float32)
             rows = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
             sums[name].addmm_(rows.T, rows)  # in place: 7x numpy's x.T @ x and add on a 0.5B down_proj input
-            tokens[name] += x.shape[0]
 
-        capture_activations(self.model_dir, self.windows, names, self.threads, reduce=add)
+        capture_activations(self.model_dir, self.windows, list(self._group) if squares else names, self.threads,
+                            reduce=add)
+        if squares:
+            self._importance = {name: (total / tokens[name]).astype(np.float32) for name, total in square_sums.items()}
         self._held = {name: total.div_(tokens[name]).numpy() for name, total in sums.items()}
         self._held_group = group
         self.captures += 1
-        log.info("GPTQ: Hessians of %d inputs (group %d of %d) on %d windows in %.1f s", len(names), group + 1,
-                 self.groups, len(self.windows), time.perf_counter() - started)
+        log.info("GPTQ: Hessians of %d inputs (group %d of %d)%s on %d windows in %.1f s", len(names), group + 1,
+                 self.groups, ", every input's importance" if squares else "", len(self.windows),
+                 time.perf_counter() - started)
+
+    def importance(self) -> dict[str, np.ndarray]:
+        """``{node name: float32 [K]}``, the mean squared input activation per channel of every MatMul on the
+        windows: :func:`qwen_onnx.quantize.kquant.activation_importance`'s values (the Hessians' diagonals),
+        measured in the first capture instead of a pass of their own."""
+        if self._importance is None:
+            self._capture(0)
+        return {node: self._importance[name] for node, name in self._input.items()}
 
     def release(self) -> None:
         """Drop the group held (a later request captures it again)."""

@@ -535,10 +535,11 @@ def quantize_int4_variant(
             importance is None or (settings.gptq_active and hessians is None)):
         windows = importance_windows(input_dir, settings, calibration_text)
         matmuls = weight_matmuls(graph)
-        if importance is None:
-            importance = activation_importance(input_dir, windows, [n for n, _ in matmuls])
         if settings.gptq_active and hessians is None:
             hessians = Hessians(input_dir, windows, matmuls)
+        if importance is None:
+            importance = (activation_importance(input_dir, windows, [n for n, _ in matmuls]) if hessians is None
+                          else hessians.importance())
     with staged_dir(output_dir) as stage:
         if blocks is not None:
             embedding = precision_map_model(input_dir, stage / MODEL_FILE, eight, blocks, settings, importance,
