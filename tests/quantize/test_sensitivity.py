@@ -370,3 +370,27 @@ def test_quantize_mixed_is_quantize_static_with_the_mixed_defaults(pipeline, tex
     assert main(["quantize-mixed", str(pipeline["preprocessed"]), "-o", str(tmp_path / "x"), *small]) == 2
     assert "pass it with --sensitivity" in capsys.readouterr().err.splitlines()[-1]
     assert not (tmp_path / "x").exists()
+
+
+def test_a_capture_runs_only_the_nodes_its_tensors_need_and_captures_the_same_values(pipeline, texts):
+    """capture_activations prunes the graph to the tensors asked for: layer 0's MatMul inputs need no node of
+    a later layer nor the lm_head, and capture the same values as a run that also computes the logits."""
+    from qwen_onnx.quantize.matmuls import weight_matmuls
+    from qwen_onnx.quantize.sensitivity import _only_outputs, capture_activations
+    from qwen_onnx.source.text import load_tokenizer, token_windows
+
+    folder = pipeline["optimized"]
+    model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    first = list(dict.fromkeys(node.input[0] for node, _ in weight_matmuls(model.graph) if "layers.0/" in node.name))
+    assert len(set(first)) == 4  # qkv_proj's input, o_proj's, gate and up's (one), down_proj's
+    graph = model.graph
+    _only_outputs(graph, first)
+    assert [o.name for o in graph.output] == first
+    assert graph.node and not [n.name for n in graph.node if "layers.1/" in n.name or "lm_head" in n.name]
+    assert {t.name for t in graph.initializer} <= {i for n in graph.node for i in n.input}
+    windows = token_windows(load_tokenizer(folder), texts["calibration"], 32, 2)
+    pruned = capture_activations(folder, windows, first)
+    whole = capture_activations(folder, windows, first + ["logits"])
+    for name in first:
+        for a, b in zip(pruned[name], whole[name]):
+            np.testing.assert_array_equal(a, b)

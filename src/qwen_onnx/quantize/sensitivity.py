@@ -211,6 +211,33 @@ def node_sensitivity(
     }
 
 
+def _only_outputs(graph: onnx.GraphProto, names: Sequence[str]) -> None:
+    """Make ``names`` the graph's only outputs and drop the nodes and initializers none of them needs, in place:
+    a capture of the first layers' inputs no longer runs the later layers and the lm_head. Graphs with
+    subgraphs (If, Loop, whose bodies may read outer names) keep every node."""
+    keep_all = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node
+                   for a in n.attribute)
+    producer = {out: i for i, node in enumerate(graph.node) for out in node.output if out}
+    needed: set[int] = set(range(len(graph.node))) if keep_all else set()
+    stack, seen = list(names), set()
+    while stack and not keep_all:
+        tensor = stack.pop()
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        index = producer.get(tensor)
+        if index is not None and index not in needed:
+            needed.add(index)
+            stack.extend(i for i in graph.node[index].input if i)
+    nodes = [node for i, node in enumerate(graph.node) if i in needed]
+    used = {i for node in nodes for i in node.input} | set(names) | {i.name for i in graph.input}
+    initializers = [t for t in graph.initializer if t.name in used]
+    del graph.node[:], graph.output[:], graph.initializer[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(initializers)
+    graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in names)
+
+
 def capture_activations(
     model_dir: str | os.PathLike, windows: np.ndarray, tensor_names: Iterable[str], threads: int | None = None,
     reduce: Callable[[str, np.ndarray], None] | None = None,
@@ -241,10 +268,7 @@ def capture_activations(
     reader = TextCalibrationReader(model_path(model_dir), windows)
     captured: dict[str, list[np.ndarray]] = {name: [] for name in names}
     with lazy_model(model_dir) as (proto, scratch):
-        present = {o.name for o in proto.graph.output}
-        for name in names:
-            if name not in present:
-                proto.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+        _only_outputs(proto.graph, names)
         path = scratch / "capture.onnx"
         onnx.save_model(proto, str(path))
         del proto
