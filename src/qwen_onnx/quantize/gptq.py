@@ -172,24 +172,29 @@ class Hessians:
 def inverse_cholesky(hessian: np.ndarray) -> np.ndarray:
     """The upper Cholesky factor ``U`` of ``(H + λI)^-1`` (``U^T U``), float32 [K, K], for ``hessian`` ``H``
     float [K, K] dampened by ``λ`` = :data:`DAMPING` times its mean diagonal, inputs with a zero diagonal
-    (never active) set to 1 first, as the reference code does (``torch.linalg.cholesky``,
-    ``torch.cholesky_inverse``, in float64).
+    (never active) set to 1 first, as the reference code does. The reference code computes it in float32
+    as ``cholesky(cholesky_inverse(cholesky(H)), upper=True)``: three cubic steps. Here one factorization
+    and one triangular solve give the same factor: with ``J`` the matrix that reverses the inputs and
+    ``L L^T = J H J`` (lower Cholesky factor of the reversed Hessian), ``H^-1 = (J L^-1 J)^T (J L^-1 J)``
+    and ``J L^-1 J`` is upper triangular with a positive diagonal, so it is ``U``. Float32 as the
+    reference code: 0.3 s against 2.5 s for the float64 three-step form at K = 2048 (2 cores, AMD EPYC
+    AVX-512 VNNI, 2026-12-06), the factor within 3e-7 of it relative to its largest entry.
 
     Raises:
         ValueError: ``hessian`` is not positive definite even dampened (not a Hessian ``mean(x x^T)``).
     """
     import torch
 
-    h = torch.from_numpy(np.array(hessian, dtype=np.float64))
-    diagonal = torch.diagonal(h)
+    h = np.array(hessian, dtype=np.float32)
+    diagonal = np.einsum("ii->i", h)  # a view: the edits land in h
     diagonal[diagonal == 0] = 1.0
-    diagonal += DAMPING * torch.mean(diagonal)
-    lower, info = torch.linalg.cholesky_ex(h)
+    diagonal += DAMPING * np.mean(diagonal, dtype=np.float64)
+    lower, info = torch.linalg.cholesky_ex(torch.from_numpy(np.ascontiguousarray(h[::-1, ::-1])))
     if int(info):
         raise ValueError("the hessian is not positive definite after dampening; it must be mean(x x^T) of real "
                          "activations")
-    u = torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True)
-    return u.to(torch.float32).numpy()
+    inverse = torch.linalg.solve_triangular(lower, torch.eye(len(h), dtype=torch.float32), upper=False)
+    return np.ascontiguousarray(inverse.numpy()[::-1, ::-1])
 
 
 def gptq_blocks(weight: np.ndarray, hessian: np.ndarray | None, num_bits: int, block_size: int,
