@@ -202,6 +202,10 @@ def gptq_blocks(weight: np.ndarray, hessian: np.ndarray | None, num_bits: int, b
                 symmetric: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """Quantize ``weight`` to MatMulNBits' blocks with GPTQ's error compensation (module docstring).
 
+    Each output column's rounding and updates involve no other column (the Hessian is the input's), so the
+    columns are split into ``threads`` contiguous parts quantized at once, each on one thread (numpy's
+    element-wise kernels release the GIL); the result is the same for any count.
+
     Args:
         weight: float [K, N], K a multiple of ``block_size`` (padded by the caller).
         hessian: float [K, K], ``mean(x x^T)`` of the MatMul's input over calibration tokens (rows of
@@ -209,7 +213,7 @@ def gptq_blocks(weight: np.ndarray, hessian: np.ndarray | None, num_bits: int, b
         num_bits: 4 or 8.
         block_size: inputs per scale and zero point.
         importance: float [K] error weights of the block search (the mean squared activation), or None.
-        threads: threads of the block search.
+        threads: column parts quantized at once, at most one per :data:`MIN_THREAD_COLUMNS` columns.
         factor: :func:`inverse_cholesky` of ``hessian``, when the caller has it (MatMuls that read one
             input share it).
         symmetric: the zero point fixed at ``2^(bits-1)`` (:func:`~qwen_onnx.quantize.kquant.quantize_blocks`).
@@ -231,10 +235,41 @@ def gptq_blocks(weight: np.ndarray, hessian: np.ndarray | None, num_bits: int, b
     if k % block_size or u.shape != (k, k):
         raise ValueError(f"weight [{k}, {n}] and hessian {list(u.shape)}: K must be a multiple of "
                          f"block_size {block_size} and the hessian [K, K]")
-    maxq = 2 ** num_bits - 1
     w = np.array(weight, dtype=np.float32)  # [K, N], a copy: one contiguous row per input
     if hessian is not None:
         w[np.diag(hessian) == 0] = 0.0
+    parts = max(1, min(threads, n // MIN_THREAD_COLUMNS))
+    columns = np.array_split(np.arange(n), parts)
+
+    def part(cols: np.ndarray):
+        return _gptq_columns(np.ascontiguousarray(w[:, cols[0]:cols[-1] + 1]), u, num_bits, block_size, importance,
+                             symmetric)
+
+    if parts == 1:
+        results = [part(columns[0])]
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(parts) as pool:
+            results = list(pool.map(part, columns))
+    q_all, scales, zeros = (np.concatenate([r[i] for r in results], axis=1) for i in range(3))
+    k_blocks = k // block_size
+    q = q_all.T.reshape(n * k_blocks, block_size)
+    return q, scales.T.reshape(-1, 1), zeros.T.reshape(-1, 1).astype(np.uint8), sum(r[3] for r in results)
+
+
+#: Output columns per thread of :func:`gptq_blocks`, at least: below it the per-input steps' numpy calls are
+#: too short for two threads to gain.
+MIN_THREAD_COLUMNS = 256
+
+
+def _gptq_columns(w: np.ndarray, u: np.ndarray, num_bits: int, block_size: int, importance: np.ndarray | None,
+                  symmetric: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """GPTQ's Algorithm 1 on ``w`` float32 [K, n] (some of a weight's output columns; updated in place) with the
+    upper factor ``u`` [K, K]: ``(q [K, n], scale [K / block_size, n], zero point as float32 of the same shape,
+    loss)``, one thread."""
+    k, n = w.shape
+    maxq = 2 ** num_bits - 1
     k_blocks = k // block_size
     q_all = np.empty((k, n), dtype=np.float32)
     scales = np.empty((k_blocks, n), dtype=np.float32)
@@ -250,7 +285,7 @@ def gptq_blocks(weight: np.ndarray, hessian: np.ndarray | None, num_bits: int, b
             b1 = b0 + block_size
             block = (i1 + b0) // block_size
             channel = None if importance is None else np.maximum(importance[i1 + b0:i1 + b1], 1e-12)
-            _, s, z = quantize_blocks(w1[b0:b1].T, num_bits, block_size, channel, threads, symmetric)
+            _, s, z = quantize_blocks(w1[b0:b1].T, num_bits, block_size, channel, 1, symmetric)
             s, z = s[:, 0], z[:, 0].astype(np.float32)
             scales[block], zeros[block] = s, z
             wb = w1[b0:b1]  # the block's inputs, updated input by input; the rest once per block
@@ -264,8 +299,7 @@ def gptq_blocks(weight: np.ndarray, hessian: np.ndarray | None, num_bits: int, b
                 err1[b0 + j] = e
             w1[b1:] -= u1[b0:b1, b1:].T @ err1[b0:b1]
         w[i2:] -= u[i1:i2, i2:].T @ err1
-    q = q_all.T.reshape(n * k_blocks, block_size)
-    return q, scales.T.reshape(-1, 1), zeros.T.reshape(-1, 1).astype(np.uint8), loss
+    return q_all, scales, zeros, loss
 
 
 def output_error(weight: np.ndarray, restored: np.ndarray, hessian: np.ndarray) -> float:
@@ -282,4 +316,4 @@ def restore(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, k: int) ->
     return values.reshape(-1, k).T
 
 
-__all__ = ["BUDGET_BYTES", "DAMPING", "LAZY_BATCH", "Hessians", "gptq_blocks", "inverse_cholesky", "output_error", "restore"]
+__all__ = ["BUDGET_BYTES", "DAMPING", "LAZY_BATCH", "MIN_THREAD_COLUMNS", "Hessians", "gptq_blocks", "inverse_cholesky", "output_error", "restore"]

@@ -1,8 +1,8 @@
-"""lab.gptq_factor: the factors it times agree, and its record names what ran."""
+"""lab.gptq_cost: the factors it times agree, the updates it times run, and its records name what ran."""
 
 import numpy as np
 
-from lab.gptq_factor import compare, random_hessian, three_step, time_factor
+from lab.gptq_cost import compare, compare_updates, main, random_hessian, three_step, time_factor
 from qwen_onnx.quantize.gptq import inverse_cholesky
 
 
@@ -23,3 +23,12 @@ def test_compare_reports_each_width_with_the_isa_it_ran_on():
     assert row["speedup"] == row["median_seconds"]["three_step_float64"] / row["median_seconds"]["inverse_cholesky"]
     assert row["relative_difference"] < 1e-4
     assert result["isa"]["isa"] and result["rounds"] == 1
+
+
+def test_compare_updates_times_one_and_more_threads_per_shape(capsys):
+    result = compare_updates([(64, 512)], rounds=1, threads=2)
+    (row,) = result["rows"]
+    assert (row["k"], row["n"]) == (64, 512) and set(row["median_seconds"]) == {"1", "2"}
+    assert row["speedup"] == row["median_seconds"]["1"] / row["median_seconds"]["2"] > 0
+    assert main(["--widths", "--shapes", "32x256", "--rounds", "1"]) == 0
+    assert '"factor": null' in capsys.readouterr().out
