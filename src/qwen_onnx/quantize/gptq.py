@@ -172,39 +172,30 @@ class Hessians:
 def inverse_cholesky(hessian: np.ndarray) -> np.ndarray:
     """The upper Cholesky factor ``U`` of ``(H + λI)^-1`` (``U^T U``), float32 [K, K], for ``hessian`` ``H``
     float [K, K] dampened by ``λ`` = :data:`DAMPING` times its mean diagonal, inputs with a zero diagonal
-    (never active) set to 1 first, as the reference code does. The reference code computes it in float32
-    as ``cholesky(cholesky_inverse(cholesky(H)), upper=True)``: three cubic steps. Here one factorization
-    and one triangular solve give the same factor: with ``J`` the matrix that reverses the inputs and
-    ``L L^T = J H J`` (lower Cholesky factor of the reversed Hessian), ``H^-1 = (J L^-1 J)^T (J L^-1 J)``
-    and ``J L^-1 J`` is upper triangular with a positive diagonal, so it is ``U``. Float32 as the
-    reference code: 0.3 s against 2.5 s for the float64 three-step form at K = 2048 (2 cores, AMD EPYC
-    AVX-512 VNNI, 2026-12-06), the factor within 3e-7 of it relative to its largest entry.
+    (never active) set to 1 first, as the reference code does: ``cholesky``, ``cholesky_inverse``, then
+    ``cholesky(upper=True)``, in float32 as the reference code (this stage computed it in float64 before,
+    twice the time: ``python -m lab.gptq_factor``, docs/int4.md).
 
     Raises:
         ValueError: ``hessian`` is not positive definite even dampened (not a Hessian ``mean(x x^T)``).
     """
     import torch
 
-    h = np.array(hessian, dtype=np.float32)
-    diagonal = np.einsum("ii->i", h)  # a view: the edits land in h
+    h = torch.from_numpy(np.array(hessian, dtype=np.float32))
+    diagonal = torch.diagonal(h)
     diagonal[diagonal == 0] = 1.0
-    diagonal += DAMPING * np.mean(diagonal, dtype=np.float64)
-    lower, info = torch.linalg.cholesky_ex(torch.from_numpy(np.ascontiguousarray(h[::-1, ::-1])))
+    diagonal += DAMPING * torch.mean(diagonal)
+    lower, info = torch.linalg.cholesky_ex(h)
     if int(info):
         raise ValueError("the hessian is not positive definite after dampening; it must be mean(x x^T) of real "
                          "activations")
-    inverse = torch.linalg.solve_triangular(lower, torch.eye(len(h), dtype=torch.float32), upper=False)
-    return np.ascontiguousarray(inverse.numpy()[::-1, ::-1])
+    return torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True).numpy()
 
 
 def gptq_blocks(weight: np.ndarray, hessian: np.ndarray | None, num_bits: int, block_size: int,
                 importance: np.ndarray | None = None, threads: int = 1, factor: np.ndarray | None = None,
                 symmetric: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """Quantize ``weight`` to MatMulNBits' blocks with GPTQ's error compensation (module docstring).
-
-    Each output column's rounding and updates involve no other column (the Hessian is the input's), so the
-    columns are split into ``threads`` contiguous parts quantized at once, each on one thread (numpy's
-    element-wise kernels release the GIL); the result is the same for any count.
 
     Args:
         weight: float [K, N], K a multiple of ``block_size`` (padded by the caller).
@@ -213,7 +204,7 @@ def gptq_blocks(weight: np.ndarray, hessian: np.ndarray | None, num_bits: int, b
         num_bits: 4 or 8.
         block_size: inputs per scale and zero point.
         importance: float [K] error weights of the block search (the mean squared activation), or None.
-        threads: column parts quantized at once, at most one per :data:`MIN_THREAD_COLUMNS` columns.
+        threads: threads of the block search.
         factor: :func:`inverse_cholesky` of ``hessian``, when the caller has it (MatMuls that read one
             input share it).
         symmetric: the zero point fixed at ``2^(bits-1)`` (:func:`~qwen_onnx.quantize.kquant.quantize_blocks`).
@@ -235,41 +226,10 @@ def gptq_blocks(weight: np.ndarray, hessian: np.ndarray | None, num_bits: int, b
     if k % block_size or u.shape != (k, k):
         raise ValueError(f"weight [{k}, {n}] and hessian {list(u.shape)}: K must be a multiple of "
                          f"block_size {block_size} and the hessian [K, K]")
+    maxq = 2 ** num_bits - 1
     w = np.array(weight, dtype=np.float32)  # [K, N], a copy: one contiguous row per input
     if hessian is not None:
         w[np.diag(hessian) == 0] = 0.0
-    parts = max(1, min(threads, n // MIN_THREAD_COLUMNS))
-    columns = np.array_split(np.arange(n), parts)
-
-    def part(cols: np.ndarray):
-        return _gptq_columns(np.ascontiguousarray(w[:, cols[0]:cols[-1] + 1]), u, num_bits, block_size, importance,
-                             symmetric)
-
-    if parts == 1:
-        results = [part(columns[0])]
-    else:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(parts) as pool:
-            results = list(pool.map(part, columns))
-    q_all, scales, zeros = (np.concatenate([r[i] for r in results], axis=1) for i in range(3))
-    k_blocks = k // block_size
-    q = q_all.T.reshape(n * k_blocks, block_size)
-    return q, scales.T.reshape(-1, 1), zeros.T.reshape(-1, 1).astype(np.uint8), sum(r[3] for r in results)
-
-
-#: Output columns per thread of :func:`gptq_blocks`, at least: below it the per-input steps' numpy calls are
-#: too short for two threads to gain.
-MIN_THREAD_COLUMNS = 256
-
-
-def _gptq_columns(w: np.ndarray, u: np.ndarray, num_bits: int, block_size: int, importance: np.ndarray | None,
-                  symmetric: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-    """GPTQ's Algorithm 1 on ``w`` float32 [K, n] (some of a weight's output columns; updated in place) with the
-    upper factor ``u`` [K, K]: ``(q [K, n], scale [K / block_size, n], zero point as float32 of the same shape,
-    loss)``, one thread."""
-    k, n = w.shape
-    maxq = 2 ** num_bits - 1
     k_blocks = k // block_size
     q_all = np.empty((k, n), dtype=np.float32)
     scales = np.empty((k_blocks, n), dtype=np.float32)
@@ -285,7 +245,7 @@ def _gptq_columns(w: np.ndarray, u: np.ndarray, num_bits: int, block_size: int, 
             b1 = b0 + block_size
             block = (i1 + b0) // block_size
             channel = None if importance is None else np.maximum(importance[i1 + b0:i1 + b1], 1e-12)
-            _, s, z = quantize_blocks(w1[b0:b1].T, num_bits, block_size, channel, 1, symmetric)
+            _, s, z = quantize_blocks(w1[b0:b1].T, num_bits, block_size, channel, threads, symmetric)
             s, z = s[:, 0], z[:, 0].astype(np.float32)
             scales[block], zeros[block] = s, z
             wb = w1[b0:b1]  # the block's inputs, updated input by input; the rest once per block
@@ -299,7 +259,8 @@ def _gptq_columns(w: np.ndarray, u: np.ndarray, num_bits: int, block_size: int, 
                 err1[b0 + j] = e
             w1[b1:] -= u1[b0:b1, b1:].T @ err1[b0:b1]
         w[i2:] -= u[i1:i2, i2:].T @ err1
-    return q_all, scales, zeros, loss
+    q = q_all.T.reshape(n * k_blocks, block_size)
+    return q, scales.T.reshape(-1, 1), zeros.T.reshape(-1, 1).astype(np.uint8), loss
 
 
 def output_error(weight: np.ndarray, restored: np.ndarray, hessian: np.ndarray) -> float:
@@ -316,4 +277,4 @@ def restore(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, k: int) ->
     return values.reshape(-1, k).T
 
 
-__all__ = ["BUDGET_BYTES", "DAMPING", "LAZY_BATCH", "MIN_THREAD_COLUMNS", "Hessians", "gptq_blocks", "inverse_cholesky", "output_error", "restore"]
+__all__ = ["BUDGET_BYTES", "DAMPING", "LAZY_BATCH", "Hessians", "gptq_blocks", "inverse_cholesky", "output_error", "restore"]
