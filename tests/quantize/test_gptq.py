@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.quantize.gptq import DAMPING, Hessians, gptq_blocks, inverse_cholesky, output_error, restore
+from qwen_onnx.quantize.gptq import DAMPING, Hessians, gptq_blocks, output_error, restore
 from qwen_onnx.quantize.int4 import Int4Settings
 from qwen_onnx.quantize.kquant import activation_importance, quantize_blocks
 from qwen_onnx.quantize.matmuls import weight_matmuls
@@ -28,24 +28,6 @@ def _correlated(k: int, n: int, tokens: int = 1024, seed: int = 0):
 def _damped(hessian: np.ndarray) -> np.ndarray:
     h = hessian.astype(np.float64)
     return h + DAMPING * np.mean(np.diag(h)) * np.eye(len(h))
-
-
-def test_inverse_cholesky_is_the_upper_factor_of_the_dampened_inverse_hessian():
-    _, hessian = _correlated(160, 8)
-    hessian[7, :] = hessian[:, 7] = 0.0  # a dead input: its diagonal set to 1 before the dampening
-    u = inverse_cholesky(hessian)
-    assert u.shape == (160, 160) and u.dtype == np.float32
-    np.testing.assert_array_equal(u, np.triu(u))
-    assert np.all(np.diag(u) > 0)
-    h = hessian.astype(np.float64)
-    h[7, 7] = 1.0
-    inverse = np.linalg.inv(_damped(h))
-    np.testing.assert_allclose(u.astype(np.float64).T @ u, inverse, atol=2e-5 * np.abs(inverse).max())
-
-
-def test_inverse_cholesky_refuses_a_matrix_that_is_no_hessian():
-    with pytest.raises(ValueError, match="the hessian is not positive definite after dampening"):
-        inverse_cholesky(-np.eye(4, dtype=np.float32))
 
 
 @pytest.mark.parametrize("block_size", [32, 64])

@@ -172,16 +172,15 @@ class Hessians:
 def inverse_cholesky(hessian: np.ndarray) -> np.ndarray:
     """The upper Cholesky factor ``U`` of ``(H + λI)^-1`` (``U^T U``), float32 [K, K], for ``hessian`` ``H``
     float [K, K] dampened by ``λ`` = :data:`DAMPING` times its mean diagonal, inputs with a zero diagonal
-    (never active) set to 1 first, as the reference code does: ``cholesky``, ``cholesky_inverse``, then
-    ``cholesky(upper=True)``, in float32 as the reference code (this stage computed it in float64 before,
-    twice the time: ``python -m lab.gptq_factor``, docs/int4.md).
+    (never active) set to 1 first, as the reference code does (``torch.linalg.cholesky``,
+    ``torch.cholesky_inverse``, in float64).
 
     Raises:
         ValueError: ``hessian`` is not positive definite even dampened (not a Hessian ``mean(x x^T)``).
     """
     import torch
 
-    h = torch.from_numpy(np.array(hessian, dtype=np.float32))
+    h = torch.from_numpy(np.array(hessian, dtype=np.float64))
     diagonal = torch.diagonal(h)
     diagonal[diagonal == 0] = 1.0
     diagonal += DAMPING * torch.mean(diagonal)
@@ -189,7 +188,8 @@ def inverse_cholesky(hessian: np.ndarray) -> np.ndarray:
     if int(info):
         raise ValueError("the hessian is not positive definite after dampening; it must be mean(x x^T) of real "
                          "activations")
-    return torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True).numpy()
+    u = torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True)
+    return u.to(torch.float32).numpy()
 
 
 def gptq_blocks(weight: np.ndarray, hessian: np.ndarray | None, num_bits: int, block_size: int,
