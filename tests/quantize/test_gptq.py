@@ -95,3 +95,41 @@ def test_hessians_are_captured_in_groups_within_the_budget_and_their_diagonal_is
     assert hessians.captures >= hessians.groups
     shared = [n for n in by_name if "gate_proj" in n or "up_proj" in n][:2]
     assert hessians[shared[0]] is hessians[shared[1]]  # one input, one Hessian
+
+
+def test_hessians_of_some_roles_cover_only_their_matmuls_and_the_others_get_the_block_search(pipeline, texts):
+    from qwen_onnx.quantize.kquant import quantize_weight
+    from qwen_onnx.quantize.matmuls import node_role
+
+    folder = pipeline["optimized"]
+    matmuls = weight_matmuls(onnx.load(str(folder / "model.onnx"), load_external_data=False).graph)
+    windows = token_windows(load_tokenizer(folder), texts["calibration"], 32, 2)
+    importance = activation_importance(folder, windows, [n for n, _ in matmuls])
+    hessians = Hessians(folder, windows, matmuls, roles=["lm_head"])
+    # the importance of every MatMul, as without roles, and the lm_head's Hessian, in one pass
+    from_hessians = hessians.importance()
+    for name, values in importance.items():
+        np.testing.assert_array_equal(from_hessians[name], values)
+    head = next(node for node, _ in matmuls if node_role(node.name)[1] == "lm_head")
+    other, other_weight = next((node, tensor) for node, tensor in matmuls if node_role(node.name)[1] == "down_proj")
+    assert hessians.covers(head.name) and not hessians.covers(other.name)
+    assert hessians[head.name].shape == (64, 64) and hessians.captures == 1 and hessians.groups == 1
+    np.testing.assert_allclose(np.diag(hessians[head.name]), importance[head.name], rtol=1e-4)
+    # a MatMul outside the roles: the block search's result, no product error recorded
+    weight = onnx.numpy_helper.to_array(other_weight, base_dir=str(folder)).astype(np.float32)
+    q, scale, zero = quantize_weight(other.name, lambda: weight, 4, 32, importance, hessians=hessians)
+    q0, scale0, zero0 = quantize_blocks(weight.T, 4, 32, importance[other.name])
+    np.testing.assert_array_equal(q, q0.astype(np.uint8))
+    np.testing.assert_array_equal(scale, scale0)
+    assert hessians.errors == {}
+    head_weight = next(t for n, t in matmuls if n is head)
+    weight = onnx.numpy_helper.to_array(head_weight, base_dir=str(folder)).astype(np.float32)
+    quantize_weight(head.name, lambda: weight, 4, 32, importance, hessians=hessians)
+    assert list(hessians.errors) == [(head.name, 4, 32, False)] and hessians.captures == 1
+
+
+def test_gptq_roles_must_be_matmul_roles():
+    Int4Settings(gptq_roles=["lm_head", "down_proj"]).check()
+    with pytest.raises(QwenOnnxError, match="gptq_roles names mlp; give roles among qkv_proj, .*lm_head, or null "
+                                            "for every role"):
+        Int4Settings(gptq_roles=["mlp"]).check()

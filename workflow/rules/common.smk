@@ -190,6 +190,17 @@ def session_kind(wildcards):
 # Measured with them: 7,223 MiB on the 0.5B (one group), 13,178 MiB on the 1.5B (four), against about
 # 5.0 and 10.7 GiB without (the main command at 1173653, AMD EPYC AVX-512 VNNI, 2026-12-05).
 GPTQ_GIB = 3.5
+# ... and with gptq_roles: [lm_head] one hidden x hidden Hessian (9 MiB at the 1.5B's 1536) and its float64
+# factor: what the lm_head's GPTQ holds beside its weight is about what the block search holds instead.
+GPTQ_LM_HEAD_GIB = 0.5
+
+
+def gptq_gib(settings):
+    """GiB that GPTQ's Hessians add to a model's int4 job, from its quantize_int4 settings."""
+    if not (settings.get("gptq_updates") and settings.get("algorithm") == "k_quant_int"):
+        return 0.0
+    roles = settings.get("gptq_roles")
+    return GPTQ_LM_HEAD_GIB if roles is not None and set(roles) <= {"lm_head"} else GPTQ_GIB
 
 
 def get_mem_mb(stage):
@@ -209,11 +220,7 @@ def get_mem_mb(stage):
             if stage == "quantize_int4"
             else {}
         )
-        hessians = (
-            GPTQ_GIB
-            if int4.get("gptq_updates") and int4.get("algorithm") == "k_quant_int"
-            else 0.0
-        )
+        hessians = gptq_gib(int4)
         return int(1000 + MB_PER_GIB * (per_gb * fp32_gb + hessians))
 
     return mem_mb

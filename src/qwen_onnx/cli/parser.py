@@ -198,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gptq-updates", action=argparse.BooleanOptionalAction, default=True,
                    help="k_quant_int: each 4-bit weight's rounding error compensated in the inputs not yet rounded "
                         "(GPTQ on the k-quant grid; --no-gptq-updates: the block search alone)")
+    p.add_argument("--gptq-roles", nargs="+", default=None, metavar="ROLE",
+                   help="the MatMul roles GPTQ's updates apply to (e.g. lm_head); default: every role")
     p.add_argument("--sequence-length", type=int, default=128, help="gptq tokens per window")
     p.set_defaults(func=run_int4)
 

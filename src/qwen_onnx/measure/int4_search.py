@@ -131,7 +131,8 @@ def search_int4_variant(
     scored, calibration = windows[scored_at], windows[calibrated_at]
     graph = onnx.load(str(model_path(input_dir)), load_external_data=False).graph
     matmuls = weight_matmuls(graph)
-    hessians = Hessians(input_dir, calibration, matmuls, threads) if settings.gptq_active else None
+    hessians = (Hessians(input_dir, calibration, matmuls, threads, roles=settings.gptq_roles) if settings.gptq_active
+                else None)
     importance = (activation_importance(input_dir, calibration, [n for n, _ in matmuls], threads) if hessians is None
                   else hessians.importance())
     sizes = {node.name: int(np.prod(tensor.dims)) for node, tensor in matmuls}

@@ -24,11 +24,12 @@ import collections
 import logging
 import os
 import time
-from typing import Sequence
+from typing import Collection, Sequence
 
 import numpy as np
 
 from qwen_onnx.quantize.kquant import quantize_blocks
+from qwen_onnx.quantize.matmuls import node_role
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,10 @@ class Hessians:
         matmuls: ``(node, weight initializer)`` pairs (:func:`qwen_onnx.quantize.matmuls.weight_matmuls`).
         threads: ORT intra-op threads of the captures.
         budget_bytes: float32 Hessian bytes held at once (at least one input's).
+        roles: the MatMul roles (:func:`qwen_onnx.quantize.matmuls.node_role`) whose Hessians are captured,
+            the others' weights left to the block search alone (:meth:`covers`); None: every role. The
+            importance still covers every MatMul. On the 1.5B, ``[lm_head]`` costs one [1536, 1536] Hessian
+            in the importance's own pass, where every role takes four passes over 8960 x 8960 ones (docs/int4.md).
 
     Attributes:
         errors: ``{(node name, bits, block size, symmetric): error}`` of every :meth:`quantize` so far, the
@@ -67,10 +72,11 @@ class Hessians:
     """
 
     def __init__(self, model_dir: str | os.PathLike, windows: np.ndarray, matmuls: Sequence, threads: int | None = None,
-                 budget_bytes: int = BUDGET_BYTES) -> None:
+                 budget_bytes: int = BUDGET_BYTES, roles: Collection[str] | None = None) -> None:
         self.model_dir, self.windows, self.threads = model_dir, windows, threads
         self._input = {node.name: node.input[0] for node, _ in matmuls}
-        sizes = {node.input[0]: int(tensor.dims[0]) ** 2 * 4 for node, tensor in matmuls}
+        self._covered = {node.name for node, _ in matmuls if roles is None or node_role(node.name)[1] in roles}
+        sizes = {node.input[0]: int(tensor.dims[0]) ** 2 * 4 for node, tensor in matmuls if node.name in self._covered}
         self._group: dict[str, int] = {}
         total, group = 0, 0
         for name, size in sizes.items():
@@ -103,15 +109,15 @@ class Hessians:
             if squares:  # as activation_importance sums them, so that the importance is the same
                 square_sums[name] = square_sums.get(name, 0) + np.einsum("tk,tk->k", x, x, dtype=np.float64)
             tokens[name] += x.shape[0]
-            if self._group[name] != group:
+            if self._group.get(name) != group:
                 return
             if name not in sums:
                 sums[name] = torch.zeros((x.shape[1], x.shape[1]), dtype=torch.float32)
             rows = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
             sums[name].addmm_(rows.T, rows)  # in place: 7x numpy's x.T @ x and add on a 0.5B down_proj input
 
-        capture_activations(self.model_dir, self.windows, list(self._group) if squares else names, self.threads,
-                            reduce=add)
+        capture_activations(self.model_dir, self.windows, list(dict.fromkeys(self._input.values())) if squares else names,
+                            self.threads, reduce=add)
         if squares:
             self._importance = {name: (total / tokens[name]).astype(np.float32) for name, total in square_sums.items()}
         self._held = {name: total.div_(tokens[name]).numpy() for name, total in sums.items()}
@@ -128,6 +134,10 @@ class Hessians:
         if self._importance is None:
             self._capture(0)
         return {node: self._importance[name] for node, name in self._input.items()}
+
+    def covers(self, node: str) -> bool:
+        """Whether MatMul ``node``'s weights get GPTQ's updates (its role is among ``roles``)."""
+        return node in self._covered
 
     def release(self) -> None:
         """Drop the group held (a later request captures it again)."""

@@ -156,6 +156,8 @@ class Int4Settings(SensitiveSettings):
         gptq_updates: ``k_quant_int`` only (other algorithms ignore it): each 4-bit weight rounded input by
             input with GPTQ's error compensation on the same grid (:mod:`qwen_onnx.quantize.gptq`), the
             Hessians measured on the ``importance_samples`` windows (:attr:`gptq_active`).
+        gptq_roles: the MatMul roles (:data:`qwen_onnx.quantize.matmuls.ROLES`) that ``gptq_updates`` apply to,
+            the others left to the block search alone; None: every role.
         search: choose every weight MatMul's precision by search instead of the fixed recipe above
             (:func:`qwen_onnx.measure.int4_search.search_int4_variant`; the workflow's int4 rule
             calls it when set, as ``config.yaml`` does by default). :func:`quantize_int4_variant` itself
@@ -181,6 +183,7 @@ class Int4Settings(SensitiveSettings):
     calibration_sequence_length: int = 128
     importance_samples: int = 64
     gptq_updates: bool = True
+    gptq_roles: tuple[str, ...] | list[str] | None = None
     search: bool = False
     search_windows: int = 8
 
@@ -203,6 +206,10 @@ class Int4Settings(SensitiveSettings):
                                 "form; drop symmetric (or --symmetric), or use k_quant_int, rtn, default or gptq")
         if self.accuracy_level not in ACCURACY_LEVELS:
             raise QwenOnnxError(f"accuracy_level must be 0 to 4 (MatMulNBits), got {self.accuracy_level}")
+        unknown = sorted(set(self.gptq_roles or ()) - set(ROLES))
+        if unknown:
+            raise QwenOnnxError(f"gptq_roles names {', '.join(unknown)}; give roles among {', '.join(ROLES)}, or null "
+                                "for every role")
         if self.gptq_active and not self.importance_samples:
             raise QwenOnnxError("gptq_updates needs calibration windows for its Hessians: set importance_samples "
                                 "above 0, or gptq_updates: false")
@@ -536,7 +543,7 @@ def quantize_int4_variant(
         windows = importance_windows(input_dir, settings, calibration_text)
         matmuls = weight_matmuls(graph)
         if settings.gptq_active and hessians is None:
-            hessians = Hessians(input_dir, windows, matmuls)
+            hessians = Hessians(input_dir, windows, matmuls, roles=settings.gptq_roles)
         if importance is None:
             importance = (activation_importance(input_dir, windows, [n for n, _ in matmuls]) if hessians is None
                           else hessians.importance())

@@ -255,6 +255,8 @@ class Hessians(Protocol):
     builds on this module): one padded weight float32 [K, N] rounded onto :func:`quantize_blocks`' grid with
     GPTQ's error compensation, ``(q, scale, zero_point)`` as :func:`quantize_blocks` returns them."""
 
+    def covers(self, node: str) -> bool: ...
+
     def quantize(self, node: str, weight: np.ndarray, num_bits: int, block_size: int, importance: np.ndarray | None,
                  threads: int = 1, symmetric: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 
@@ -274,7 +276,8 @@ def quantize_weight(name: str, load: Callable[[], np.ndarray], bits: int, block_
         importance: ``{node name: float32 [K]}`` (:func:`activation_importance`), or None.
         cache: results by ``(name, bits, block_size, symmetric)``; a miss is computed and stored.
         hessians: the MatMuls' input Hessians (:class:`qwen_onnx.quantize.gptq.Hessians`, which records
-            each weight's product error), or None for the block search alone.
+            each weight's product error), or None for the block search alone (also for a MatMul they do not
+            cover).
 
     Returns:
         ``(q, scale, zero_point)``: q uint8 [N * k_blocks, block_size], scale float32 [N * k_blocks, 1],
@@ -293,7 +296,7 @@ def quantize_weight(name: str, load: Callable[[], np.ndarray], bits: int, block_
     if importance is not None:
         channel = np.zeros(padded.shape[0], dtype=np.float32)
         channel[:k] = importance[name]
-    if hessians is None:
+    if hessians is None or not hessians.covers(name):
         q, scale, zp = quantize_blocks(padded.T, bits, block_size, channel, threads=threads, symmetric=symmetric)
     else:
         q, scale, zp = hessians.quantize(name, padded, bits, block_size, channel, threads, symmetric)
