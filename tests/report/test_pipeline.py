@@ -169,3 +169,27 @@ def test_jobs_of_unregistered_variants_are_tabled_without_a_producer(tmp_path):
     table = pipeline_table(tmp_path, ["m"])
     assert {r["job"] for r in table["rows"]} == {"resolve", "latency_row.coreml", "accuracy.coreml"}
     assert table["critical_path"] == ["m/latency_row.coreml"] and table["critical_path_s"] == pytest.approx(70)
+
+
+def test_each_model_alone_is_bounded_by_its_own_jobs(tmp_path):
+    """With two models, each gets the lower bound of a run of it alone: the larger of its own jobs' critical
+    path and core bound (the 0.5B's target is stated alone, and a run of both interleaves their jobs)."""
+    _job(tmp_path, "small", "resolve", 10.0, 900, 8, ended=1010)
+    _job(tmp_path, "small", "optimize", 5.0, 900, 4, ended=1015)
+    _job(tmp_path, "small", "quantize_int4", 100.0, 900, 90, ended=1115)
+    _job(tmp_path, "small", "task_accuracy.fp32", 80.0, 900, 80, ended=1100)
+    _job(tmp_path, "small", "sitting", 60.0, 900, 30, ended=1180)
+    _job(tmp_path, "big", "resolve", 20.0, 900, 18, ended=1020)
+    _job(tmp_path, "big", "sitting", 200.0, 900, 90, ended=1400)
+    (tmp_path / "machine.json").write_text('{"affinity_cores": 2}')
+    table = pipeline_table(tmp_path, ["small", "big"])
+    small, big = table["models"]
+    # small: resolve -> optimize -> quantize_int4 -> sitting = 175 s; core bound 60 alone + (8+4+90+80)/2 = 151 s
+    assert small == {"model": "small", "total_job_s": 255.0, "critical_path_s": 175.0, "core_bound_s": 151.0,
+                     "alone_at_least_s": 175.0}
+    # big: resolve -> sitting = 220 s; core bound 200 + 18/2 = 209 s
+    assert (big["critical_path_s"], big["core_bound_s"], big["alone_at_least_s"]) == (220.0, 209.0, 220.0)
+    text = pipeline_markdown(table)
+    assert ("- small alone: at least 2.9 min (its own jobs' critical path 2.9 min, core bound 2.5 min; their wall "
+            "times add up to 4.2 min)") in text
+    assert pipeline_table(tmp_path, ["small"])["models"] == []  # one model: the run's own figures say it

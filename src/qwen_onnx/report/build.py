@@ -275,6 +275,10 @@ def write_report(
                   f"<li>total of job wall times: {pipeline['total_job_s'] / 60:.1f} min</li>",
                   f"<li>critical path: {pipeline['critical_path_s'] / 60:.1f} min: "
                   f"{html.escape(' → '.join(pipeline['critical_path']))}</li>",
+                  *([f"<li>core bound on {pipeline['cores']} cores: {pipeline['core_bound_s'] / 60:.1f} min</li>"]
+                    if pipeline.get("core_bound_s") is not None else []),
+                  *[f"<li>{html.escape(m['model'])} alone: at least {m['alone_at_least_s'] / 60:.1f} min (its own "
+                    f"jobs' critical path {m['critical_path_s'] / 60:.1f} min)</li>" for m in pipeline.get("models", [])],
                   f"<li>largest job peak RSS: {pipeline['peak_rss_mib']:.0f} MiB</li></ul>",
                   html_table(sorted(pipeline["rows"], key=lambda r: -r["wall_s"]), PIPELINE_COLUMNS)]
     parts += ["<h2>Columns</h2><p>Header in the tables, <code>name</code> in metrics.csv/json: description.</p><ul>",

@@ -252,7 +252,10 @@ def pipeline_table(results: str | os.PathLike, models: Sequence[str],
         ``span_s`` and ``span_jobs`` (the latest run's first start to last end and its number of
         jobs, from the logs' times, :func:`latest_run`; None when unknown),
         ``critical_path_s`` and ``critical_path`` (``model/job`` names), ``cores`` and
-        ``core_bound_s`` (:func:`core_bound`; None without cores), ``peak_rss_mib`` (the largest job's).
+        ``core_bound_s`` (:func:`core_bound`; None without cores), ``peak_rss_mib`` (the largest job's);
+        ``models``, when jobs of more than one model ran: per model, ``total_job_s``, ``critical_path_s``,
+        ``core_bound_s`` of its own jobs and ``alone_at_least_s``, the larger two: no run of that model
+        alone on these cores is shorter (a lower bound from the jobs' figures in this run, not a run of it alone).
     """
     rows = collect_jobs(results, models)
     if cores is None and Path(results, "machine.json").is_file():
@@ -262,6 +265,21 @@ def pipeline_table(results: str | os.PathLike, models: Sequence[str],
     for r in rows:
         r["critical"] = (f"{r['model']}/{r['job']}" if r["model"] else r["job"]) in on_path
     span, span_jobs = latest_run(rows)
+    per_model = []
+    if len([m for m in models if any(r["model"] == m for r in rows)]) > 1:
+        for model in models:
+            own = [r for r in rows if r["model"] == model]
+            if not own:
+                continue
+            seconds_m, _ = critical_path(own, parents, {model: sensitivity_readers(results, model)})
+            bound = None if not cores else core_bound(own, int(cores))
+            per_model.append({
+                "model": model,
+                "total_job_s": round(sum(r["wall_s"] for r in own), 1),
+                "critical_path_s": round(seconds_m, 1),
+                "core_bound_s": None if bound is None else round(bound, 1),
+                "alone_at_least_s": round(max(seconds_m, bound or 0.0), 1),
+            })
     return {
         "rows": [{k: r[k] for k in COLUMNS} for r in rows],
         "total_job_s": round(sum(r["wall_s"] for r in rows), 1),
@@ -272,6 +290,7 @@ def pipeline_table(results: str | os.PathLike, models: Sequence[str],
         "cores": cores,
         "core_bound_s": None if not cores else round(core_bound(rows, int(cores)), 1),
         "peak_rss_mib": max((r["peak_rss_mib"] or 0 for r in rows), default=0),
+        "models": per_model,
     }
 
 
@@ -292,6 +311,10 @@ def pipeline_markdown(table: Mapping[str, Any]) -> str:
         *([f"- core bound on {table['cores']} cores: {table['core_bound_s'] / 60:.1f} min (the measuring jobs' wall "
            f"time, which run alone, plus the other jobs' CPU time over {table['cores']} cores: no schedule of these "
            "jobs on these cores is shorter)"] if table.get("core_bound_s") is not None else []),
+        *[f"- {m['model']} alone: at least {m['alone_at_least_s'] / 60:.1f} min (its own jobs' critical path "
+          f"{m['critical_path_s'] / 60:.1f} min"
+          + (f", core bound {m['core_bound_s'] / 60:.1f} min" if m["core_bound_s"] is not None else "")
+          + f"; their wall times add up to {m['total_job_s'] / 60:.1f} min)" for m in table.get("models", [])],
         f"- largest job peak RSS: {table['peak_rss_mib']:.0f} MiB",
         "",
         "| model | job | wall s | CPU s | peak RSS MiB | critical path |",
