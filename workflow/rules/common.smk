@@ -197,10 +197,16 @@ GPTQ_LM_HEAD_GIB = 0.5
 
 def gptq_gib(settings):
     """GiB that GPTQ's Hessians add to a model's int4 job, from its quantize_int4 settings."""
-    if not (settings.get("gptq_updates") and settings.get("algorithm") == "k_quant_int"):
+    if not (
+        settings.get("gptq_updates") and settings.get("algorithm") == "k_quant_int"
+    ):
         return 0.0
     roles = settings.get("gptq_roles")
-    return GPTQ_LM_HEAD_GIB if roles is not None and set(roles) <= {"lm_head"} else GPTQ_GIB
+    return (
+        GPTQ_LM_HEAD_GIB
+        if roles is not None and set(roles) <= {"lm_head"}
+        else GPTQ_GIB
+    )
 
 
 def get_mem_mb(stage):
