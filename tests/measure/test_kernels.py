@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from lab.kernels import main, parse_option
-from qwen_onnx.measure.kernels import compare_kernels, graph_layer_shapes, kernel_costs, layer_shapes
 from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.measure.kernels import compare_kernels, graph_layer_shapes, kernel_costs, layer_shapes
 
 
 def test_layer_shapes_are_a_fused_qwen_layer():
