@@ -1,15 +1,159 @@
-"""Decode-shaped MatMulNBits time per precision option on the CPU at hand, as a table: the command line of
-:func:`qwen_onnx.measure.kernels.compare_kernels` (the precision search's time cost measures the same way,
-:func:`qwen_onnx.measure.kernels.kernel_costs`).
+"""Decode-shaped MatMulNBits throughput per precision option: which (bits, block) is fastest per weight
+on the CPU at hand.
+
+A decode step multiplies one token's activations by every weight matrix, so its time is the sum, over
+the weight MatMuls, of what onnxruntime's ``MatMulNBits`` kernel takes for an [1, K] x [K, N] product at
+that MatMul's option. This tool times exactly that, without a model: for each option it builds one
+graph of ``layers`` decoder layers' weight MatMuls (the shapes of a Qwen2.5 layer of the given hidden and
+intermediate sizes: packed q/k/v, o, gate, up, down), random packed weights, scales and zero points (a
+kernel's speed does not depend on the values), and times ``session.run`` over all of them at M = 1. The
+weights of all layers together are far larger than the last-level cache, as a real model's are.
+
+Each measurement runs in a fresh process, the options in turns with the order rotating
+(:func:`qwen_onnx.measure.sitting.interleaved_rounds`); a figure is the median over the rounds.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import sys
+import tempfile
+import time
+from typing import Any, Sequence
+
+import numpy as np
 
 from lab.command import run_command
-from qwen_onnx.measure.kernels import OPTIONS, compare_kernels
+from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.measure.sitting import interleaved_rounds
+from qwen_onnx.run.machine import cpu_model, int8_kernel, isa_name
+from qwen_onnx.store.artifacts import write_json
+from qwen_onnx.store.provenance import library_versions
+
+#: (bits, block, accuracy_level) options timed by default: the int4 stage's and the precision search's.
+OPTIONS: tuple[tuple[int, int, int], ...] = ((8, 128, 4), (8, 32, 4), (4, 16, 4), (4, 32, 4), (4, 64, 4), (4, 128, 4),
+                                              (4, 32, 0))
+
+
+def layer_shapes(hidden: int, intermediate: int, kv_width: int) -> list[tuple[int, int]]:
+    """(K, N) of one decoder layer's weight MatMuls in the fused graph: qkv_proj, o_proj, gate_proj,
+    up_proj, down_proj."""
+    return [(hidden, hidden + 2 * kv_width), (hidden, hidden), (hidden, intermediate), (hidden, intermediate),
+            (intermediate, hidden)]
+
+
+def _time_option(bits: int, block: int, level: int, shapes: Sequence[tuple[int, int]], layers: int, threads: int,
+                 runs: int) -> dict[str, float]:
+    """One process: build the graph of ``layers`` x ``shapes`` MatMulNBits at one option, time ``runs`` runs."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, initializers, outputs, inputs = [], [], [], {}
+    stored = weights = 0
+    for layer in range(layers):
+        for j, (k, n) in enumerate(shapes):
+            blocks = -(-k // block)
+            name = f"l{layer}_{j}"
+            packed = rng.integers(0, 256, size=(n, blocks, block * bits // 8), dtype=np.uint8)
+            scales = (rng.random(n * blocks, dtype=np.float32) * 0.01 + 0.001).astype(np.float32)
+            zero_points = rng.integers(0, 256, size=(n * -(-blocks * bits // 8),), dtype=np.uint8)
+            initializers += [numpy_helper.from_array(packed, f"{name}_b"), numpy_helper.from_array(scales, f"{name}_s"),
+                             numpy_helper.from_array(zero_points, f"{name}_z")]
+            stored += packed.nbytes + scales.nbytes + zero_points.nbytes
+            weights += k * n
+            inputs.setdefault(k, f"a{k}")
+            nodes.append(helper.make_node("MatMulNBits", [inputs[k], f"{name}_b", f"{name}_s", f"{name}_z"], [f"{name}_y"],
+                                          domain="com.microsoft", K=k, N=n, bits=bits, block_size=block,
+                                          accuracy_level=level))
+            outputs.append(helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, [1, n]))
+    graph = helper.make_graph(nodes, "decode_matmuls", [helper.make_tensor_value_info(a, TensorProto.FLOAT, [1, k])
+                                                        for k, a in inputs.items()], outputs, initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    with tempfile.TemporaryDirectory(prefix="qwen-onnx-kernels-") as folder:
+        path = os.path.join(folder, "model.onnx")
+        onnx.save(model, path, save_as_external_data=True, location="model.onnx_data")
+        del model, graph, initializers
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        feeds = {a: rng.standard_normal((1, k)).astype(np.float32) for k, a in inputs.items()}
+        for _ in range(3):
+            session.run(None, feeds)
+        times = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            session.run(None, feeds)
+            times.append(time.perf_counter() - started)
+    seconds = statistics.median(times)
+    return {"ms": 1000.0 * seconds, "ns_per_weight": 1e9 * seconds / weights, "gb_s": stored / seconds / 1e9,
+            "stored_mb": stored / 1e6, "weights": weights}
+
+
+def compare_kernels(
+    options: Sequence[tuple[int, int, int]] = OPTIONS,
+    *,
+    hidden: int = 896,
+    intermediate: int = 4864,
+    kv_width: int = 128,
+    layers: int = 24,
+    threads: int = 2,
+    rounds: int = 3,
+    runs: int = 40,
+    output: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Time every option's decode-shaped MatMulNBits products in turns (module docstring).
+
+    Args:
+        options: (bits, block, accuracy_level) triples; the first is the baseline of ``time_vs_first``.
+        hidden, intermediate, kv_width: the layer's sizes (defaults: Qwen2.5-0.5B; 1.5B: 1536, 8960, 256).
+        layers: decoder layers' MatMuls in the graph.
+        threads: onnxruntime intra-op threads.
+        rounds: measurements of each option, each in its own process.
+        runs: timed runs inside each measurement (their median is the measurement's figure).
+
+    Returns:
+        ``options``: per option ``bits``, ``block``, ``accuracy_level``, ``ms`` (median over the rounds of
+        one pass over every MatMul, milliseconds), ``ns_per_weight``, ``gb_s`` (bytes stored: packed
+        weights, float32 scales and zero points, over the time), ``stored_mb``, ``time_vs_first`` and
+        ``rounds_ms``; ``cpu``, ``isa`` and ``int8_kernel`` (read from this machine's CPU flags), the
+        settings and library versions.
+
+    Raises:
+        QwenOnnxError: no option, an option MatMulNBits does not have (bits other than 4 or 8, a block
+            that is not a power of two of at least 16), or fewer than one round or run.
+    """
+    if not options:
+        raise QwenOnnxError("no option given; name at least one as BITS/BLOCK[/LEVEL]")
+    for bits, block, level in options:
+        if bits not in (4, 8) or block < 16 or block & (block - 1) or level not in (0, 1, 2, 3, 4):
+            raise QwenOnnxError(f"MatMulNBits has no option {bits}/{block}/{level}: bits 4 or 8, a block that is a "
+                                "power of two of at least 16, accuracy_level 0-4")
+    if rounds < 1 or runs < 1:
+        raise QwenOnnxError(f"need at least one round and one run, got {rounds} and {runs}")
+    shapes = layer_shapes(hidden, intermediate, kv_width)
+    jobs = [(f"{b}/{s} level {lv}", _time_option, (b, s, lv, shapes, layers, threads, runs)) for b, s, lv in options]
+    per_round = interleaved_rounds(jobs, rounds)
+    rows = []
+    for (bits, block, level), figures in zip(options, per_round):
+        ms = [f["ms"] for f in figures]
+        median = statistics.median(ms)
+        first = figures[0]
+        rows.append({"bits": bits, "block": block, "accuracy_level": level, "ms": median,
+                     "ns_per_weight": 1e6 * median / first["weights"], "gb_s": first["stored_mb"] / median,
+                     "stored_mb": first["stored_mb"], "rounds_ms": ms})
+    for row in rows:
+        row["time_vs_first"] = row["ms"] / rows[0]["ms"]
+    result = {"options": rows, "cpu": cpu_model(), "isa": isa_name(), "int8_kernel": int8_kernel(),
+              "shapes_per_layer": shapes, "layers": layers, "threads": threads, "rounds": rounds, "runs": runs,
+              "process_per_measurement": True, "library_versions": library_versions()}
+    if output is not None:
+        write_json(output, result)
+    return result
 
 
 def parse_option(text: str) -> tuple[int, int, int]:

@@ -67,7 +67,7 @@ def run_int4(a):
         sensitive_scheme=a.sensitive_scheme, source_bits=a.source_bits, nodes_to_exclude=a.exclude,
         calibration_samples=a.samples, calibration_sequence_length=a.sequence_length,
         importance_samples=a.importance_samples, search=a.search, search_windows=a.search_windows,
-        search_cost=a.search_cost, gptq_updates=a.gptq_updates and a.algorithm == "k_quant_int" and a.importance_samples > 0,
+        gptq_updates=a.gptq_updates and a.algorithm == "k_quant_int" and a.importance_samples > 0,
         gptq_roles=a.gptq_roles,
     )
     if a.search:

@@ -183,14 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MatMuls whose GGUF source weight held at least this many bits per weight stay 8-bit "
                         "(6: Q6_K, Q8_0); 0: off; needs --source-info")
     p.add_argument("--search", action="store_true",
-                   help="choose each MatMul's precision (8/128, 4/32, 4/64, 4/128) by search: the fastest decode "
-                        "(or fewest weight bytes per token, --search-cost bytes) that passes the default int4 gate "
-                        "with margin on the calibration text (k_quant_int)")
+                   help="choose each MatMul's precision (8/128, 4/32, 4/64) by search: the fewest weight bytes "
+                        "per token that pass the default int4 gate with margin on the calibration text (k_quant_int)")
     p.add_argument("--search-windows", type=int, default=8,
                    help="calibration windows, spread over the text, that score each search candidate")
-    p.add_argument("--search-cost", choices=["time", "bytes"], default="time",
-                   help="what the search saves: decode time of the kernels per weight, measured on this CPU first "
-                        "(time), or weight bytes read per token (bytes)")
     p.add_argument("--source-info", default=None, metavar="SOURCE_JSON",
                    help="the resolve stage's HF_DIR/source.json (its weight_types)")
     p.add_argument("--calibration-text", default=str(shipped_text(CALIBRATION_TEXT)),

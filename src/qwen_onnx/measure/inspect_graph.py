@@ -347,11 +347,10 @@ def inspect_variant(path: str | os.PathLike) -> tuple[dict[str, Any], str]:
     info = inspect_model(path)
     record = Path(path) / "quantize.json" if os.path.isdir(path) else Path(path).parent / "quantize.json"
     if record.is_file() and (search := json.loads(record.read_text(encoding="utf-8")).get("precision_search")):
-        # the int4 precision search's outcome, for the report: per layer kind, bytes, the margin kept, and
-        # (priced by time) the kernel times it measured
-        info["precision_search"] = {k: search.get(k) for k in (
-            "by_role", "weight_bytes_per_token", "weight_bytes_per_token_all_8bit", "chosen", "gate", "moves",
-            "of_moves", "search_cost", "options", "kernel_costs", "weight_ms_per_token", "weight_ms_per_token_all_8bit")}
+        # the int4 precision search's outcome, for the report: per layer kind, bytes, the margin kept
+        info["precision_search"] = {k: search[k] for k in ("by_role", "weight_bytes_per_token",
+                                                            "weight_bytes_per_token_all_8bit", "chosen", "gate",
+                                                            "moves", "of_moves")}
     return info, to_markdown(info)
 
 

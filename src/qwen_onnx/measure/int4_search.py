@@ -19,7 +19,6 @@ import numpy as np
 import onnx
 
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.measure.kernels import kernel_costs
 from qwen_onnx.measure.metrics import AccuracyAccumulator
 from qwen_onnx.quantize.gptq import Hessians
 from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
@@ -28,9 +27,7 @@ from qwen_onnx.quantize.matmuls import node_role, precision_by_role, weight_matm
 from qwen_onnx.quantize.precision_search import (
     OPTIONS,
     PROBE,
-    bytes_per_weight,
     calibrate_errors,
-    faster_options,
     galloping_prefix,
     greedy_steps,
     longest_passing_prefix,
@@ -39,7 +36,6 @@ from qwen_onnx.quantize.precision_search import (
     precision_after,
     skip_move,
     weight_bytes,
-    weight_ms,
 )
 from qwen_onnx.run.runtime import OnnxCausalLM
 from qwen_onnx.settings.gates import check_gate, gate_margins
@@ -85,9 +81,8 @@ def search_int4_variant(
     threads: int | None = None,
     skips: int = 2,
 ) -> dict[str, Any]:
-    """The int4 variant of the float graph at ``input_dir`` with the precision map that decodes fastest
-    (``settings.search_cost: time``, the kernels' time per weight measured on this CPU first) or reads the
-    fewest weight bytes per token (``bytes``) and still passes ``gate`` with margin on calibration text.
+    """The int4 variant of the float graph at ``input_dir`` with the precision map that reads the
+    fewest weight bytes per token and still passes ``gate`` with margin on calibration text.
 
     Calibration text (default the shipped ``calibration.txt``) cut into windows of
     ``settings.calibration_sequence_length`` tokens: ``score_windows`` spread evenly over the whole text score
@@ -107,16 +102,14 @@ def search_int4_variant(
 
     Returns:
         The variant's ``quantize.json`` record, whose ``precision_search`` holds the precision per
-        layer kind, the weight bytes read per token (all 8-bit, chosen), with ``search_cost: time`` the
-        kernels' figures (``kernel_costs``: ns per weight per option, CPU, ISA) and the weight MatMuls'
-        estimated ms per token, each candidate's figures and the chosen one's margin to the gate.
+        layer kind, the weight bytes read per token (all 8-bit, chosen), each candidate's figures
+        and the chosen one's margin to the gate.
 
     Raises:
         QwenOnnxError: the calibration text is too short for the importance and score windows, or
             a bad setting (:func:`~qwen_onnx.quantize.int4.quantize_int4_variant`).
     """
     settings.check()
-    threads = threads or len(os.sched_getaffinity(0))
     if settings.algorithm != "k_quant_int":
         raise QwenOnnxError("the precision search builds k_quant_int candidates; set quantize_int4.algorithm: "
                             "k_quant_int or search: false")
@@ -136,16 +129,6 @@ def search_int4_variant(
     scored_at = evenly_spaced(score_windows, len(windows))
     calibrated_at = [i for i in range(len(windows)) if i not in set(scored_at)][:settings.importance_samples]
     scored, calibration = windows[scored_at], windows[calibrated_at]
-    # the kernels timed first, while nothing else of the search holds memory or threads
-    kernels = (kernel_costs(input_dir, OPTIONS, accuracy_level=settings.accuracy_level, threads=threads)
-               if settings.search_cost == "time" else None)
-    cost = (kernels["ns_per_weight"] if kernels is not None
-            else {option_key(*o): bytes_per_weight(*o) for o in OPTIONS})
-    options = faster_options(OPTIONS, cost)
-    if kernels is not None:
-        log.info("precision search: decode time per weight on %s (%s): %s; options %s", kernels["isa"],
-                 kernels["int8_kernel"], ", ".join(f"{k} {v:.4f} ns" for k, v in cost.items()),
-                 ", ".join(option_key(*o) for o in options))
     graph = onnx.load(str(model_path(input_dir)), load_external_data=False).graph
     matmuls = weight_matmuls(graph)
     hessians = (Hessians(input_dir, calibration, matmuls, threads, roles=settings.gptq_roles) if settings.gptq_active
@@ -158,11 +141,12 @@ def search_int4_variant(
     del reference_model
     # every candidate draws its 4-bit weights from here: each weight's k-quant search runs once per option
     cache: BlockCache = {}
-    errors = option_errors(input_dir, importance, options, threads=threads, cache=cache, symmetric=settings.symmetric_weights, hessians=hessians)
+    errors = option_errors(input_dir, importance, OPTIONS, threads=threads or len(os.sched_getaffinity(0)),
+                           cache=cache, symmetric=settings.symmetric_weights, hessians=hessians)
     if hessians is not None:
         hessians.release()  # every option of every weight is in the cache now
     log.info("precision search: %d MatMuls priced at %s in %.0f s since the start%s", len(errors),
-             ", ".join(option_key(*o) for o in options), time.time() - started,
+             ", ".join(option_key(*o) for o in OPTIONS), time.time() - started,
              " (GPTQ's updates on the 4-bit options)" if hessians is not None else "")
     names = list(sizes)
     scratch_root = Path(output_dir).resolve().parent
@@ -177,27 +161,23 @@ def search_int4_variant(
 
     # the weights' error to the model's: per layer kind, the KL of that kind alone at the probe option
     roles = {name: node_role(name)[1] for name in names}
-    # the probe: 4-bit at block 32, or the most accurate 4-bit option this CPU runs faster than 8-bit
-    probe = option_key(*(PROBE if PROBE in options else options[1 if len(options) > 1 else 0]))
-    widest = option_key(*options[0])
+    probe, widest = option_key(*PROBE), option_key(*OPTIONS[0])
     role_kl = {}
-    for role in sorted(set(roles.values())) if len(options) > 1 else ():
+    for role in sorted(set(roles.values())):
         figures = build_and_score({n: probe if roles[n] == role else widest for n in names})
         role_kl[role] = figures["kl_mean"]
         log.info("precision search: %s alone at %s: KL %.4f, top-1 %.2f%%", role, probe, figures["kl_mean"],
                  figures["top1_pct"])
-    # no 4-bit option faster than 8-bit on this CPU: no move to make, the all-8-bit map is the answer
-    scaled = calibrate_errors(errors, roles, role_kl, probe) if role_kl else errors
-    steps = greedy_steps(scaled, sizes, options, cost)
+    scaled = calibrate_errors(errors, roles, role_kl, probe)
+    steps = greedy_steps(scaled, sizes)
     candidates: list[dict[str, Any]] = []
 
     def passes(taken: int) -> bool:
-        precision = precision_after(steps, names, taken, options[0])
+        precision = precision_after(steps, names, taken)
         figures = build_and_score(precision)
         verdict, failures = check_gate(figures, gate)
         marginal = gate_margins(figures, gate) if verdict == "PASS" else []
         candidates.append({"round": len(skipped), "moves": taken, "weight_bytes_per_token": weight_bytes(precision, sizes),
-                           **({"weight_ms_per_token": weight_ms(precision, sizes, cost)} if kernels else {}),
                            **{k: figures[k] for k in ("ppl_delta_pct", "kl_mean", "top1_pct")},
                            "gate": verdict, "failures": failures, "marginal": marginal})
         log.info("precision search: %d of %d moves, %.1f MB a token: %s", taken, len(steps),
@@ -213,25 +193,20 @@ def search_int4_variant(
                         "figures": failed})
         steps = skip_move(steps, taken)
         taken = galloping_prefix(taken, len(steps), passes)
-    precision = precision_after(steps, names, taken, options[0])
+    precision = precision_after(steps, names, taken)
     # the searches only move past a candidate that passed: the last one to pass is the map chosen
     chosen = next((c for c in reversed(candidates) if c["gate"] == "PASS" and not c["marginal"]), None)
-    widest = precision_after(steps, names, 0, options[0])
-    per = "ns of decode time" if kernels else "byte"
+    widest = precision_after(steps, names, 0)
     record = {
-        "method": f"greedy error-per-{per} path from all 8-bit, longest prefix passing the int4 gate with margin "
+        "method": "greedy error-per-byte path from all 8-bit, longest prefix passing the int4 gate with margin "
                   "on calibration text, past up to `skips` failing moves (qwen_onnx.quantize.precision_search)",
-        "search_cost": settings.search_cost,
-        "options": [option_key(*o) for o in options],
-        "kernel_costs": kernels,
+        "options": [option_key(*o) for o in OPTIONS],
         "role_kl_at_probe": {"probe": probe, **role_kl},
         "moves": taken,
         "of_moves": path_moves,
         "skipped_moves": skipped,
         "weight_bytes_per_token": weight_bytes(precision, sizes),
         "weight_bytes_per_token_all_8bit": weight_bytes(widest, sizes),
-        **({"weight_ms_per_token": weight_ms(precision, sizes, cost),
-            "weight_ms_per_token_all_8bit": weight_ms(widest, sizes, cost)} if kernels else {}),
         "by_role": precision_by_role(precision),
         "gate": dict(gate),
         "chosen": chosen,

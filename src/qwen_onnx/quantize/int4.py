@@ -74,7 +74,6 @@ from qwen_onnx.quantize.kquant import (
     replace_weight_matmuls,
 )
 from qwen_onnx.quantize.matmuls import ROLES, node_role, weight_matmul_names, weight_matmuls
-from qwen_onnx.quantize.precision_search import COSTS
 from qwen_onnx.quantize.source_precision import source_precise_nodes
 from qwen_onnx.settings.options import check_option
 from qwen_onnx.source.gguf_file import gguf_weight_types
@@ -165,9 +164,6 @@ class Int4Settings(SensitiveSettings):
             only builds the fixed recipe or a given map, hence the library default False.
         search_windows: calibration windows, spread evenly over the text, that score each candidate; the
             first ``importance_samples`` of the others give the importance (and the Hessians).
-        search_cost: what the search saves (:data:`qwen_onnx.quantize.precision_search.COSTS`): ``time``, the
-            decode time of onnxruntime's kernels per weight at each option, measured on this CPU before the
-            search (:func:`qwen_onnx.measure.kernels.kernel_costs`); ``bytes``, the weight bytes read per token.
     """
     algorithm: str = "k_quant_int"
     block_size: int = 32
@@ -190,7 +186,6 @@ class Int4Settings(SensitiveSettings):
     gptq_roles: tuple[str, ...] | list[str] | None = None
     search: bool = False
     search_windows: int = 8
-    search_cost: str = "time"
 
     def check(self) -> None:
         """Raises QwenOnnxError with the fix for an unknown algorithm, a bad block size,
@@ -215,9 +210,6 @@ class Int4Settings(SensitiveSettings):
         if unknown:
             raise QwenOnnxError(f"gptq_roles names {', '.join(unknown)}; give roles among {', '.join(ROLES)}, or null "
                                 "for every role")
-        if self.search_cost not in COSTS:
-            raise QwenOnnxError(f"search_cost {self.search_cost!r} unknown; use time (decode time of the kernels on "
-                                "this CPU) or bytes (weight bytes read per token)")
         if self.gptq_active and not self.importance_samples:
             raise QwenOnnxError("gptq_updates needs calibration windows for its Hessians: set importance_samples "
                                 "above 0, or gptq_updates: false")

@@ -30,12 +30,8 @@ they matter), on the options MatMulNBits offers a CPU (:data:`OPTIONS`):
    pass; that move's MatMul is left at its option and the search goes on along the rest of the
    path from where it stopped, a few times (``skips``).
 
-The saving a move is priced by is either bytes (:func:`bytes_per_weight`: MatMulNBits stores ``bits / 8``
-bytes a weight, a float32 scale and a ``bits``-bit zero point per block; a decode step reads every weight
-MatMul once) or decode time (nanoseconds per weight of onnxruntime's kernel at each option, measured on the
-CPU at hand by :func:`qwen_onnx.measure.kernels.kernel_costs`). The two differ: on 2 cores of an EPYC with
-AVX-512 VNNI, 4-bit at block 32 saved 38% of 8-bit's bytes but 20% of its time, block 128 41% of the time
-(docs/int4.md); an option no faster than a more accurate one is dropped (:func:`faster_options`).
+Bytes (:func:`bytes_per_weight`): MatMulNBits stores ``bits / 8`` bytes a weight, a float32 scale
+and a ``bits``-bit zero point per block; a decode step reads every weight MatMul once.
 """
 
 from __future__ import annotations
@@ -55,17 +51,11 @@ from qwen_onnx.quantize.matmuls import weight_matmuls
 
 log = logging.getLogger(__name__)
 
-#: (bits, block size) MatMulNBits options, most accurate first: 8-bit at the int4 stage's ``block_size_8bit``,
-#: then 4-bit at blocks of 32, 64 and 128 inputs (128 alone everywhere measured +11% perplexity on the 0.5B,
-#: but it is the fastest 4-bit kernel per weight, and the search gives it only where it costs little). 4-bit
-#: at block 16 is left out: onnxruntime's kernel took 1.26x the time per weight of 8-bit at block 128 on
-#: AVX-512 VNNI (``python -m lab.kernels``, docs/int4.md).
-OPTIONS: tuple[tuple[int, int], ...] = ((8, 128), (4, 32), (4, 64), (4, 128))
-
-#: What a move of the search saves: ``bytes`` (:func:`bytes_per_weight`, what a decode step reads) or
-#: ``time`` (the kernels' decode time per weight on the CPU at hand,
-#: :func:`qwen_onnx.measure.kernels.kernel_costs`).
-COSTS = ("bytes", "time")
+#: (bits, block size) MatMulNBits options, widest first: 8-bit at the int4 stage's ``block_size_8bit``,
+#: then 4-bit at blocks of 32 and 64 inputs (128 measured +11% perplexity on the 0.5B). Each step saves
+#: bytes and decode time: 4-bit at block 16 is left out, since onnxruntime's kernel took 1.26x the time per
+#: weight of 8-bit at block 128 on AVX-512 VNNI (``python -m lab.kernels``, docs/int4.md).
+OPTIONS: tuple[tuple[int, int], ...] = ((8, 128), (4, 32), (4, 64))
 
 
 def bytes_per_weight(bits: int, block: int) -> float:
@@ -190,42 +180,23 @@ def parse_option(key: str) -> tuple[int, int]:
     return int(bits), int(block)
 
 
-def faster_options(options: Sequence[tuple[int, int]], cost: Mapping[str, float]) -> list[tuple[int, int]]:
-    """The options, most accurate first, each kept only when it costs less per weight than every option
-    kept before it: a narrower option that is no faster (4-bit at block 16 on AVX-512 VNNI) buys nothing.
-
-    Args:
-        options: (bits, block) pairs, most accurate first (:data:`OPTIONS`).
-        cost: ``{option key: cost per weight}`` (bytes, or nanoseconds of decode time).
-    """
-    kept: list[tuple[int, int]] = []
-    for option in options:
-        if not kept or cost[option_key(*option)] < cost[option_key(*kept[-1])]:
-            kept.append(option)
-    return kept
-
-
 def greedy_steps(errors: Mapping[str, Mapping[str, float]], weights: Mapping[str, int],
-                 options: Sequence[tuple[int, int]] = OPTIONS,
-                 cost: Mapping[str, float] | None = None) -> list[tuple[str, str]]:
+                 options: Sequence[tuple[int, int]] = OPTIONS) -> list[tuple[str, str]]:
     """The path from every MatMul at ``options[0]`` to every one at ``options[-1]``, one move at a time.
 
     Each move takes one MatMul one option narrower; the next move is always the one with the least
-    added error per unit of cost saved (error from ``errors``; the saving ``weights[name] x`` the drop in
-    cost per weight). A move that saves nothing, or one whose error goes down, comes first.
+    added error per byte saved (error from ``errors``, bytes ``weights[name] x`` the drop in
+    :func:`bytes_per_weight`). A move that saves no bytes, or one whose error goes down, comes first.
 
     Args:
         errors: from :func:`option_errors`.
         weights: ``{node name: number of weights (K x N)}``.
-        options: (bits, block) pairs, most accurate first.
-        cost: ``{option key: cost per weight}``, e.g. nanoseconds of decode time per weight
-            (:func:`qwen_onnx.measure.kernels.kernel_costs`); default :func:`bytes_per_weight`.
 
     Returns:
         ``[(node name, option key after the move), ...]``, ``len(errors) x (len(options) - 1)`` moves.
     """
     keys = [option_key(*o) for o in options]
-    sizes = [bytes_per_weight(*o) if cost is None else cost[option_key(*o)] for o in options]
+    sizes = [bytes_per_weight(*o) for o in options]
     level = dict.fromkeys(errors, 0)
     steps = []
 
@@ -256,12 +227,6 @@ def precision_after(steps: Sequence[tuple[str, str]], names: Sequence[str], take
 def weight_bytes(precision: Mapping[str, str], weights: Mapping[str, int]) -> float:
     """Bytes of the weight MatMuls under ``precision``: what one decode step reads of them."""
     return float(sum(weights[n] * bytes_per_weight(*parse_option(k)) for n, k in precision.items()))
-
-
-def weight_ms(precision: Mapping[str, str], weights: Mapping[str, int], ns_per_weight: Mapping[str, float]) -> float:
-    """Milliseconds the weight MatMuls take in one decode step under ``precision``, estimated from each
-    option's kernel time per weight (:func:`qwen_onnx.measure.kernels.kernel_costs`)."""
-    return float(sum(weights[n] * ns_per_weight[k] for n, k in precision.items()) / 1e6)
 
 
 def longest_passing_prefix(total: int, passes: Callable[[int], bool], low: int = 0) -> int:

@@ -471,8 +471,7 @@ def precision_lines(models: Sequence[str], variants: Sequence[str] | Mapping[str
     """One line per int4 variant and per layer kind: its ``MatMulNBits`` options (bits/block, from the
     inspection's ``matmul_precision``); for a searched one (``quantize_int4.search``;
     :mod:`qwen_onnx.quantize.precision_search`) the options the search chose, the weight bytes read per
-    token against all 8-bit, the chosen map's figures on calibration text against the gate and, when it was
-    priced by decode time, the kernels' time per weight it measured and on which ISA."""
+    token against all 8-bit, and the chosen map's figures on calibration text against the gate."""
     lines = []
     for (model, variant), path in zip(variant_keys(models, variants), files["inspect"]):
         info = read_json(path)
@@ -489,14 +488,6 @@ def precision_lines(models: Sequence[str], variants: Sequence[str] | Mapping[str
                      f"{chosen.get('ppl_delta_pct', float('nan')):+.2f}% (gate {gate.get('ppl_delta_pct')}), KL "
                      f"{chosen.get('kl_mean', float('nan')):.4f} ({gate.get('kl_mean')}), top-1 "
                      f"{chosen.get('top1_pct', float('nan')):.1f}% ({gate.get('top1_pct')})")
-        kernels = search.get("kernel_costs")
-        if kernels:
-            lines.append(f"{model}/{variant}: priced by decode time, the kernels timed on {kernels['isa']} "
-                         f"({kernels['int8_kernel']}), {kernels['threads']} threads, before the search: "
-                         + ", ".join(f"{k} {v:.4f} ns a weight ({kernels['time_vs_first'][k]:.2f}×)"
-                                     for k, v in kernels["ns_per_weight"].items())
-                         + f"; the weight MatMuls {search['weight_ms_per_token']:.1f} ms a token by that estimate "
-                         f"(all 8-bit: {search['weight_ms_per_token_all_8bit']:.1f} ms)")
         lines += [f"{model}/{variant} {role}: " + ", ".join(f"{n} × {k}" for k, n in options.items())
                   for role, options in search["by_role"].items()]
     return lines

@@ -1,44 +1,17 @@
-"""Decode-shaped MatMulNBits kernel times (qwen_onnx.measure.kernels, and its table command lab/kernels.py):
-bytes per option, figures per round, the model's own shapes, errors."""
+"""The MatMulNBits kernel-time tool (lab/kernels.py): bytes per option, figures per round, errors."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from lab.kernels import main, parse_option
+from lab.kernels import compare_kernels, layer_shapes, main, parse_option
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.measure.kernels import compare_kernels, graph_layer_shapes, kernel_costs, layer_shapes
 
 
 def test_layer_shapes_are_a_fused_qwen_layer():
     # Qwen2.5-0.5B: hidden 896, 2 KV heads of 64 (kv width 128), intermediate 4864
     assert layer_shapes(896, 4864, 128) == [(896, 1152), (896, 896), (896, 4864), (896, 4864), (4864, 896)]
-
-
-def test_a_graphs_layer_shapes_are_read_from_its_weight_matmuls(pipeline):
-    # the tiny Qwen2: hidden 64, 4 heads and 2 KV heads of 16 (kv width 32), intermediate 128, 2 layers
-    import json
-
-    config = json.loads((pipeline["hf"] / "config.json").read_text())
-    shapes, layers = graph_layer_shapes(pipeline["optimized"])
-    assert shapes == layer_shapes(config["hidden_size"], config["intermediate_size"],
-                                  config["num_key_value_heads"] * config["hidden_size"] // config["num_attention_heads"])
-    assert shapes == [(64, 128), (64, 64), (64, 128), (64, 128), (128, 64)] and layers == 2
-    with pytest.raises(QwenOnnxError, match="no float weight MatMul inside a decoder layer"):
-        graph_layer_shapes(pipeline["int4"])  # MatMulNBits, no float MatMul left
-
-
-def test_kernel_costs_time_each_option_on_the_models_own_layers(pipeline):
-    costs = kernel_costs(pipeline["optimized"], [(8, 128), (4, 32), (4, 128)], threads=1, rounds=2, runs=3)
-    assert list(costs["ns_per_weight"]) == ["8/128", "4/32", "4/128"]
-    assert all(v > 0 for v in costs["ns_per_weight"].values())
-    assert costs["time_vs_first"]["8/128"] == 1.0
-    assert costs["time_vs_first"]["4/32"] == pytest.approx(costs["ns_per_weight"]["4/32"] / costs["ns_per_weight"]["8/128"])
-    assert costs["layers"] == 2 and costs["shapes_per_layer"] == [(64, 128), (64, 64), (64, 128), (64, 128), (128, 64)]
-    assert [len(r) for r in costs["rounds_ms"].values()] == [2, 2, 2] and costs["isa"] and costs["int8_kernel"]
-    # a budget below one layer's weights still times one layer
-    assert kernel_costs(pipeline["optimized"], [(8, 128)], threads=1, rounds=1, runs=1, weights=10)["layers"] == 1
 
 
 def test_compare_kernels_times_every_option_with_its_stored_bytes(tmp_path):
