@@ -300,7 +300,7 @@ def test_static_graph_with_outlier_split(pipeline, texts, tmp_path):
 @pytest.mark.parametrize("kwargs, message", [
     ({"outlier_channels": -1}, "outlier_channels -1 is out of range; give an integer of at least 0"),
     ({"outlier_channels": 2.5}, "outlier_channels 2.5 is not an integer; give an integer of at least 0"),
-    ({"outlier_roles": ["down"]}, "outlier_roles ['down'] unknown; use MatMul roles from qkv_proj, q_proj, k_proj, "
+    ({"outlier_roles": ["down"]}, "outlier_roles names down; give roles among qkv_proj, q_proj, k_proj, "
                                   "v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head"),
 ])
 def test_outlier_split_settings_are_checked(kwargs, message):
@@ -381,7 +381,7 @@ def test_hadamard_roles_are_checked():
 
     with pytest.raises(QwenOnnxError) as caught:
         StaticSettings(hadamard_roles=["down"])
-    assert str(caught.value) == ("hadamard_roles ['down'] unknown; use MatMul roles from qkv_proj, q_proj, k_proj, "
+    assert str(caught.value) == ("hadamard_roles names down; give roles among qkv_proj, q_proj, k_proj, "
                                  "v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head")
 
 

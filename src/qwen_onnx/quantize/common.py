@@ -14,7 +14,7 @@ from typing import Any, Iterator, Mapping
 import onnx
 
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.quantize.matmuls import ROLES, weight_matmuls
+from qwen_onnx.quantize.matmuls import check_roles, weight_matmuls
 from qwen_onnx.quantize.sensitivity import choose_float_nodes
 from qwen_onnx.settings.options import check_option
 from qwen_onnx.store.artifacts import read_json
@@ -46,9 +46,7 @@ class SensitiveSettings:
         if fraction is not None and not (isinstance(fraction, (int, float)) and 0 <= fraction <= 1):
             raise QwenOnnxError(f"sensitive max_fraction {fraction!r} is out of range; give a number from 0 to 1")
         for key in ("outlier_roles", "hadamard_roles"):
-            unknown = [r for r in getattr(self, key, []) if r not in ROLES]
-            if unknown:
-                raise QwenOnnxError(f"{key} {unknown} unknown; use MatMul roles from {', '.join(ROLES)}")
+            check_roles(key, getattr(self, key, []))
         rank = getattr(self, "sensitive_rank", "static")
         if rank not in STATIC_RANKS:
             raise QwenOnnxError(f"sensitive rank {rank!r} unknown; use one of {', '.join(STATIC_RANKS)}")

@@ -73,7 +73,7 @@ from qwen_onnx.quantize.kquant import (
     matmul_nbits_node,
     replace_weight_matmuls,
 )
-from qwen_onnx.quantize.matmuls import ROLES, node_role, weight_matmul_names, weight_matmuls
+from qwen_onnx.quantize.matmuls import ROLES, check_roles, node_role, weight_matmul_names, weight_matmuls
 from qwen_onnx.quantize.source_precision import source_precise_nodes
 from qwen_onnx.settings.options import check_option
 from qwen_onnx.source.gguf_file import gguf_weight_types
@@ -197,19 +197,14 @@ class Int4Settings(SensitiveSettings):
         check_option("embedding_block_size", self.embedding_block_size)
         check_option("importance_samples", self.importance_samples)
         check_option("search_windows", self.search_windows)
-        unknown = sorted(set(self.eight_bit_roles) - set(ROLES) | ({"lm_head"} & set(self.eight_bit_roles)))
-        if unknown:
-            raise QwenOnnxError(f"eight_bit_roles names {', '.join(unknown)}; give roles among "
-                                f"{', '.join(r for r in ROLES if r != 'lm_head')} (the lm_head has lm_head_bits)")
+        check_roles("eight_bit_roles", self.eight_bit_roles, [r for r in ROLES if r != "lm_head"],
+                    " (the lm_head has lm_head_bits)")
         if self.symmetric and self.algorithm in ("k_quant", "hqq"):
             raise QwenOnnxError(f"int4 algorithm {self.algorithm} stores a zero point per block and has no symmetric "
                                 "form; drop symmetric (or --symmetric), or use k_quant_int, rtn, default or gptq")
         if self.accuracy_level not in ACCURACY_LEVELS:
             raise QwenOnnxError(f"accuracy_level must be 0 to 4 (MatMulNBits), got {self.accuracy_level}")
-        unknown = sorted(set(self.gptq_roles or ()) - set(ROLES))
-        if unknown:
-            raise QwenOnnxError(f"gptq_roles names {', '.join(unknown)}; give roles among {', '.join(ROLES)}, or null "
-                                "for every role")
+        check_roles("gptq_roles", self.gptq_roles, ROLES, ", or null for every role")
         if self.gptq_active and not self.importance_samples:
             raise QwenOnnxError("gptq_updates needs calibration windows for its Hessians: set importance_samples "
                                 "above 0, or gptq_updates: false")

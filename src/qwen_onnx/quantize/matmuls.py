@@ -15,8 +15,18 @@ from typing import Mapping
 
 import onnx
 
+from qwen_onnx.errors import QwenOnnxError
+
 LAYER_PATTERN = re.compile(r"layers\.(\d+)\b")
 ROLES = ("qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+
+
+def check_roles(key: str, roles, allowed=ROLES, fix: str = "") -> None:
+    """Raises QwenOnnxError naming the items of setting ``key`` that are not among ``allowed`` MatMul roles
+    (:data:`ROLES` by default), the roles to give, and ``fix`` (more of the fix) after them."""
+    unknown = [r for r in roles or () if r not in allowed]
+    if unknown:
+        raise QwenOnnxError(f"{key} names {', '.join(unknown)}; give roles among {', '.join(allowed)}{fix}")
 
 
 def graph_maps(graph: onnx.GraphProto) -> tuple[dict[str, onnx.TensorProto], dict[str, onnx.NodeProto],
