@@ -26,7 +26,7 @@ from qwen_onnx.quantize.kquant import BlockCache, activation_importance
 from qwen_onnx.quantize.matmuls import node_role, precision_by_role, weight_matmuls
 from qwen_onnx.quantize.precision_search import (
     OPTIONS,
-    PROBES,
+    PROBE,
     calibrate_errors,
     galloping_prefix,
     greedy_steps,
@@ -159,18 +159,16 @@ def search_int4_variant(
                                   block_cache=cache, hessians=hessians)
             return score_on_windows(folder, scored, reference, threads)
 
-    # the weights' error to the model's: per layer kind and 4-bit option, the KL of that kind alone at it
+    # the weights' error to the model's: per layer kind, the KL of that kind alone at the probe option
     roles = {name: node_role(name)[1] for name in names}
-    widest = option_key(*OPTIONS[0])
-    role_kl: dict[str, dict[str, float]] = {}
-    for probe in (option_key(*o) for o in PROBES):
-        role_kl[probe] = {}
-        for role in sorted(set(roles.values())):
-            figures = build_and_score({n: probe if roles[n] == role else widest for n in names})
-            role_kl[probe][role] = figures["kl_mean"]
-            log.info("precision search: %s alone at %s: KL %.4f, top-1 %.2f%%", role, probe, figures["kl_mean"],
-                     figures["top1_pct"])
-    scaled = calibrate_errors(errors, roles, role_kl)
+    probe, widest = option_key(*PROBE), option_key(*OPTIONS[0])
+    role_kl = {}
+    for role in sorted(set(roles.values())):
+        figures = build_and_score({n: probe if roles[n] == role else widest for n in names})
+        role_kl[role] = figures["kl_mean"]
+        log.info("precision search: %s alone at %s: KL %.4f, top-1 %.2f%%", role, probe, figures["kl_mean"],
+                 figures["top1_pct"])
+    scaled = calibrate_errors(errors, roles, role_kl, probe)
     steps = greedy_steps(scaled, sizes)
     candidates: list[dict[str, Any]] = []
 
@@ -203,7 +201,7 @@ def search_int4_variant(
         "method": "greedy error-per-byte path from all 8-bit, longest prefix passing the int4 gate with margin "
                   "on calibration text, past up to `skips` failing moves (qwen_onnx.quantize.precision_search)",
         "options": [option_key(*o) for o in OPTIONS],
-        "role_kl_at_probe": role_kl,
+        "role_kl_at_probe": {"probe": probe, **role_kl},
         "moves": taken,
         "of_moves": path_moves,
         "skipped_moves": skipped,

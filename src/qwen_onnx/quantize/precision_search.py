@@ -13,9 +13,8 @@ they matter), on the options MatMulNBits offers a CPU (:data:`OPTIONS`):
    inverse of Olive's SNR).
    The weight error says little about how much a layer kind matters downstream: on the 0.5B the
    lm_head's 4-bit error looked cheap per byte saved, yet moving it alone cost 3 points of top-1.
-   So each layer kind is probed at each 4-bit option (all its MatMuls at that option, the rest 8-bit,
-   built and scored end to end, :data:`PROBES`) and its errors at that option are scaled so that they
-   add up to that KL
+   So each layer kind is probed once (all its MatMuls at :data:`PROBE`, the rest 8-bit, built and
+   scored end to end) and its errors are scaled so that they add up to that KL
    (:func:`calibrate_errors`): the price becomes the model's KL per byte saved, as Olive's
    ``kld_gradient`` selector estimates it with gradients.
 2. **One path from all-8-bit to all-narrowest** (:func:`greedy_steps`): from every MatMul at the
@@ -142,36 +141,32 @@ def _int8_restored(packed: np.ndarray, scales: np.ndarray, k: int) -> np.ndarray
     return np.ascontiguousarray(restored.reshape(n, -1).T[:k])
 
 
-#: The options every layer kind is probed at, to scale its weight errors at each to the model's KL.
-PROBES: tuple[tuple[int, int], ...] = OPTIONS[1:]
+#: The option every layer kind is probed at to scale its weight errors to the model's KL.
+PROBE: tuple[int, int] = (4, 32)
 
 
 def calibrate_errors(errors: Mapping[str, Mapping[str, float]], roles: Mapping[str, str],
-                     role_kl: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
-    """The weight errors scaled per layer kind and option to the model's KL divergence.
+                     role_kl: Mapping[str, float], probe: str) -> dict[str, dict[str, float]]:
+    """The weight errors scaled per layer kind to the model's KL divergence.
 
-    For each probed option ``p`` and ``role`` (layer kind), ``factor = role_kl[p][role] / sum(errors[n][p]
-    for n of that role)``: the role's MatMuls at ``p`` then add up to the KL (nats) measured with that
-    role alone at ``p``. An option that was not probed (8-bit) is scaled by the first probed option's factor.
+    For each ``role`` (layer kind), ``factor = role_kl[role] / sum(errors[n][probe] for n of that role)``:
+    the role's MatMuls at ``probe`` then add up to the KL (nats) measured with that role alone at
+    ``probe``; every option of those MatMuls is scaled by the same factor.
 
     Args:
         errors: from :func:`option_errors`.
         roles: ``{node name: layer kind}`` (:func:`qwen_onnx.quantize.matmuls.node_role`).
-        role_kl: ``{option key: {layer kind: KL mean}}``, each measured end to end with that kind alone at
-            that option and every other MatMul at the widest.
+        role_kl: ``{layer kind: KL mean}`` measured end to end with that kind alone at ``probe``.
+        probe: the option key the KL was measured at.
 
     Returns:
         ``{node name: {option key: estimated KL}}``.
     """
-    factors: dict[str, dict[str, float]] = {}
-    for probe, kls in role_kl.items():
-        totals: dict[str, float] = {}
-        for name, role in roles.items():
-            totals[role] = totals.get(role, 0.0) + errors[name][probe]
-        factors[probe] = {role: (kls[role] / totals[role]) if totals[role] > 0 else 0.0 for role in totals}
-    first = next(iter(factors))
-    return {name: {k: v * factors.get(k, factors[first])[roles[name]] for k, v in errors[name].items()}
-            for name in errors}
+    totals: dict[str, float] = {}
+    for name, role in roles.items():
+        totals[role] = totals.get(role, 0.0) + errors[name][probe]
+    factor = {role: (role_kl[role] / totals[role]) if totals[role] > 0 else 0.0 for role in totals}
+    return {name: {k: v * factor[roles[name]] for k, v in errors[name].items()} for name in errors}
 
 
 def option_key(bits: int, block: int) -> str:
