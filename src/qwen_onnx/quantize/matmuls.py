@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
-from typing import Mapping
+from typing import Iterable, Mapping, Sequence
 
 import onnx
 
@@ -21,7 +21,7 @@ LAYER_PATTERN = re.compile(r"layers\.(\d+)\b")
 ROLES = ("qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 
 
-def check_roles(key: str, roles, allowed=ROLES, fix: str = "") -> None:
+def check_roles(key: str, roles: Iterable[str] | None, allowed: Sequence[str] = ROLES, fix: str = "") -> None:
     """Raises QwenOnnxError naming the items of setting ``key`` that are not among ``allowed`` MatMul roles
     (:data:`ROLES` by default), the roles to give, and ``fix`` (more of the fix) after them."""
     unknown = [r for r in roles or () if r not in allowed]

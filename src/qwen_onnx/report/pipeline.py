@@ -265,18 +265,20 @@ def pipeline_table(results: str | os.PathLike, models: Sequence[str],
     for r in rows:
         r["critical"] = (f"{r['model']}/{r['job']}" if r["model"] else r["job"]) in on_path
     span, span_jobs = latest_run(rows)
+    # each model alone, when the run built more than one
     ran = {m: own for m in models if (own := [r for r in rows if r["model"] == m])}
     per_model = []
-    for model, own in ran.items() if len(ran) > 1 else ():
-        seconds_m, _ = critical_path(own, parents, {model: sensitivity_readers(results, model)})
-        bound = None if not cores else core_bound(own, int(cores))
-        per_model.append({
-            "model": model,
-            "total_job_s": round(sum(r["wall_s"] for r in own), 1),
-            "critical_path_s": round(seconds_m, 1),
-            "core_bound_s": None if bound is None else round(bound, 1),
-            "alone_at_least_s": round(max(seconds_m, bound or 0.0), 1),
-        })
+    if len(ran) > 1:
+        for model, own in ran.items():
+            seconds_m, _ = critical_path(own, parents, {model: sensitivity_readers(results, model)})
+            bound = None if not cores else core_bound(own, int(cores))
+            per_model.append({
+                "model": model,
+                "total_job_s": round(sum(r["wall_s"] for r in own), 1),
+                "critical_path_s": round(seconds_m, 1),
+                "core_bound_s": None if bound is None else round(bound, 1),
+                "alone_at_least_s": round(max(seconds_m, bound or 0.0), 1),
+            })
     return {
         "rows": [{k: r[k] for k in COLUMNS} for r in rows],
         "total_job_s": round(sum(r["wall_s"] for r in rows), 1),
