@@ -201,7 +201,9 @@ def test_the_candidates_reuse_each_weights_blocks_and_table_and_build_the_same_g
     importance = {n: np.ones(64 if node_role(n)[1] != "down_proj" else 128, dtype=np.float32) for n in names}
     cache: dict = {}
     errors = option_errors(pipeline["optimized"], importance, cache=cache)
-    assert set(cache) == {(n, 4, b, False) for n in names for b in (32, 64)} | {(n, 8, 128, True) for n in names}
+    assert set(cache) == ({(n, 4, b, False) for n in names for b in (32, 64)} | {(n, 8, 128, True) for n in names}
+                          | {(n, "source_grid") for n in names})
+    assert all(cache[n, "source_grid"] is None for n in names)  # the tiny model's float weights sit on no grid
     assert all(errors[n]["8/128"] < errors[n]["4/32"] < errors[n]["4/64"] for n in names)
     precision = {n: ("4/64" if "mlp" in n else "4/32" if "attn" in n else "8/128") for n in names}
     uncached = quantize_int4_variant(pipeline["optimized"], tmp_path / "a", settings, precision=precision,

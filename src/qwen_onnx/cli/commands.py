@@ -68,7 +68,7 @@ def run_int4(a):
         calibration_samples=a.samples, calibration_sequence_length=a.sequence_length,
         importance_samples=a.importance_samples, search=a.search, search_windows=a.search_windows,
         gptq_updates=a.gptq_updates and a.algorithm == "k_quant_int" and a.importance_samples > 0,
-        gptq_roles=a.gptq_roles,
+        gptq_roles=a.gptq_roles, source_grid=a.source_grid,
     )
     if a.search:
         from qwen_onnx.measure.int4_search import search_int4_variant

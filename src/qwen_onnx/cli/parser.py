@@ -189,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="calibration windows, spread over the text, that score each search candidate")
     p.add_argument("--source-info", default=None, metavar="SOURCE_JSON",
                    help="the resolve stage's HF_DIR/source.json (its weight_types)")
+    p.add_argument("--no-source-grid", dest="source_grid", action="store_false",
+                   help="re-quantize weights that already sit on a 4-bit grid of 32 inputs (a Q4_K GGUF source) "
+                        "instead of keeping them exactly (docs/int4.md, \"Source grid\")")
     p.add_argument("--calibration-text", default=str(shipped_text(CALIBRATION_TEXT)),
                    help="calibration text of gptq and of k_quant_int's importance")
     p.add_argument("--samples", type=int, default=8, help="gptq calibration windows")

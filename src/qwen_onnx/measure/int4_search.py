@@ -28,6 +28,7 @@ from qwen_onnx.quantize.precision_search import (
     OPTIONS,
     PROBE,
     calibrate_errors,
+    probe_options,
     galloping_prefix,
     greedy_steps,
     longest_passing_prefix,
@@ -142,7 +143,8 @@ def search_int4_variant(
     # every candidate draws its 4-bit weights from here: each weight's k-quant search runs once per option
     cache: BlockCache = {}
     errors = option_errors(input_dir, importance, OPTIONS, threads=threads or len(os.sched_getaffinity(0)),
-                           cache=cache, symmetric=settings.symmetric_weights, hessians=hessians)
+                           cache=cache, symmetric=settings.symmetric_weights, hessians=hessians,
+                           source_grid=settings.source_grid)
     if hessians is not None:
         hessians.release()  # every option of every weight is in the cache now
     log.info("precision search: %d MatMuls priced at %s in %.0f s since the start%s", len(errors),
@@ -161,14 +163,15 @@ def search_int4_variant(
 
     # the weights' error to the model's: per layer kind, the KL of that kind alone at the probe option
     roles = {name: node_role(name)[1] for name in names}
-    probe, widest = option_key(*PROBE), option_key(*OPTIONS[0])
+    exact = {name for name in names if cache.get((name, "source_grid")) is not None}
+    probes, widest = probe_options(roles, sizes, exact), option_key(*OPTIONS[0])
     role_kl = {}
     for role in sorted(set(roles.values())):
-        figures = build_and_score({n: probe if roles[n] == role else widest for n in names})
+        figures = build_and_score({n: probes[role] if roles[n] == role else widest for n in names})
         role_kl[role] = figures["kl_mean"]
-        log.info("precision search: %s alone at %s: KL %.4f, top-1 %.2f%%", role, probe, figures["kl_mean"],
+        log.info("precision search: %s alone at %s: KL %.4f, top-1 %.2f%%", role, probes[role], figures["kl_mean"],
                  figures["top1_pct"])
-    scaled = calibrate_errors(errors, roles, role_kl, probe)
+    scaled = calibrate_errors(errors, roles, role_kl, probes)
     steps = greedy_steps(scaled, sizes)
     candidates: list[dict[str, Any]] = []
 
@@ -201,7 +204,9 @@ def search_int4_variant(
         "method": "greedy error-per-byte path from all 8-bit, longest prefix passing the int4 gate with margin "
                   "on calibration text, past up to `skips` failing moves (qwen_onnx.quantize.precision_search)",
         "options": [option_key(*o) for o in OPTIONS],
-        "role_kl_at_probe": {"probe": probe, **role_kl},
+        "role_kl_at_probe": {"probe": option_key(*PROBE), **role_kl},
+        "probe_by_role": probes,
+        "source_grid_matmuls": len(exact),
         "moves": taken,
         "of_moves": path_moves,
         "skipped_moves": skipped,

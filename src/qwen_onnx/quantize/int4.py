@@ -164,6 +164,9 @@ class Int4Settings(SensitiveSettings):
             only builds the fixed recipe or a given map, hence the library default False.
         search_windows: calibration windows, spread evenly over the text, that score each candidate; the
             first ``importance_samples`` of the others give the importance (and the Hessians).
+        source_grid: ``k_quant_int`` at block 32 with zero points: a weight that already sits on a 4-bit grid
+            of 32 inputs (a Q4_K, Q4_0 or Q4_1 GGUF source) is kept exactly, its zero point's remainder added
+            through the block sums of its input (:mod:`qwen_onnx.quantize.source_grid`); False re-quantizes it.
     """
     algorithm: str = "k_quant_int"
     block_size: int = 32
@@ -186,6 +189,7 @@ class Int4Settings(SensitiveSettings):
     gptq_roles: tuple[str, ...] | list[str] | None = None
     search: bool = False
     search_windows: int = 8
+    source_grid: bool = True
 
     def check(self) -> None:
         """Raises QwenOnnxError with the fix for an unknown algorithm, a bad block size,
@@ -288,7 +292,8 @@ def int4_pass(graph_only: Path, settings: Int4Settings, keep: Sequence[str], scr
     targets = [n for n in weights if n not in set(keep)]
     if settings.algorithm == "k_quant_int":
         return kquant_int_pass(graph_only, targets, settings.block_size, settings.accuracy_level, scratch, importance,
-                               threads=threads, symmetric=settings.symmetric_weights, hessians=hessians)
+                               threads=threads, symmetric=settings.symmetric_weights, hessians=hessians,
+                               source_grid=settings.source_grid)
     kept_float = [n for n in weights if n in set(keep)]  # the 8-bit ones are MatMulNBits already
     before = sum(n.op_type == "MatMulNBits" for n in proto.graph.node)
     others = [n.name for n in proto.graph.node if n.op_type == "MatMul" and n.name not in set(targets)]
@@ -425,7 +430,7 @@ def precision_map_model(input_dir: Path, output: Path, eight: Sequence[str], blo
     builders = {name: eight_bit for name in eight}
     for block, names in blocks.items():
         build = kquant_int_builder(block, settings.accuracy_level, importance, threads, settings.symmetric_weights,
-                                   cache, hessians)
+                                   cache, hessians, settings.source_grid)
         builders.update({name: build for name in names})
     output = Path(output).resolve()  # lazy_model works inside input_dir
     with lazy_model(input_dir) as (proto, _):

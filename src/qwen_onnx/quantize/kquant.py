@@ -35,7 +35,7 @@ import collections
 import logging
 import os
 from pathlib import Path
-from typing import Callable, Mapping, MutableMapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, MutableMapping, Protocol, Sequence
 
 import numpy as np
 import onnx
@@ -44,6 +44,7 @@ from onnxruntime.quantization.neural_compressor.weight_only import (
 )
 
 from qwen_onnx.quantize.sensitivity import capture_activations
+from qwen_onnx.quantize.source_grid import GRID_BLOCK, cached_grid, insert_block_sums
 from qwen_onnx.store.external import ScratchFiles
 
 log = logging.getLogger(__name__)
@@ -247,7 +248,9 @@ def activation_importance(
 #: zero point uint8 [blocks, 1])}``: :func:`quantize_blocks`' result for one weight, kept by a caller that
 #: quantizes the same weights with the same importance more than once (the precision search's candidates).
 #: Valid for one graph, one importance and one choice of GPTQ's Hessians (or none) only.
-BlockCache = MutableMapping[tuple[str, int, int, bool], tuple[np.ndarray, np.ndarray, np.ndarray]]
+#: Each weight's quantized blocks by ``(name, bits, block_size, symmetric)`` (:func:`quantize_weight`), and its
+#: :class:`~qwen_onnx.quantize.source_grid.SourceGrid` or None by ``(name, "source_grid")``.
+BlockCache = MutableMapping[tuple, Any]
 
 
 class Hessians(Protocol):
@@ -308,12 +311,18 @@ def quantize_weight(name: str, load: Callable[[], np.ndarray], bits: int, block_
 
 def kquant_int_builder(block_size: int, accuracy_level: int, importance: Mapping[str, np.ndarray] | None = None,
                        threads: int = 1, symmetric: bool = False, cache: BlockCache | None = None,
-                       hessians: Hessians | None = None) -> Callable:
+                       hessians: Hessians | None = None, source_grid: bool = True) -> Callable:
     """A :func:`replace_weight_matmuls` builder: one MatMul to 4-bit MatMulNBits at ``block_size`` by
-    :func:`quantize_weight` (arguments as :func:`kquant_int_pass`)."""
+    :func:`quantize_weight` (arguments as :func:`kquant_int_pass`), or, with ``source_grid`` at block 32 with
+    zero points, kept exactly when its weight already sits on a 4-bit grid
+    (:mod:`qwen_onnx.quantize.source_grid`)."""
 
     def build(node: onnx.NodeProto, tensor: onnx.TensorProto, load: Callable[[], np.ndarray]):
         k, n = tensor.dims
+        if source_grid and block_size == GRID_BLOCK and not symmetric:
+            grid = cached_grid(node.name, load, cache)
+            if grid is not None:
+                return grid.node(node, accuracy_level)
         # a cache hit reads no float weight: a 1.5B candidate built in 24 s instead of 37
         q, scale, zp = quantize_weight(node.name, load, 4, block_size, importance, threads, symmetric, cache, hessians)
         return matmul_nbits_node(node=node, weight_shape=(k, n), num_bits=4, group_size=block_size,
@@ -334,6 +343,7 @@ def kquant_int_pass(
     symmetric: bool = False,
     cache: BlockCache | None = None,
     hessians: Hessians | None = None,
+    source_grid: bool = True,
 ) -> Path:
     """Turn the MatMuls ``names`` of ``graph_only`` into 4-bit MatMulNBits with :func:`quantize_blocks`.
 
@@ -349,6 +359,8 @@ def kquant_int_pass(
         symmetric: no zero points (:func:`quantize_blocks`).
         cache: each weight's blocks, reused and filled (:data:`BlockCache`, :func:`quantize_weight`).
         hessians: GPTQ's error compensation on the same grid (:func:`quantize_weight`), or None.
+        source_grid: weights already on a 4-bit grid of 32 inputs kept exactly at block 32
+            (:mod:`qwen_onnx.quantize.source_grid`).
 
     Returns:
         The new graph (``scratch / "kquant_int.onnx"``).
@@ -356,7 +368,7 @@ def kquant_int_pass(
     proto = onnx.load(str(graph_only), load_external_data=False)
 
     wanted = set(names)
-    build = kquant_int_builder(block_size, accuracy_level, importance, threads, symmetric, cache, hessians)
+    build = kquant_int_builder(block_size, accuracy_level, importance, threads, symmetric, cache, hessians, source_grid)
     replace_weight_matmuls(proto, {name: build for name in wanted}, base_dir=graph_only.parent)
     output = scratch / "kquant_int.onnx"
     onnx.external_data_helper.convert_model_to_external_data(
@@ -379,7 +391,8 @@ def replace_weight_matmuls(proto: onnx.ModelProto, builders: Mapping[str, Callab
             [K, N] from ``base_dir``, and returns ``(new node, new initializers)``
             (:func:`matmul_nbits_node`, :func:`qwen_onnx.quantize.blockwise.blockwise_int8_node`).
 
-    A float weight no other node reads is removed; the ``com.microsoft`` opset is added.
+    A float weight no other node reads is removed; the ``com.microsoft`` opset is added, and the block sums
+    that nodes kept on their source grid read (:func:`qwen_onnx.quantize.source_grid.insert_block_sums`).
     """
     graph = proto.graph
     initializers = {t.name: t for t in graph.initializer}
@@ -405,3 +418,4 @@ def replace_weight_matmuls(proto: onnx.ModelProto, builders: Mapping[str, Callab
     graph.initializer.extend(kept)
     if not any(o.domain == "com.microsoft" for o in proto.opset_import):
         proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    insert_block_sums(proto)

@@ -48,6 +48,7 @@ from qwen_onnx.quantize.blockwise import blockwise_int8_weight, cached_int8_weig
 from qwen_onnx.quantize.gptq import Hessians
 from qwen_onnx.quantize.kquant import BlockCache, quantize_weight
 from qwen_onnx.quantize.matmuls import weight_matmuls
+from qwen_onnx.quantize.source_grid import GRID_BLOCK, cached_grid
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,8 @@ def bytes_per_weight(bits: int, block: int) -> float:
 def option_errors(model_dir: str | os.PathLike, importance: Mapping[str, np.ndarray],
                   options: Sequence[tuple[int, int]] = OPTIONS, threads: int = 1,
                   names: Sequence[str] | None = None, cache: BlockCache | None = None,
-                  symmetric: bool = False, hessians: Hessians | None = None) -> dict[str, dict[str, float]]:
+                  symmetric: bool = False, hessians: Hessians | None = None,
+                  source_grid: bool = True) -> dict[str, dict[str, float]]:
     """The relative product error of every option for every weight MatMul of the float graph.
 
     Each option's weight is the one the int4 stage ships: 4-bit by :func:`qwen_onnx.quantize.kquant.quantize_weight`
@@ -87,6 +89,8 @@ def option_errors(model_dir: str | os.PathLike, importance: Mapping[str, np.ndar
         hessians: the 4-bit options with GPTQ's updates (:class:`qwen_onnx.quantize.gptq.Hessians`); their
             error is then the product's, ``trace((W - Ŵ)^T H (W - Ŵ))``, which GPTQ computes as it goes
             (the weight error alone would count its compensating updates as error).
+        source_grid: a weight on a 4-bit grid of 32 inputs is priced at 4/32 as the node that keeps it
+            (:mod:`qwen_onnx.quantize.source_grid`), as the int4 stage builds it.
 
     Returns:
         ``{node name: {"bits/block": relative error}}``, dimensionless (0 is exact).
@@ -107,6 +111,9 @@ def option_errors(model_dir: str | os.PathLike, importance: Mapping[str, np.ndar
                 # blockwise_int8_node's entry: the candidates reuse it
                 packed, scales = cached_int8_weight(node.name, lambda w=weight: w, block, cache)
                 restored = _int8_restored(packed, scales, k)
+            elif source_grid and not symmetric and (bits, block) == (4, GRID_BLOCK) and \
+                    (grid := cached_grid(node.name, lambda w=weight: w, cache)) is not None:
+                restored = grid.restored()
             else:
                 q, scale, zero = quantize_weight(node.name, lambda w=weight: w, bits, block, importance, threads, symmetric,
                                                 cache, hessians)
@@ -143,10 +150,27 @@ def _int8_restored(packed: np.ndarray, scales: np.ndarray, k: int) -> np.ndarray
 
 #: The option every layer kind is probed at to scale its weight errors to the model's KL.
 PROBE: tuple[int, int] = (4, 32)
+#: ... unless most of the kind's weights are kept exactly at :data:`PROBE` (on their source's 4-bit grid,
+#: :mod:`qwen_onnx.quantize.source_grid`): their KL there is the all-8-bit rest's, not theirs, and would
+#: scale their tiny errors up to it; such a kind is probed at its first lossy option, this one.
+LOSSY_PROBE: tuple[int, int] = (4, 64)
+
+
+def probe_options(roles: Mapping[str, str], sizes: Mapping[str, int], exact: set[str] | frozenset[str] = frozenset()
+                  ) -> dict[str, str]:
+    """``{layer kind: option key}`` each kind is probed at: :data:`PROBE`, or :data:`LOSSY_PROBE` when more than
+    half of the kind's weights (by count of weights, ``sizes``) belong to the MatMuls ``exact`` (kept exactly at
+    :data:`PROBE`)."""
+    total: dict[str, int] = {}
+    kept: dict[str, int] = {}
+    for name, role in roles.items():
+        total[role] = total.get(role, 0) + sizes[name]
+        kept[role] = kept.get(role, 0) + (sizes[name] if name in exact else 0)
+    return {role: option_key(*(LOSSY_PROBE if 2 * kept[role] > total[role] else PROBE)) for role in total}
 
 
 def calibrate_errors(errors: Mapping[str, Mapping[str, float]], roles: Mapping[str, str],
-                     role_kl: Mapping[str, float], probe: str) -> dict[str, dict[str, float]]:
+                     role_kl: Mapping[str, float], probe: str | Mapping[str, str]) -> dict[str, dict[str, float]]:
     """The weight errors scaled per layer kind to the model's KL divergence.
 
     For each ``role`` (layer kind), ``factor = role_kl[role] / sum(errors[n][probe] for n of that role)``:
@@ -157,14 +181,16 @@ def calibrate_errors(errors: Mapping[str, Mapping[str, float]], roles: Mapping[s
         errors: from :func:`option_errors`.
         roles: ``{node name: layer kind}`` (:func:`qwen_onnx.quantize.matmuls.node_role`).
         role_kl: ``{layer kind: KL mean}`` measured end to end with that kind alone at ``probe``.
-        probe: the option key the KL was measured at.
+        probe: the option key the KL was measured at, one for all kinds or ``{layer kind: option key}``
+            (:func:`probe_options`).
 
     Returns:
         ``{node name: {option key: estimated KL}}``.
     """
+    probes = probe if isinstance(probe, Mapping) else dict.fromkeys(roles.values(), probe)
     totals: dict[str, float] = {}
     for name, role in roles.items():
-        totals[role] = totals.get(role, 0.0) + errors[name][probe]
+        totals[role] = totals.get(role, 0.0) + errors[name][probes[role]]
     factor = {role: (role_kl[role] / totals[role]) if totals[role] > 0 else 0.0 for role in totals}
     return {name: {k: v * factor[roles[name]] for k, v in errors[name].items()} for name in errors}
 

@@ -1,0 +1,113 @@
+"""Weights on a 4-bit source grid kept exactly (qwen_onnx.quantize.source_grid): detection, the node's
+arithmetic in onnxruntime, the block sums' graph, and the int4 stage on a tiny model with such weights."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from qwen_onnx.quantize.kquant import matmul_nbits_node, quantize_weight
+from qwen_onnx.quantize.source_grid import (
+    four_bit_grid,
+    input_width,
+    insert_block_sums,
+    sum_rows,
+)
+
+
+def q4k_weight(k: int, n: int, seed: int = 0) -> np.ndarray:
+    """float32 [K, N] as llama.cpp's dequantize_row_q4_K makes it: per 32 inputs ``d·sc·q − dmin·m`` with
+    fp16 ``d``, ``dmin`` per 256 and 6-bit ``sc``, ``m`` per 32 (q in 0..15)."""
+    rng = np.random.default_rng(seed)
+    d = rng.uniform(1e-3, 3e-3, (n, k // 256, 1, 1)).astype(np.float16).astype(np.float32)
+    dmin = rng.uniform(1e-3, 3e-3, (n, k // 256, 1, 1)).astype(np.float16).astype(np.float32)
+    sc = rng.integers(1, 64, (n, k // 256, 8, 1)).astype(np.float32)
+    # the block's minimum inside its range, as llama.cpp's search puts it: m ≈ d·sc·z / dmin, z in [0, 15]
+    m = np.clip(np.round(d * sc * rng.uniform(0, 15, sc.shape) / dmin), 0, 63).astype(np.float32)
+    q = rng.integers(0, 16, (n, k // 256, 8, 32)).astype(np.float32)
+    w = (d * sc) * q - dmin * m  # float32 arithmetic, as llama.cpp's
+    return np.ascontiguousarray(w.reshape(n, k).T)
+
+
+def run_matmul(node_and_tensors, x: np.ndarray, k: int, n: int) -> np.ndarray:
+    node, tensors = node_and_tensors
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, None, n])], tensors)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    insert_block_sums(model)
+    onnx.checker.check_model(model)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def test_q4k_weight_found_on_its_grid_and_restored_to_float_rounding():
+    w = q4k_weight(512, 24)
+    grid = four_bit_grid(w)
+    assert grid is not None
+    assert grid.codes.shape == (24, 16, 32) and grid.codes.max() <= 15
+    # the integer zero point alone misses by up to half a step: about as much as rounding afresh
+    plain = grid.scale[..., None] * (grid.codes.astype(np.float32) - grid.zero[..., None])
+    plain = plain.reshape(24, 512).T
+    assert np.abs(plain - w).max() > 0.1 * grid.scale.max()
+    # with the remainder rows the error is the remainder's 4-bit rounding: a 30th of a step or less
+    restored = grid.restored()
+    assert restored.shape == (512, 24)
+    assert np.abs(restored - w).max() <= grid.scale.max() / 30
+
+
+def test_float_weights_and_odd_widths_are_not_a_grid():
+    rng = np.random.default_rng(1)
+    assert four_bit_grid(rng.standard_normal((256, 8)).astype(np.float32)) is None
+    assert four_bit_grid(q4k_weight(256, 8)[:240]) is None  # 240 inputs: not whole blocks of 32
+    # 17 levels in one block: off a 4-bit grid
+    w = q4k_weight(256, 8)
+    w[:17, 0] = np.arange(17, dtype=np.float32) * 1e-3
+    assert four_bit_grid(w) is None
+
+
+@pytest.mark.parametrize("k", [256, 1536])
+def test_widened_width_round_trips(k):
+    assert sum_rows(k) % 32 == 0 and sum_rows(k) >= k // 32
+    assert input_width(k + sum_rows(k)) == k
+
+
+def test_node_computes_the_source_weight_in_onnxruntime():
+    k, n = 512, 40
+    w = q4k_weight(k, n, seed=2)
+    x = np.random.default_rng(3).standard_normal((1, 3, k)).astype(np.float32)
+    exact = x @ w
+    matmul = helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")
+    grid = four_bit_grid(w)
+    kept = run_matmul(grid.node(matmul, accuracy_level=0), x, k, n)
+    # the same weight re-quantized by the block search (integer zero points, no remainder)
+    q, scale, zero = quantize_weight("mm", lambda: w, 4, 32)
+    requantized = run_matmul(matmul_nbits_node(node=matmul, weight_shape=(k, n), num_bits=4, group_size=32,
+                                               k_blocks=k // 32, q_weight=q, scale=scale, zero_point=zero,
+                                               accuracy_level=0), x, k, n)
+    kept_error = np.linalg.norm(kept - exact) / np.linalg.norm(exact)
+    requantized_error = np.linalg.norm(requantized - exact) / np.linalg.norm(exact)
+    assert kept.shape == (1, 3, n)
+    assert kept_error < 0.01
+    assert requantized_error > 5 * kept_error
+
+
+def test_block_sums_shared_by_the_nodes_reading_one_input():
+    k, n = 256, 16
+    w1, w2 = q4k_weight(k, n, seed=4), q4k_weight(k, n, seed=5)
+    nodes, tensors = [], []
+    for name, w in (("a", w1), ("b", w2)):
+        node, t = four_bit_grid(w).node(helper.make_node("MatMul", ["x", name + "_w"], [name], name=name), 0)
+        nodes.append(node)
+        tensors += t
+    add = helper.make_node("Add", ["a", "b"], ["y"], name="add")
+    graph = helper.make_graph([*nodes, add], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, n])], tensors)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    assert insert_block_sums(model) == 1
+    assert [node.op_type for node in model.graph.node] == ["Reshape", "ReduceSum", "Pad", "Concat", "MatMulNBits",
+                                                           "MatMulNBits", "Add"]
+    assert insert_block_sums(model) == 0  # already produced
+    x = np.random.default_rng(6).standard_normal((1, 2, k)).astype(np.float32)
+    y = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(y, x @ (w1 + w2), rtol=0, atol=0.01 * np.abs(x @ (w1 + w2)).max())
