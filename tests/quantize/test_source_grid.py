@@ -1,6 +1,9 @@
 """Weights on a 4-bit source grid kept exactly (qwen_onnx.quantize.source_grid): detection, the node's
 arithmetic in onnxruntime, the block sums' graph, and the int4 stage on a tiny model with such weights."""
 
+import shutil
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -8,7 +11,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from qwen_onnx.quantize.kquant import matmul_nbits_node, quantize_weight
+from qwen_onnx.quantize.matmuls import weight_matmul_names, weight_matmuls
 from qwen_onnx.quantize.source_grid import (
+    SUMS_SUFFIX,
     four_bit_grid,
     input_width,
     insert_block_sums,
@@ -111,3 +116,50 @@ def test_block_sums_shared_by_the_nodes_reading_one_input():
     x = np.random.default_rng(6).standard_normal((1, 2, k)).astype(np.float32)
     y = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(y, x @ (w1 + w2), rtol=0, atol=0.01 * np.abs(x @ (w1 + w2)).max())
+
+
+def grid_checkpoint(source: Path, folder: Path) -> None:
+    """A copy of ONNX variant ``source`` whose weight MatMuls sit on a 4-bit grid with a float zero point per 32
+    inputs, as a Q4_1 GGUF dequantizes: each block rounded to 16 levels between its minimum and maximum."""
+    shutil.copytree(source, folder)
+    proto = onnx.load(str(folder / "model.onnx"))
+    for _, tensor in weight_matmuls(proto.graph):
+        w = onnx.numpy_helper.to_array(tensor)
+        k, n = w.shape
+        blocks = w.T.reshape(n, k // 32, 32)
+        low, high = blocks.min(-1, keepdims=True), blocks.max(-1, keepdims=True)
+        step = (high - low) / 15
+        on_grid = low + np.round((blocks - low) / step) * step
+        tensor.CopyFrom(onnx.numpy_helper.from_array(np.ascontiguousarray(on_grid.reshape(n, k).T.astype(np.float32)),
+                                                     tensor.name))
+    (folder / "model.onnx_data").unlink()
+    (folder / "manifest.json").unlink(missing_ok=True)
+    onnx.save_model(proto, str(folder / "model.onnx"), save_as_external_data=True, location="model.onnx_data")
+
+
+def test_int4_stage_keeps_a_grid_checkpoint_exactly(pipeline, texts, tmp_path):
+    """The int4 stage on a checkpoint whose weights sit on a 4-bit grid: the 4-bit MatMuls keep it (their input
+    widened by its block sums), and the logits stay within a tenth of the re-quantized variant's error of the
+    checkpoint's."""
+    from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
+    from qwen_onnx.run.runtime import OnnxCausalLM
+
+    grid_checkpoint(pipeline["optimized"], tmp_path / "grid")
+    names = weight_matmul_names(tmp_path / "grid" / "model.onnx")
+    precision = {n: "8/128" if n == "/lm_head/MatMul" else "4/32" for n in names}
+    # the embedding float: the tiny model's table is random floats, whose 4-bit error would swamp the MatMuls'
+    common = dict(importance_samples=2, calibration_sequence_length=32, gptq_updates=False, embedding="float")
+    for folder, source_grid in (("kept", True), ("requantized", False)):
+        quantize_int4_variant(tmp_path / "grid", tmp_path / folder, Int4Settings(**common, source_grid=source_grid),
+                              precision=precision, calibration_text=texts["calibration"])
+    graph = onnx.load(str(tmp_path / "kept" / "model.onnx"), load_external_data=False).graph
+    widened = [n for n in graph.node if n.op_type == "MatMulNBits" and n.input[0].endswith(SUMS_SUFFIX)]
+    assert len(widened) == len(names) - 1
+    assert {n.op_type for n in graph.node} >= {"ReduceSum", "Concat"}
+    ids = np.arange(3, 43, dtype=np.int64)[None, :]
+    reference = OnnxCausalLM(tmp_path / "grid").forward(ids)[0]
+    kept = OnnxCausalLM(tmp_path / "kept").forward(ids)[0]
+    requantized = OnnxCausalLM(tmp_path / "requantized").forward(ids)[0]
+    assert kept.shape == reference.shape == (1, 40, reference.shape[-1])
+    kept_error = np.abs(kept - reference).max()
+    assert kept_error < 0.1 * np.abs(requantized - reference).max()

@@ -38,6 +38,7 @@ from qwen_onnx.quantize.precision_search import (
     skip_move,
     weight_bytes,
 )
+from qwen_onnx.quantize.source_grid import sum_rows
 from qwen_onnx.run.runtime import OnnxCausalLM
 from qwen_onnx.settings.gates import check_gate, gate_margins
 from qwen_onnx.source.text import CALIBRATION_TEXT, evenly_spaced, load_tokenizer, shipped_text, token_windows
@@ -164,6 +165,8 @@ def search_int4_variant(
     # the weights' error to the model's: per layer kind, the KL of that kind alone at the probe option
     roles = {name: node_role(name)[1] for name in names}
     exact = {name for name in names if cache.get((name, "source_grid")) is not None}
+    widened = {node.name: 1 + sum_rows(int(tensor.dims[0])) / int(tensor.dims[0]) for node, tensor in matmuls
+               if node.name in exact}
     probes, widest = probe_options(roles, sizes, exact), option_key(*OPTIONS[0])
     role_kl = {}
     for role in sorted(set(roles.values())):
@@ -172,7 +175,7 @@ def search_int4_variant(
         log.info("precision search: %s alone at %s: KL %.4f, top-1 %.2f%%", role, probes[role], figures["kl_mean"],
                  figures["top1_pct"])
     scaled = calibrate_errors(errors, roles, role_kl, probes)
-    steps = greedy_steps(scaled, sizes)
+    steps = greedy_steps(scaled, sizes, widened=widened)
     candidates: list[dict[str, Any]] = []
 
     def passes(taken: int) -> bool:
@@ -180,7 +183,7 @@ def search_int4_variant(
         figures = build_and_score(precision)
         verdict, failures = check_gate(figures, gate)
         marginal = gate_margins(figures, gate) if verdict == "PASS" else []
-        candidates.append({"round": len(skipped), "moves": taken, "weight_bytes_per_token": weight_bytes(precision, sizes),
+        candidates.append({"round": len(skipped), "moves": taken, "weight_bytes_per_token": weight_bytes(precision, sizes, widened),
                            **{k: figures[k] for k in ("ppl_delta_pct", "kl_mean", "top1_pct")},
                            "gate": verdict, "failures": failures, "marginal": marginal})
         log.info("precision search: %d of %d moves, %.1f MB a token: %s", taken, len(steps),
@@ -210,8 +213,8 @@ def search_int4_variant(
         "moves": taken,
         "of_moves": path_moves,
         "skipped_moves": skipped,
-        "weight_bytes_per_token": weight_bytes(precision, sizes),
-        "weight_bytes_per_token_all_8bit": weight_bytes(widest, sizes),
+        "weight_bytes_per_token": weight_bytes(precision, sizes, widened),
+        "weight_bytes_per_token_all_8bit": weight_bytes(widest, sizes, widened),
         "by_role": precision_by_role(precision),
         "gate": dict(gate),
         "chosen": chosen,

@@ -206,8 +206,18 @@ def parse_option(key: str) -> tuple[int, int]:
     return int(bits), int(block)
 
 
+def option_weights(name: str, key: str, weights: Mapping[str, int], widened: Mapping[str, float] | None) -> float:
+    """Weights MatMul ``name`` stores at option ``key``: ``weights[name]`` (K x N), times ``widened[name]``
+    (``(K + rows) / K``) at 4/32 for a MatMul kept on its source grid with its block-sum rows
+    (:mod:`qwen_onnx.quantize.source_grid`)."""
+    if widened and name in widened and key == option_key(4, GRID_BLOCK):
+        return weights[name] * widened[name]
+    return float(weights[name])
+
+
 def greedy_steps(errors: Mapping[str, Mapping[str, float]], weights: Mapping[str, int],
-                 options: Sequence[tuple[int, int]] = OPTIONS) -> list[tuple[str, str]]:
+                 options: Sequence[tuple[int, int]] = OPTIONS, widened: Mapping[str, float] | None = None
+                 ) -> list[tuple[str, str]]:
     """The path from every MatMul at ``options[0]`` to every one at ``options[-1]``, one move at a time.
 
     Each move takes one MatMul one option narrower; the next move is always the one with the least
@@ -217,6 +227,7 @@ def greedy_steps(errors: Mapping[str, Mapping[str, float]], weights: Mapping[str
     Args:
         errors: from :func:`option_errors`.
         weights: ``{node name: number of weights (K x N)}``.
+        widened: ``{node name: (K + rows) / K}`` of the MatMuls kept on their source grid (:func:`option_weights`).
 
     Returns:
         ``[(node name, option key after the move), ...]``, ``len(errors) x (len(options) - 1)`` moves.
@@ -228,7 +239,8 @@ def greedy_steps(errors: Mapping[str, Mapping[str, float]], weights: Mapping[str
 
     def price(name: str) -> float:
         i = level[name]
-        saved = weights[name] * (sizes[i] - sizes[i + 1])
+        saved = (option_weights(name, keys[i], weights, widened) * sizes[i]
+                 - option_weights(name, keys[i + 1], weights, widened) * sizes[i + 1])
         added = errors[name][keys[i + 1]] - errors[name][keys[i]]
         return added / saved if saved > 0 else float("-inf")
 
@@ -250,9 +262,12 @@ def precision_after(steps: Sequence[tuple[str, str]], names: Sequence[str], take
     return precision
 
 
-def weight_bytes(precision: Mapping[str, str], weights: Mapping[str, int]) -> float:
-    """Bytes of the weight MatMuls under ``precision``: what one decode step reads of them."""
-    return float(sum(weights[n] * bytes_per_weight(*parse_option(k)) for n, k in precision.items()))
+def weight_bytes(precision: Mapping[str, str], weights: Mapping[str, int],
+                 widened: Mapping[str, float] | None = None) -> float:
+    """Bytes of the weight MatMuls under ``precision``: what one decode step reads of them (``widened`` as
+    :func:`option_weights`)."""
+    return float(sum(option_weights(n, k, weights, widened) * bytes_per_weight(*parse_option(k))
+                     for n, k in precision.items()))
 
 
 def longest_passing_prefix(total: int, passes: Callable[[int], bool], low: int = 0) -> int:

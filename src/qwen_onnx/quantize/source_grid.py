@@ -140,7 +140,7 @@ def four_bit_grid(weight: np.ndarray) -> SourceGrid | None:
     levels = np.round((blocks - low[..., None]) / step[..., None])
     if levels.max() > LEVELS - 1:
         return None
-    if np.abs(low[..., None] + levels * step[..., None] - blocks).max(initial=0.0) > TOLERANCE * step.min():
+    if (np.abs(low[..., None] + levels * step[..., None] - blocks).max(-1) > TOLERANCE * step).any():
         return None
     float_zero = -low / step
     zero = np.clip(np.round(float_zero), 0, LEVELS - 1)
