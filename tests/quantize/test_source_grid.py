@@ -163,3 +163,15 @@ def test_int4_stage_keeps_a_grid_checkpoint_exactly(pipeline, texts, tmp_path):
     assert kept.shape == reference.shape == (1, 40, reference.shape[-1])
     kept_error = np.abs(kept - reference).max()
     assert kept_error < 0.1 * np.abs(requantized - reference).max()
+
+
+def test_a_block_whose_levels_skip_steps_is_found_at_its_own_step():
+    """A block holding levels 0, 11 and 14 only (gaps of 11 and 3 steps, as in the 1.5B's layer-10 gate_proj):
+    its step is a third of its smallest gap."""
+    w = q4k_weight(256, 64, seed=7)
+    step = 0.0487
+    w[:32, 1] = step * np.array([0, 11, 14] * 10 + [0, 11]) - 0.68
+    grid = four_bit_grid(w)
+    assert grid is not None
+    assert grid.scale[1, 0] == pytest.approx(step, rel=1e-5)
+    assert sorted(set(grid.codes[1, 0].tolist())) == [0, 11, 14]

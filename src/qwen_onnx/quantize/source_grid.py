@@ -38,9 +38,13 @@ import onnx
 GRID_BLOCK = 32
 #: Levels of a 4-bit grid.
 LEVELS = 16
-#: A block is on the grid when every weight is within this fraction of a step of its level (float32
-#: rounding of ``d·sc·q − dmin·m`` leaves about 1e-6 of a step; weights off a grid miss by up to half).
+#: A block is on the grid when every weight is within this fraction of a step of its level, plus
+#: :data:`FLOAT_ROUNDING` of the block's largest magnitude (weights off a grid miss by up to half a step).
 TOLERANCE = 1e-3
+#: float32 rounding of ``d·sc·q − dmin·m``: a few units in the last place of the block's largest value,
+#: which is more than ``TOLERANCE`` of a step where the offset is large against the step (1-5 blocks of
+#: a few of the 1.5B's Q4_K weights).
+FLOAT_ROUNDING = 1e-6
 #: Suffix of the widened input ``[x, S(x)]`` of a node made here (:func:`insert_block_sums` builds it).
 SUMS_SUFFIX = "/with_block_sums"
 
@@ -121,11 +125,12 @@ class SourceGrid:
 
 def four_bit_grid(weight: np.ndarray) -> SourceGrid | None:
     """``weight`` float32 [K, N] as a :class:`SourceGrid` when every block of 32 inputs of every column holds
-    at most 16 evenly spaced levels (to :data:`TOLERANCE` of a step), else None (also when K is not a multiple
+    at most 16 evenly spaced levels (to :data:`TOLERANCE` of a step and float32 rounding), else None (also when K is not a multiple
     of 32).
 
-    The step of a block is its smallest gap between distinct values (a multiple of the true step when no two
-    neighbouring levels occur, which represents the block as exactly); a block of one value gets step 1.
+    The step of a block is its smallest gap between distinct values, or the largest fraction of it (1/2 ...
+    1/15) that puts every value on a level (a block whose levels skip steps: gaps of 3 and 11 steps); a block
+    of one value gets step 1.
     """
     k, n = weight.shape
     if k % GRID_BLOCK or k == 0:
@@ -137,10 +142,30 @@ def four_bit_grid(weight: np.ndarray) -> SourceGrid | None:
     gaps[gaps <= 0] = np.inf
     step = gaps.min(-1)
     step[~np.isfinite(step)] = 1.0
-    levels = np.round((blocks - low[..., None]) / step[..., None])
-    if levels.max() > LEVELS - 1:
+
+    def off_grid(block_steps: np.ndarray, where=...) -> tuple[np.ndarray, np.ndarray]:
+        rel = (blocks[where] - low[where][..., None]) / block_steps[..., None]
+        found = np.round(rel)
+        miss = (found.max(-1) > LEVELS - 1) | (np.abs(rel - found).max(-1) * block_steps
+                                                > TOLERANCE * block_steps + FLOAT_ROUNDING * np.abs(blocks[where]).max(-1))
+        return found, miss
+
+    levels, miss = off_grid(step)
+    if miss.mean() > 0.01:  # a float weight: most blocks hold more than 16 levels
         return None
-    if (np.abs(low[..., None] + levels * step[..., None] - blocks).max(-1) > TOLERANCE * step).any():
+    # a block whose levels skip some steps has gaps that are multiples of the step, the smallest maybe 3 or 5
+    # steps: try the smallest gap's fractions
+    for parts in range(2, LEVELS):
+        if not miss.any():
+            break
+        where = np.nonzero(miss)
+        trial = step[where] / parts
+        found, still = off_grid(trial, where)
+        fixed = tuple(axis[~still] for axis in where)
+        step[fixed] = trial[~still]
+        levels[fixed] = found[~still]
+        miss[fixed] = False
+    if miss.any():
         return None
     float_zero = -low / step
     zero = np.clip(np.round(float_zero), 0, LEVELS - 1)
