@@ -45,6 +45,9 @@ TOLERANCE = 1e-3
 #: which is more than ``TOLERANCE`` of a step where the offset is large against the step (1-5 blocks of
 #: a few of the 1.5B's Q4_K weights).
 FLOAT_ROUNDING = 1e-6
+#: Columns tested first: a float weight fails on them, and the whole weight is not sorted (the 1.5B's
+#: lm_head, 233 M weights, would take 1.9 GB as float64).
+SAMPLE_COLUMNS = 64
 #: Suffix of the widened input ``[x, S(x)]`` of a node made here (:func:`insert_block_sums` builds it).
 SUMS_SUFFIX = "/with_block_sums"
 
@@ -135,6 +138,8 @@ def four_bit_grid(weight: np.ndarray) -> SourceGrid | None:
     k, n = weight.shape
     if k % GRID_BLOCK or k == 0:
         return None
+    if n > SAMPLE_COLUMNS and four_bit_grid(weight[:, :SAMPLE_COLUMNS]) is None:
+        return None  # a float weight, told from its first columns without sorting all of it
     blocks = np.ascontiguousarray(weight.T).reshape(n, k // GRID_BLOCK, GRID_BLOCK).astype(np.float64)
     ordered = np.sort(blocks, axis=-1)
     low = ordered[..., 0]
