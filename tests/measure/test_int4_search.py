@@ -263,3 +263,19 @@ def test_a_precision_maps_8_bit_node_is_the_one_onnxruntimes_quantizer_makes(tmp
     for t in new:
         assert np.array_equal(onnx.numpy_helper.to_array(t), tensors[t.name]), t.name
         assert onnx.numpy_helper.to_array(t).dtype == tensors[t.name].dtype
+
+
+def test_a_kind_kept_mostly_on_its_source_grid_is_probed_at_its_first_lossy_option():
+    """probe_options: up_proj's weights mostly kept exactly at 4/32, so probed at 4/64; down_proj half kept
+    (not more than half), so at 4/32; a widened MatMul's 4/32 bytes count its block-sum rows."""
+    from qwen_onnx.quantize.precision_search import probe_options
+
+    roles = {"u0": "up_proj", "u1": "up_proj", "d0": "down_proj", "d1": "down_proj"}
+    sizes = {"u0": 3000, "u1": 1000, "d0": 2000, "d1": 2000}
+    assert probe_options(roles, sizes, {"u0", "d0"}) == {"up_proj": "4/64", "down_proj": "4/32"}
+    assert probe_options(roles, sizes) == {"up_proj": "4/32", "down_proj": "4/32"}
+    # 1536 inputs gain 64 rows (48 sums padded to two blocks of 32): 4/32 bytes x 1600 / 1536
+    plain = weight_bytes({"u0": "4/32"}, {"u0": 1536 * 8})
+    assert weight_bytes({"u0": "4/32"}, {"u0": 1536 * 8}, {"u0": 1600 / 1536}) == pytest.approx(plain * 1600 / 1536)
+    assert weight_bytes({"u0": "4/64"}, {"u0": 1536 * 8}, {"u0": 1600 / 1536}) == pytest.approx(
+        weight_bytes({"u0": "4/64"}, {"u0": 1536 * 8}))
