@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from qwen_onnx.quantize.kquant import matmul_nbits_node, quantize_weight
+from qwen_onnx.quantize.kquant import matmul_nbits_node, quantize_weight, source_grid_node
 from qwen_onnx.quantize.matmuls import weight_matmul_names, weight_matmuls
 from qwen_onnx.quantize.source_grid import (
     SUMS_SUFFIX,
@@ -84,7 +84,7 @@ def test_node_computes_the_source_weight_in_onnxruntime():
     exact = x @ w
     matmul = helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")
     grid = four_bit_grid(w)
-    kept = run_matmul(grid.node(matmul, accuracy_level=0), x, k, n)
+    kept = run_matmul(source_grid_node(grid, matmul, accuracy_level=0), x, k, n)
     # the same weight re-quantized by the block search (integer zero points, no remainder)
     q, scale, zero = quantize_weight("mm", lambda: w, 4, 32)
     requantized = run_matmul(matmul_nbits_node(node=matmul, weight_shape=(k, n), num_bits=4, group_size=32,
@@ -102,7 +102,7 @@ def test_block_sums_shared_by_the_nodes_reading_one_input():
     w1, w2 = q4k_weight(k, n, seed=4), q4k_weight(k, n, seed=5)
     nodes, tensors = [], []
     for name, w in (("a", w1), ("b", w2)):
-        node, t = four_bit_grid(w).node(helper.make_node("MatMul", ["x", name + "_w"], [name], name=name), 0)
+        node, t = source_grid_node(four_bit_grid(w), helper.make_node("MatMul", ["x", name + "_w"], [name], name=name), 0)
         nodes.append(node)
         tensors += t
     add = helper.make_node("Add", ["a", "b"], ["y"], name="add")

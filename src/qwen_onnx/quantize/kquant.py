@@ -44,7 +44,7 @@ from onnxruntime.quantization.neural_compressor.weight_only import (
 )
 
 from qwen_onnx.quantize.sensitivity import capture_activations
-from qwen_onnx.quantize.source_grid import GRID_BLOCK, cached_grid, insert_block_sums
+from qwen_onnx.quantize.source_grid import GRID_BLOCK, SourceGrid, cached_grid, insert_block_sums, widened_input
 from qwen_onnx.store.external import ScratchFiles
 
 log = logging.getLogger(__name__)
@@ -309,6 +309,26 @@ def quantize_weight(name: str, load: Callable[[], np.ndarray], bits: int, block_
     return result
 
 
+def source_grid_node(grid: SourceGrid, node: onnx.NodeProto, accuracy_level: int
+                     ) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
+    """The ``MatMulNBits`` (4 bits, block 32, ``K + grid.sum_rows`` inputs) that keeps MatMul ``node``'s weight on
+    its source grid (:class:`~qwen_onnx.quantize.source_grid.SourceGrid`): it reads the input widened by its block
+    sums (:func:`~qwen_onnx.quantize.source_grid.widened_input`, built by
+    :func:`~qwen_onnx.quantize.source_grid.insert_block_sums`); returns it and its new initializers, as
+    :func:`matmul_nbits_node` does."""
+    k, n = grid.shape
+    codes, scale, zero = grid.remainder_blocks()
+    all_codes = np.concatenate([grid.codes, codes], axis=1)
+    blocks = all_codes.shape[1]
+    new, tensors = matmul_nbits_node(
+        node=node, weight_shape=(k + grid.sum_rows, n), num_bits=4, group_size=GRID_BLOCK, k_blocks=blocks,
+        q_weight=all_codes.reshape(n * blocks, GRID_BLOCK),
+        scale=np.concatenate([grid.scale, scale], axis=1).reshape(-1, 1),
+        zero_point=np.concatenate([grid.zero, zero], axis=1).reshape(-1), accuracy_level=accuracy_level)
+    new.input[0] = widened_input(node.input[0])
+    return new, tensors
+
+
 def kquant_int_builder(block_size: int, accuracy_level: int, importance: Mapping[str, np.ndarray] | None = None,
                        threads: int = 1, symmetric: bool = False, cache: BlockCache | None = None,
                        hessians: Hessians | None = None, source_grid: bool = True) -> Callable:
@@ -322,7 +342,7 @@ def kquant_int_builder(block_size: int, accuracy_level: int, importance: Mapping
         if source_grid and block_size == GRID_BLOCK and not symmetric:
             grid = cached_grid(node.name, load, cache)
             if grid is not None:
-                return grid.node(node, accuracy_level)
+                return source_grid_node(grid, node, accuracy_level)
         # a cache hit reads no float weight: a 1.5B candidate built in 24 s instead of 37
         q, scale, zp = quantize_weight(node.name, load, 4, block_size, importance, threads, symmetric, cache, hessians)
         return matmul_nbits_node(node=node, weight_shape=(k, n), num_bits=4, group_size=block_size,

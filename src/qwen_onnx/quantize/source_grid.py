@@ -107,24 +107,6 @@ class SourceGrid:
         main += delta[:, :self.codes.shape[1], None]
         return np.ascontiguousarray(main.reshape(n, k).T)
 
-    def node(self, node: onnx.NodeProto, accuracy_level: int) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
-        """The ``MatMulNBits`` (4 bits, block 32, ``K + sum_rows`` inputs) replacing MatMul ``node``, reading
-        :func:`widened_input` of its input, and its new initializers (as
-        :func:`qwen_onnx.quantize.kquant.matmul_nbits_node` returns them)."""
-        from qwen_onnx.quantize.kquant import matmul_nbits_node
-
-        k, n = self.shape
-        codes, scale, zero = self.remainder_blocks()
-        all_codes = np.concatenate([self.codes, codes], axis=1)
-        blocks = all_codes.shape[1]
-        new, tensors = matmul_nbits_node(
-            node=node, weight_shape=(k + self.sum_rows, n), num_bits=4, group_size=GRID_BLOCK, k_blocks=blocks,
-            q_weight=all_codes.reshape(n * blocks, GRID_BLOCK),
-            scale=np.concatenate([self.scale, scale], axis=1).reshape(-1, 1),
-            zero_point=np.concatenate([self.zero, zero], axis=1).reshape(-1), accuracy_level=accuracy_level)
-        new.input[0] = widened_input(node.input[0])
-        return new, tensors
-
 
 def four_bit_grid(weight: np.ndarray) -> SourceGrid | None:
     """``weight`` float32 [K, N] as a :class:`SourceGrid` when every block of 32 inputs of every column holds
@@ -199,7 +181,7 @@ def input_width(widened: int) -> int:
     """The ``k`` (a multiple of 32) with ``k + sum_rows(k) == widened``: a widened node's original input width.
 
     Raises:
-        ValueError: no such ``k`` (not a node made by :meth:`SourceGrid.node`).
+        ValueError: no such ``k`` (not a node made by :func:`qwen_onnx.quantize.kquant.source_grid_node`).
     """
     k = widened * GRID_BLOCK // (GRID_BLOCK + 1) // GRID_BLOCK * GRID_BLOCK
     while k + sum_rows(k) < widened:
