@@ -339,10 +339,8 @@ def kquant_int_builder(block_size: int, accuracy_level: int, importance: Mapping
 
     def build(node: onnx.NodeProto, tensor: onnx.TensorProto, load: Callable[[], np.ndarray]):
         k, n = tensor.dims
-        if source_grid and block_size == GRID_BLOCK and not symmetric:
-            grid = cached_grid(node.name, load, cache)
-            if grid is not None:
-                return source_grid_node(grid, node, accuracy_level)
+        if source_grid and (grid := cached_grid(node.name, load, cache, 4, block_size, symmetric)) is not None:
+            return source_grid_node(grid, node, accuracy_level)
         # a cache hit reads no float weight: a 1.5B candidate built in 24 s instead of 37
         q, scale, zp = quantize_weight(node.name, load, 4, block_size, importance, threads, symmetric, cache, hessians)
         return matmul_nbits_node(node=node, weight_shape=(k, n), num_bits=4, group_size=block_size,

@@ -111,8 +111,8 @@ def option_errors(model_dir: str | os.PathLike, importance: Mapping[str, np.ndar
                 # blockwise_int8_node's entry: the candidates reuse it
                 packed, scales = cached_int8_weight(node.name, lambda w=weight: w, block, cache)
                 restored = _int8_restored(packed, scales, k)
-            elif source_grid and not symmetric and (bits, block) == (4, GRID_BLOCK) and \
-                    (grid := cached_grid(node.name, lambda w=weight: w, cache)) is not None:
+            elif source_grid and (grid := cached_grid(node.name, lambda w=weight: w, cache, bits, block,
+                                                      symmetric)) is not None:
                 restored = grid.restored()
             else:
                 q, scale, zero = quantize_weight(node.name, lambda w=weight: w, bits, block, importance, threads, symmetric,

@@ -160,9 +160,13 @@ def four_bit_grid(weight: np.ndarray) -> SourceGrid | None:
                       remainder=step * (zero - float_zero))
 
 
-def cached_grid(name: str, load: Callable[[], np.ndarray], cache: MutableMapping | None) -> SourceGrid | None:
+def cached_grid(name: str, load: Callable[[], np.ndarray], cache: MutableMapping | None, bits: int = 4,
+                block_size: int = GRID_BLOCK, symmetric: bool = False) -> SourceGrid | None:
     """:func:`four_bit_grid` of MatMul ``name``'s weight (``load()`` float32 [K, N]), looked up in and stored to
-    ``cache`` (:data:`qwen_onnx.quantize.kquant.BlockCache`) under ``(name, "source_grid")``."""
+    ``cache`` (:data:`qwen_onnx.quantize.kquant.BlockCache`) under ``(name, "source_grid")``; None without a look
+    for any option but the one a grid is kept at, 4 bits at block 32 with zero points."""
+    if (bits, block_size, symmetric) != (4, GRID_BLOCK, False):
+        return None
     key = (name, "source_grid")
     if cache is not None and key in cache:
         return cache[key]
