@@ -51,6 +51,16 @@ def test_decode_weight_bytes_counts_one_embedding_row(pipeline):
     assert decode_weight_bytes(proto) == total - embedding + HIDDEN * 4
 
 
+def test_decode_weight_bytes_counts_one_row_of_the_rotary_tables(pipeline):
+    proto = onnx.load(str(pipeline["optimized"] / "model.onnx"), load_external_data=False)
+    sizes = {t.name: initializer_bytes(t) for t in proto.graph.initializer}
+    # GroupQueryAttention indexes cos_cache/sin_cache [max_position 512, head_dim 16 / 2] fp32 by position
+    tables = {t.name: list(t.dims) for t in proto.graph.initializer if t.name in ("cos_cache", "sin_cache")}
+    assert tables == {"cos_cache": [512, 8], "sin_cache": [512, 8]}
+    whole = sum(sizes.values()) - VOCAB * HIDDEN * 4 + HIDDEN * 4
+    assert decode_weight_bytes(proto) == whole - 2 * 512 * 8 * 4 + 2 * 8 * 4
+
+
 def test_bandwidth_counts_read_and_write_of_the_best_repeat(monkeypatch):
     import qwen_onnx.run.machine as machine
 

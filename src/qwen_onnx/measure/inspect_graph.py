@@ -439,18 +439,32 @@ def diff_markdown(diff: dict[str, Any], top: int = 12) -> str:
     return "\n".join(lines) + "\n"
 
 
-def decode_weight_bytes(proto: onnx.ModelProto) -> int:
-    """Bytes of weights read to decode one token: every initializer, an embedding table as one row.
+#: The inputs of onnxruntime's contrib ops that hold rotary tables indexed by position
+#: (cos_cache, sin_cache): a decode step reads one row of each.
+POSITION_TABLE_INPUTS = {"GroupQueryAttention": (7, 8), "RotaryEmbedding": (2, 3)}
 
-    A ``Gather`` on an initializer (the token embedding), or a ``GatherBlockQuantized`` on its own
-    quantized table and scales, reads one row per token, so it counts ``bytes / rows``; every other initializer (projections, lm_head, norms, quantization scales) is
-    read whole at each decode step. This is the numerator of the decode roofline:
+
+def decode_weight_bytes(proto: onnx.ModelProto) -> int:
+    """Bytes of weights read to decode one token: every initializer, a table indexed by token or
+    position as one row.
+
+    Tables read one row per token count ``bytes / rows``: a ``Gather`` on an initializer (the token
+    embedding), a ``GatherBlockQuantized`` on its own quantized table and scales, and the rotary
+    tables that ``GroupQueryAttention`` (inputs 7, 8) and ``RotaryEmbedding`` (inputs 2, 3) index by
+    position (``cos_cache``/``sin_cache``, ``[max_position, rotary_dim / 2]``; onnxruntime's
+    contrib-op schemas). Every other initializer (projections, lm_head, norms, quantization scales)
+    is read whole at each decode step. This is the numerator of the decode roofline:
     ``tokens/s <= memory bandwidth / weight bytes per token``.
+
+    Returns:
+        bytes (int).
     """
     sizes = {t.name: (initializer_bytes(t), list(t.dims)) for t in proto.graph.initializer}
     gathered = {n.input[0] for n in proto.graph.node if n.op_type == "Gather" and n.input and n.input[0] in sizes}
     gathered |= {name for n in proto.graph.node if n.op_type == "GatherBlockQuantized"
                  for name in (n.input[0], n.input[2], *n.input[3:]) if name in sizes}
+    gathered |= {name for n in proto.graph.node if n.op_type in POSITION_TABLE_INPUTS
+                 for i in POSITION_TABLE_INPUTS[n.op_type] if i < len(n.input) and (name := n.input[i]) in sizes}
     total = 0
     for name, (size, dims) in sizes.items():
         if name in gathered and dims and dims[0] > 0:

@@ -24,8 +24,8 @@ interpreter; its fixed-length prefill signature makes short prompts cost a full 
 it has no op profile.
 
 The memory-bandwidth roofline of decode uses ``weight_bytes_per_token``: the bytes of weights read
-to decode one token (every initializer, with an embedding table counted as one row, since a Gather
-reads one row per token).
+to decode one token (every initializer, with the embedding table and the rotary tables counted as one
+row each, since a decode step reads one row of them: :func:`~qwen_onnx.measure.inspect_graph.decode_weight_bytes`).
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ COLUMNS: dict[str, str] = {
     "ttft_ms": "time to first token: prefill of the decode prompt plus argmax, median, ms",
     "decode_tok_s": "single-stream decode tokens/s with the KV cache, median",
     "peak_rss_mib": "peak RSS of the latency process, MiB",
-    "weight_bytes_per_token": "bytes of weights read per decoded token (embedding table as one row)",
+    "weight_bytes_per_token": "bytes of weights read per decoded token (embedding and rotary tables as one row)",
     "roofline_tok_s": "memory-bandwidth bound on decode: bandwidth / weight bytes per token, tokens/s",
     "roofline_pct": "decode_tok_s as a percentage of roofline_tok_s",
     "decode_speedup_vs_pytorch": "decode_tok_s / PyTorch's",
