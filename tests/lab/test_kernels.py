@@ -32,6 +32,21 @@ def test_compare_kernels_times_every_option_with_its_stored_bytes(tmp_path):
     assert result["isa"] and result["int8_kernel"] and result["process_per_measurement"] is True
 
 
+def test_prefill_shape_times_the_float_matmul_beside_the_quantized_one():
+    result = compare_kernels([(32, 0, 0), (8, 32, 4)], hidden=64, intermediate=128, kv_width=16, layers=1, threads=1,
+                             rounds=1, runs=2, tokens=5)
+    float_row, eight = result["options"]
+    shapes = [(64, 96), (64, 64), (64, 128), (64, 128), (128, 64)]
+    weights = sum(k * n for k, n in shapes)
+    assert float_row["stored_mb"] == pytest.approx(4 * weights / 1e6)
+    assert eight["stored_mb"] == pytest.approx(sum(n * k + n * (k // 32) * 4 + n * (k // 32) for k, n in shapes) / 1e6)
+    for row in (float_row, eight):
+        assert row["gflop_s"] == pytest.approx(2 * weights * 5 / (row["ms"] / 1000) / 1e9)
+    assert result["tokens"] == 5 and parse_option("fp32") == (32, 0, 0)
+    with pytest.raises(QwenOnnxError, match="at least one round, run and token, got 1, 1 and 0"):
+        compare_kernels([(4, 32, 4)], rounds=1, runs=1, tokens=0)
+
+
 @pytest.mark.parametrize("option, message", [((3, 32, 4), "no option 3/32/4"), ((4, 24, 4), "no option 4/24/4"),
                                              ((4, 32, 7), "no option 4/32/7")])
 def test_an_option_matmulnbits_lacks_is_named(option, message):
