@@ -68,7 +68,7 @@ def _time_option(bits: int, block: int, level: int, shapes: Sequence[tuple[int, 
             weights += k * n
             inputs.setdefault(k, f"a{k}")
             outputs.append(helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, [tokens, n]))
-            if bits == 32:
+            if (bits, block, level) == FLOAT:
                 weight = rng.standard_normal((k, n), dtype=np.float32) * 0.02
                 initializers.append(numpy_helper.from_array(weight, f"{name}_w"))
                 stored += weight.nbytes
@@ -105,7 +105,7 @@ def _time_option(bits: int, block: int, level: int, shapes: Sequence[tuple[int, 
             times.append(time.perf_counter() - started)
     seconds = statistics.median(times)
     return {"ms": 1000.0 * seconds, "ns_per_weight": 1e9 * seconds / weights, "gb_s": stored / seconds / 1e9,
-            "stored_mb": stored / 1e6, "weights": weights, "gflop_s": 2.0 * weights * tokens / seconds / 1e9}
+            "stored_mb": stored / 1e6, "weights": weights}
 
 
 def compare_kernels(
@@ -137,8 +137,8 @@ def compare_kernels(
         ``options``: per option ``bits``, ``block``, ``accuracy_level``, ``ms`` (median over the rounds of
         one pass over every MatMul, milliseconds), ``ns_per_weight``, ``gb_s`` (bytes stored: packed
         weights, float32 scales and zero points, over the time), ``gflop_s`` (2 x weights x tokens over
-        the time), ``stored_mb``, ``time_vs_first`` and ``rounds_ms``; ``cpu``, ``isa`` and ``int8_kernel`` (read from this machine's CPU flags), the
-        settings and library versions.
+        the time), ``stored_mb``, ``time_vs_first`` and ``rounds_ms``; ``cpu``, ``isa`` and ``int8_kernel``
+        (read from this machine's CPU flags), the settings and library versions.
 
     Raises:
         QwenOnnxError: no option, an option MatMulNBits does not have (bits other than 4 or 8, a block
@@ -155,8 +155,8 @@ def compare_kernels(
     if rounds < 1 or runs < 1 or tokens < 1:
         raise QwenOnnxError(f"need at least one round, run and token, got {rounds}, {runs} and {tokens}")
     shapes = layer_shapes(hidden, intermediate, kv_width)
-    jobs = [("fp32" if (b, s, lv) == FLOAT else f"{b}/{s} level {lv}", _time_option, (b, s, lv, shapes, layers, threads, runs, tokens))
-            for b, s, lv in options]
+    jobs = [("fp32" if (b, s, lv) == FLOAT else f"{b}/{s} level {lv}", _time_option,
+             (b, s, lv, shapes, layers, threads, runs, tokens)) for b, s, lv in options]
     per_round = interleaved_rounds(jobs, rounds)
     rows = []
     for (bits, block, level), figures in zip(options, per_round):
