@@ -11,7 +11,9 @@ Token-level figures: the evaluation text is split into consecutive windows of ``
 each window runs as one prefill through both models and every position except the last predicts
 the next token (perplexity, KL divergence, top-1 agreement, |Δlogit|; definitions in
 :mod:`qwen_onnx.measure.metrics`). Behavioural checks (:mod:`qwen_onnx.measure.parity`): padded-batch parity,
-KV-cache parity, and greedy generation against PyTorch on fixed chat prompts. Gates
+KV-cache parity, and greedy generation against PyTorch on fixed chat prompts. The variant's tokenizer is
+checked against the source's added tokens (:mod:`qwen_onnx.measure.tokens`: FIM, tool-call and thinking
+tokens, which no scored text contains). Gates
 (:mod:`qwen_onnx.settings.gates`) mark the variant PASS or FAIL.
 
 A GGUF file (a peer: llama.cpp on the source checkpoint) takes the same path through
@@ -40,6 +42,7 @@ from qwen_onnx.errors import GateError, OptionError
 from qwen_onnx.measure.metrics import AccuracyAccumulator
 from qwen_onnx.measure.parity import generation_parity, kv_cache_parity, padded_batch_parity
 from qwen_onnx.measure.reference import load_torch_model, read_reference, torch_logits, write_reference  # noqa: F401 (re-exported)
+from qwen_onnx.measure.tokens import check_variant_tokenizer
 from qwen_onnx.run.llama_cpp import LlamaCppCausalLM, is_gguf
 from qwen_onnx.run.machine import machine_isa
 from qwen_onnx.run.openvino import BATCH_ONE, OpenVinoCausalLM
@@ -254,6 +257,7 @@ def accuracy_from_reference(
     result.update(generation_parity(variant, reference.decoder(), reference.prompts, reference.prompt_ids,
                                     reference.generations, int(meta["generation_tokens"]), eos))
     result["eos_token_ids"] = eos
+    result.update(check_variant_tokenizer(variant_dir, meta.get("added_tokens")))
     result.update(extra)
 
     status, failures = check_gate(result, limits)

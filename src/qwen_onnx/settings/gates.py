@@ -2,8 +2,9 @@
 
 A gate is a mapping ``{figure: limit}``. Figures named in :data:`LOWER_IS_BETTER` fail when above
 their limit, the others (``top1_pct``) when below. Whatever the thresholds, a variant fails when
-its logits hold NaN/inf or its perplexity is not finite: a variant whose perplexity explodes is
-never reported as fine.
+its logits hold NaN/inf, its perplexity is not finite (a variant whose perplexity explodes is
+never reported as fine), or its tokenizer differs from the source's added tokens
+(``tokenizer_mismatch_count``, :mod:`qwen_onnx.measure.tokens`).
 """
 
 from __future__ import annotations
@@ -177,6 +178,10 @@ def check_gate(metrics: Mapping[str, Any], limits: Mapping[str, float]) -> tuple
     nonfinite = int(metrics.get("nonfinite_logits", 0)) + int(metrics.get("padded_batch_nonfinite", 0))
     if nonfinite:
         failures.append(f"nonfinite logits {nonfinite} > 0")
+    mismatched = int(metrics.get("tokenizer_mismatch_count", 0))
+    if mismatched:
+        shown = "; ".join(metrics.get("tokenizer_mismatches", [])[:2])
+        failures.append(f"tokenizer differs from the source's added tokens in {mismatched} check(s): {shown}")
     ppl = metrics.get("ppl")
     if ppl is not None and not math.isfinite(float(ppl)):
         failures.append(f"ppl {ppl} is not finite")

@@ -310,3 +310,147 @@ def gguf_weight_types(path: str | os.PathLike, num_layers: int) -> dict[str, str
         if gguf_name in by_gguf:
             types[hf] = by_gguf[gguf_name]
     return types
+
+
+#: GGUF token types (gguf-py's ``gguf.TokenType``, llama.cpp's ``llama_token_type``) that a tokenizer must
+#: keep whole: CONTROL (chat and FIM markers, ``<|im_start|>``, ``<|fim_prefix|>``) and USER_DEFINED
+#: (``<tool_call>``, Qwen3's ``<think>``). llama.cpp's ``convert_hf_to_gguf.py`` writes a Hugging Face added
+#: token as CONTROL when it is special (or looks it: ``<|...|>``), else as USER_DEFINED.
+KEPT_TOKEN_TYPES = ("CONTROL", "USER_DEFINED")
+
+
+@dataclasses.dataclass(frozen=True)
+class GgufTokenizer:
+    """What a GGUF file says about its tokenizer beyond the vocabulary and merges.
+
+    Attributes:
+        added: ``(id, content, type)`` of every token typed CONTROL or USER_DEFINED
+            (:data:`KEPT_TOKEN_TYPES`), in id order.
+        roles: ``bos``, ``eos``, ``pad``, ``unk`` -> token id, for the ones the file sets
+            (``tokenizer.ggml.*_token_id``).
+        add_bos: ``tokenizer.ggml.add_bos_token`` (None when absent).
+    """
+
+    added: tuple[tuple[int, str, str], ...]
+    roles: Mapping[str, int]
+    add_bos: bool | None
+
+
+def _field_value(field: Any) -> Any:
+    """A scalar or string GGUF field's value (gguf-py ``ReaderField``)."""
+    import gguf
+
+    part = field.parts[field.data[0]]
+    if field.types and field.types[0] == gguf.GGUFValueType.STRING:
+        return bytes(part).decode("utf-8")
+    return part[0].item() if hasattr(part[0], "item") else part[0]
+
+
+def gguf_tokenizer(path: str | os.PathLike) -> GgufTokenizer:
+    """The control and user-defined tokens and the token roles of the GGUF at ``path``.
+
+    transformers' GGUF tokenizer converter (``GGUFQwen2Converter``, 4.57) registers a fixed list of
+    three special tokens and reads neither the token types nor the roles: a Qwen2.5-Coder GGUF
+    then splits ``<|fim_prefix|>`` into 7 pieces and names ``<|endoftext|>`` its end-of-sequence token.
+    :func:`qwen_onnx.source.resolve.restore_gguf_tokens` gives the tokenizer back what this returns.
+
+    Raises:
+        SourceError: the file has no ``tokenizer.ggml.tokens`` (a GGUF without a tokenizer).
+    """
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        raise SourceError(f"GGUF file {path} has no tokenizer (tokenizer.ggml.tokens); use a GGUF written by "
+                          "llama.cpp's convert_hf_to_gguf.py, which stores the tokenizer")
+    types_field = reader.fields.get("tokenizer.ggml.token_type")
+    added = []
+    if types_field is not None:
+        kept = {int(gguf.TokenType[name]) for name in KEPT_TOKEN_TYPES}
+        for token_id, index in enumerate(types_field.data):
+            kind = int(types_field.parts[index][0])
+            if kind in kept:
+                content = bytes(tokens.parts[tokens.data[token_id]]).decode("utf-8")
+                added.append((token_id, content, gguf.TokenType(kind).name))
+    roles = {}
+    for role, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("pad", "padding_token_id"),
+                      ("unk", "unknown_token_id")):
+        field = reader.fields.get(f"tokenizer.ggml.{key}")
+        if field is not None:
+            roles[role] = int(_field_value(field))
+    add_bos = reader.fields.get("tokenizer.ggml.add_bos_token")
+    return GgufTokenizer(tuple(added), roles, bool(_field_value(add_bos)) if add_bos is not None else None)
+
+
+#: GGUF keys (after ``ARCH.``) that transformers' GGUF reader does not map but that change the model, and
+#: the ``config.json`` field each sets (:func:`gguf_config_fields`). Names: llama.cpp's ``LLM_KV_*``
+#: (``src/llama-arch.cpp``), as ``convert_hf_to_gguf.py`` writes them from a Hugging Face config.
+GGUF_ONLY_KEYS = {
+    "attention.key_length": "head_dim",
+    "attention.value_length": "head_dim",
+    "rope.dimension_count": "head_dim",
+    "rope.scaling.type": "rope_scaling",
+    "rope.scaling.factor": "rope_scaling",
+    "rope.scaling.original_context_length": "rope_scaling",
+}
+#: GGUF keys that do not change the computation of a dense Qwen causal LM.
+GGUF_INERT_KEYS = ("rope.scaling.finetuned",)
+
+
+def gguf_config_fields(path: str | os.PathLike, config: Any) -> dict[str, Any]:
+    """The ``config.json`` fields the GGUF at ``path`` sets that transformers' GGUF reader leaves at a default.
+
+    transformers 4.57 maps a fixed list of ``ARCH.*`` keys (``GGUF_CONFIG_MAPPING``); for ``qwen3`` it
+    skips ``attention.key_length``, so a Qwen3 whose head size is not ``Qwen3Config``'s default of 128
+    fails to load ("size mismatch ... torch.Size([16]) ... torch.Size([128])"). Read here: the head size
+    (``attention.key_length``; ``value_length`` and a ``rope.dimension_count`` must agree, as a Qwen
+    attention computes) and rope scaling (``rope.scaling.*``, then checked by
+    :func:`qwen_onnx.settings.qwen_config.check_config`); any other key transformers does not map is refused.
+
+    Args:
+        path: the GGUF file.
+        config: the transformers config its reader built (``AutoConfig.from_pretrained(..., gguf_file=)``).
+
+    Returns:
+        Fields to set on ``config``, e.g. ``{"head_dim": 16}``; ``{}`` when the reader already has them.
+
+    Raises:
+        ArchitectureError: a key qwen-onnx does not read (say ``qwen2.pooling_type``, an embedding model),
+            or values a Qwen attention cannot compute (a value size other than the key size, a partial rotary
+            dimension); the message names the key and its value.
+    """
+    import gguf
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    from qwen_onnx.errors import ArchitectureError
+
+    reader = gguf.GGUFReader(str(path))
+    arch = _field_value(reader.fields["general.architecture"])
+    mapped = {k for k, v in GGUF_CONFIG_MAPPING.get(arch, {}).items() if v is not None}
+    values = {key[len(arch) + 1:]: _field_value(field) for key, field in reader.fields.items()
+              if key.startswith(arch + ".")}
+    unread = sorted(k for k in values if k not in mapped and k not in GGUF_ONLY_KEYS and k not in GGUF_INERT_KEYS)
+    if unread:
+        shown = ", ".join(f"{arch}.{k}={values[k]!r}" for k in unread[:3])
+        raise ArchitectureError(f"{Path(path).name}: GGUF key {shown} is not one qwen-onnx reads into the model's "
+                                "config, so the model would be resolved without it; convert the Hugging Face checkpoint "
+                                "instead, or report the key")
+    fields: dict[str, Any] = {}
+    default_head = getattr(config, "head_dim", None) or config.hidden_size // int(config.num_attention_heads)
+    head = int(values.get("attention.key_length") or default_head)
+    for key in ("attention.value_length", "rope.dimension_count"):
+        if key in values and int(values[key]) != head:
+            raise ArchitectureError(f"{Path(path).name}: {arch}.{key}={values[key]} differs from the head size {head}; "
+                                    "a Qwen attention has equal key and value sizes and a rotary embedding over the "
+                                    "whole head, so this is not a Qwen checkpoint qwen-onnx can resolve")
+    if head != default_head:
+        fields["head_dim"] = head
+    kind = values.get("rope.scaling.type")
+    if kind not in (None, "none"):
+        scaling = {"rope_type": str(kind), "factor": float(values.get("rope.scaling.factor", 1.0))}
+        if "rope.scaling.original_context_length" in values:
+            scaling["original_max_position_embeddings"] = int(values["rope.scaling.original_context_length"])
+        if scaling != (getattr(config, "rope_scaling", None) or {}):
+            fields["rope_scaling"] = scaling
+    return fields

