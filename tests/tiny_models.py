@@ -123,3 +123,25 @@ def write_unknown_op_graph(folder: Path) -> Path:
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
     onnx.save(helper.make_model(graph, opset_imports=opsets), folder / "model.onnx")
     return folder
+
+
+#: A Qwen3-style chat template with the hybrid models' thinking switch: the generation prompt as in Qwen3's own
+#: template (``tokenizer_config.json`` of Qwen/Qwen3-0.6B), an empty think block when ``enable_thinking`` is false.
+QWEN3_CHAT_TEMPLATE = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+
+
+def write_chat_template(folder: Path, template: str) -> Path:
+    """Give the tokenizer saved in ``folder`` (e.g. by :func:`build_tiny_qwen`) another chat template, such as
+    :data:`QWEN3_CHAT_TEMPLATE`, saved as transformers saves it; returns ``folder``."""
+    from transformers import Qwen2TokenizerFast
+
+    tokenizer = Qwen2TokenizerFast.from_pretrained(folder)
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -23,6 +23,7 @@ from qwen_onnx.measure.humaneval import (
     subset_indices,
     user_message,
 )
+from qwen_onnx.measure.parity import NO_THINKING_MODE, NON_THINKING, chat_mode, chat_prompt_ids
 from qwen_onnx.measure.sandbox import run_program
 from qwen_onnx.measure.task_accuracy import (
     RECORD_KEYS,
@@ -184,6 +185,7 @@ def test_the_stage_on_the_tiny_model_records_every_problem(pipeline, fp32_task):
     assert (result["problems"], result["passed"], result["pass_at_1_pct"]) == (2, passed, 50.0 * passed)
     assert result["tokens"] == sum(r["tokens"] for r in records)
     assert result["gate"] == "reference" and result["settings"]["problems"] == TINY_PROBLEMS
+    assert result["chat_mode"] == "template has no thinking mode"  # the tiny ChatML template, as Qwen2.5's
     generation_config = json.loads((pipeline["hf"] / "generation_config.json").read_text())
     assert result["eos_token_ids"] == generation_config["eos_token_id"]
 
@@ -284,3 +286,97 @@ def test_the_builders_graph_runs_as_an_onnx_variant(pipeline, fp32_task, tmp_pat
                                 reference=reference, problems=TINY_PROBLEMS, max_new_tokens=8, threads=1)
     assert (result["runtime"], result["problems"]) == ("onnxruntime", 2)
     assert result["paired"] == paired_comparison(result["records"], ref["records"])
+
+
+# --- the chat mode: Qwen3's thinking switch ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def qwen3_chat_hf(tiny_qwen2, tmp_path_factory):
+    """The tiny checkpoint's folder with a Qwen3-style chat template (``enable_thinking``), same tokenizer."""
+    import shutil
+
+    from tiny_models import QWEN3_CHAT_TEMPLATE, write_chat_template
+
+    folder = tmp_path_factory.mktemp("qwen3-chat") / "hf"
+    shutil.copytree(tiny_qwen2, folder)
+    return write_chat_template(folder, QWEN3_CHAT_TEMPLATE)
+
+
+def prompt_ids(tokenizer, problems):
+    """The HumanEval prompts as the stage builds them, and their chat mode."""
+    ids = chat_prompt_ids(tokenizer, [user_message(p) for p in problems], [response_prefix(p) for p in problems])
+    return [i.tolist() for i in ids], chat_mode(tokenizer)[1]
+
+
+def test_a_thinking_template_is_prompted_in_non_thinking_mode(qwen3_chat_hf, pipeline):
+    from qwen_onnx.source.text import load_tokenizer
+
+    tokenizer = load_tokenizer(qwen3_chat_hf)
+    chosen = select_problems(PROBLEMS, TINY_PROBLEMS)
+    assert chat_mode(tokenizer) == ({"enable_thinking": False}, "non-thinking (enable_thinking=False)")
+    ids, mode = prompt_ids(tokenizer, chosen)
+    assert mode == NON_THINKING
+    for got, problem in zip(ids, chosen):
+        messages = [{"role": "user", "content": user_message(problem)}]
+        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                 enable_thinking=False)
+        assert rendered.endswith("<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+        assert got == tokenizer(rendered + response_prefix(problem), add_special_tokens=False)["input_ids"]
+        # the template's default (thinking) prompt, with the code block opened right away, is not what is scored
+        thinking = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert thinking.endswith("<|im_start|>assistant\n")
+        assert got != tokenizer(thinking + response_prefix(problem), add_special_tokens=False)["input_ids"]
+        assert tokenizer.decode(got).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n```python\n"
+                                              + problem.prompt)
+    # a template without the switch (the tiny ChatML one, as Qwen2.5's): the prompts as before
+    chatml = load_tokenizer(pipeline["hf"])
+    ids, mode = prompt_ids(chatml, chosen)
+    assert mode == NO_THINKING_MODE and chat_mode(chatml) == ({}, "template has no thinking mode")
+    for got, problem in zip(ids, chosen):
+        messages = [{"role": "user", "content": user_message(problem)}]
+        chat = chatml.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert got == chatml(chat + response_prefix(problem), add_special_tokens=False)["input_ids"]
+
+
+def test_the_task_report_states_the_chat_mode(pipeline, qwen3_chat_hf, fp32_task, tmp_path, caplog):
+    import logging
+
+    from qwen_onnx.source.text import load_tokenizer
+
+    out = tmp_path / "fp32-qwen3.task.json"
+    with caplog.at_level(logging.INFO, logger="qwen_onnx.measure.task_accuracy"):
+        result = task_accuracy(pipeline["fp32"], qwen3_chat_hf, problems=TINY_PROBLEMS, max_new_tokens=8,
+                               threads=1, output=out)
+    assert result["chat_mode"] == json.loads(out.read_text())["chat_mode"] == "non-thinking (enable_thinking=False)"
+    expected, _ = prompt_ids(load_tokenizer(qwen3_chat_hf), select_problems(PROBLEMS, TINY_PROBLEMS))
+    assert [r["prompt_tokens"] for r in result["records"]] == [len(i) for i in expected]
+    # the same prompts as the ChatML template's but for the empty think block (17 tokens of the tiny tokenizer)
+    longer = {q["prompt_tokens"] - c["prompt_tokens"] for q, c in zip(result["records"], fp32_task[1]["records"])}
+    assert longer == {17}
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("2 HumanEval problems on onnxruntime, chat mode non-thinking (enable_thinking=False)" in line
+               for line in lines), lines
+    assert any("chat mode non-thinking (enable_thinking=False))" in line and "pass@1" in line for line in lines)
+
+
+def test_a_reference_prompted_in_another_chat_mode_is_refused(pipeline, qwen3_chat_hf, fp32_task, tmp_path):
+    reference, ref = fp32_task
+    out = tmp_path / "int8-dynamic.task.json"
+    with pytest.raises(ArtifactError, match=r"other settings: chat mode non-thinking \(enable_thinking=False\) "
+                                            r"\(the reference has template has no thinking mode\); rerun the "
+                                            r"reference with them"):
+        task_accuracy(pipeline["int8-dynamic"], qwen3_chat_hf, reference=reference, problems=TINY_PROBLEMS,
+                      max_new_tokens=8, output=out)
+    # a reference from before chat_mode was recorded: prompted in the template's default (thinking) mode
+    old = tmp_path / "old-fp32.task.json"
+    old.write_text(json.dumps({k: v for k, v in ref.items() if k != "chat_mode"}))
+    with pytest.raises(ArtifactError, match=r"chat mode non-thinking \(enable_thinking=False\) \(the reference was "
+                                            r"prompted without enable_thinking, in the template's default thinking "
+                                            r"mode\)"):
+        task_accuracy(pipeline["int8-dynamic"], qwen3_chat_hf, reference=old, problems=TINY_PROBLEMS,
+                      max_new_tokens=8, output=out)
+    assert not out.exists()
+    # ... which a template without the switch prompted as now: still a valid reference
+    result = task_accuracy(pipeline["fp32"], pipeline["hf"], reference=old, problems=TINY_PROBLEMS, max_new_tokens=8,
+                           threads=1)
+    assert result["chat_mode"] == NO_THINKING_MODE and (result["paired"]["gained"], result["paired"]["lost"]) == (0, 0)

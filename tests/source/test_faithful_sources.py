@@ -88,7 +88,7 @@ def test_the_tokenizer_check_fails_a_tokenizer_that_splits_an_added_token(gguf_w
     status, failures = check_gate(bad, {})
     assert status == "FAIL" and failures[0].startswith("tokenizer differs from the source's added tokens in 13 check")
     assert check_variant_tokenizer(tmp_path, table) == {
-        "tokenizer_check": "not run: the variant ships no Hugging Face tokenizer"}
+        "tokenizer_check": "not run: the variant ships no Hugging Face tokenizer (tokenizer.json)"}
 
 
 def test_a_qwen3_gguf_resolves_with_its_own_head_size(tmp_path):

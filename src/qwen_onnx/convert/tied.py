@@ -16,7 +16,8 @@ strided by ``vocab`` per token, a cost per prompt token only.
 
 The quantizers then make the lookup read lm_head's quantized weight, so no float copy stays
 (:func:`qwen_onnx.quantize.embeddings.quantize_embedding`): ``GatherBlockQuantized`` over a ``MatMulNBits``
-weight, or, after QDQ quantization (whose ``DequantizeLinear`` every reader of the weight would
+weight (at any block size: when it does not divide the hidden size, a ``Slice`` drops the last
+block's padding from the gathered rows), or, after QDQ quantization (whose ``DequantizeLinear`` every reader of the weight would
 otherwise read, dequantizing the whole table at every step), a ``Gather`` of the INT8 columns
 times their per-channel scales.
 """

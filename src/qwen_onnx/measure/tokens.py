@@ -50,13 +50,12 @@ def source_token_table(hf_dir: str | os.PathLike) -> list[dict[str, Any]]:
     return added_token_table(load_tokenizer(hf_dir))
 
 
-def has_tokenizer(folder: str | os.PathLike) -> bool:
-    """Whether ``folder`` holds a Hugging Face tokenizer (``tokenizer.json`` or ``tokenizer_config.json``)."""
-    return any((Path(folder) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
-
-
 def check_tokenizer(tokenizer: Any, table: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Compare ``tokenizer`` with the source's added tokens ``table`` (:func:`source_token_table`).
+
+    ``tokenizer`` is a ``tokenizers.Tokenizer`` (what a variant's ``tokenizer.json`` loads as, without
+    transformers, so that an accuracy job loads neither transformers nor PyTorch) or a transformers fast
+    tokenizer (its ``backend_tokenizer`` is checked).
 
     Checked: every token of the table encodes (``add_special_tokens=False``) to exactly its id, is registered
     as an added token, special exactly when its type is CONTROL, and decodes back to its text; and each of
@@ -67,12 +66,17 @@ def check_tokenizer(tokenizer: Any, table: Sequence[Mapping[str, Any]]) -> dict[
         ``tokenizer_mismatch_count`` (int; 0 is a faithful tokenizer) and ``tokenizer_mismatches``
         (the first :data:`SHOWN`, e.g. ``"<|fim_prefix|> encodes to 7 ids [27, 91, ...], the source gives 151659"``).
     """
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+
+    def encode(text: str) -> list[int]:
+        return list(backend.encode(text, add_special_tokens=False).ids)
+
     problems: list[str] = []
-    decoder = tokenizer.added_tokens_decoder
+    decoder = backend.get_added_tokens_decoder()
     ids = {str(entry["content"]): int(entry["id"]) for entry in table}
     for entry in table:
         content, token_id, kind = str(entry["content"]), int(entry["id"]), str(entry["type"])
-        got = tokenizer.encode(content, add_special_tokens=False)
+        got = encode(content)
         if got != [token_id]:
             problems.append(f"{content} encodes to {len(got)} ids {_short(got)}, the source gives {token_id}")
             continue
@@ -82,15 +86,16 @@ def check_tokenizer(tokenizer: Any, table: Sequence[Mapping[str, Any]]) -> dict[
         elif bool(added.special) != (kind == "CONTROL"):
             problems.append(f"{content} ({token_id}) is {'special' if added.special else 'not special'} here, "
                             f"the source types it {kind}")
-        if tokenizer.decode([token_id]) != content:
-            problems.append(f"{token_id} decodes to {tokenizer.decode([token_id])!r}, the source's token is {content!r}")
+        text = backend.decode([token_id], skip_special_tokens=False)
+        if text != content:
+            problems.append(f"{token_id} decodes to {text!r}, the source's token is {content!r}")
     probes = [name for name, pieces in PROBES.items() if all(p in ids for p in pieces if _looks_added(p))]
     for name in probes:
         pieces = PROBES[name]
         want: list[int] = []
         for piece in pieces:
-            want += [ids[piece]] if piece in ids else tokenizer.encode(piece, add_special_tokens=False)
-        got = tokenizer.encode("".join(pieces), add_special_tokens=False)
+            want += [ids[piece]] if piece in ids else encode(piece)
+        got = encode("".join(pieces))
         if got != want:
             problems.append(f"the {name} prompt encodes to {_short(got)}, its pieces to {_short(want)}")
     return {"tokens_checked": len(table), "tokenizer_probes": probes,
@@ -99,20 +104,22 @@ def check_tokenizer(tokenizer: Any, table: Sequence[Mapping[str, Any]]) -> dict[
 
 def check_variant_tokenizer(variant_dir: str | os.PathLike,
                             table: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
-    """:func:`check_tokenizer` on the tokenizer a variant folder ships, or why it is not checked.
+    """:func:`check_tokenizer` on the tokenizer a variant folder ships (``tokenizer.json``, read by the
+    ``tokenizers`` library), or why it is not checked.
 
     Returns:
-        :func:`check_tokenizer`'s fields, or ``{"tokenizer_check": REASON}`` when the reference has no table
-        (written before the check existed) or the folder ships no Hugging Face tokenizer (a GGUF carries
-        its own; an OpenVINO IR folder may not).
+        ``tokenizer_check`` (``run``, or why not) and :func:`check_tokenizer`'s fields; not run when the
+        reference has no table (written before the check existed) or the folder ships no ``tokenizer.json``
+        (a GGUF carries its own tokenizer; an OpenVINO IR folder may not).
     """
-    from qwen_onnx.source.text import load_tokenizer
+    from tokenizers import Tokenizer
 
     if table is None:
         return {"tokenizer_check": "not run: the reference has no added_tokens table (write it again)"}
-    if not Path(variant_dir).is_dir() or not has_tokenizer(variant_dir):
-        return {"tokenizer_check": "not run: the variant ships no Hugging Face tokenizer"}
-    return {"tokenizer_check": "run", **check_tokenizer(load_tokenizer(variant_dir), table)}
+    path = Path(variant_dir) / "tokenizer.json"
+    if not path.is_file():
+        return {"tokenizer_check": "not run: the variant ships no Hugging Face tokenizer (tokenizer.json)"}
+    return {"tokenizer_check": "run", **check_tokenizer(Tokenizer.from_file(str(path)), table)}
 
 
 def _looks_added(piece: str) -> bool:

@@ -422,7 +422,7 @@ def precision_map_model(input_dir: Path, output: Path, eight: Sequence[str], blo
         The embedding's record (:func:`qwen_onnx.quantize.embeddings.replace_lookup`).
     """
     hidden = read_json(input_dir / "config.json")["hidden_size"]
-    block8 = fitting_block_size(settings.block_size_8bit, hidden)  # so that a tied embedding can share it
+    block8 = fitting_block_size(settings.block_size_8bit, hidden)  # whole blocks, as the fixed recipe
 
     def eight_bit(node, tensor, load):
         return blockwise_int8_node(node, tensor, load, block8, cache)
@@ -554,7 +554,8 @@ def quantize_int4_variant(
         else:
             with lazy_quantization(input_dir) as (graph_only, scratch):
                 if eight:
-                    # fitted to the hidden size, so that a tied embedding can share the lm_head's blocks
+                    # fitted to the hidden size: whole blocks (a tied embedding shares the lm_head's
+                    # blocks at any block size, qwen_onnx.quantize.embeddings._shared_lookup)
                     graph_only = blockwise_int8(graph_only, eight,
                                                 fitting_block_size(settings.block_size_8bit, hidden), scratch)
                 graph_only = int4_pass(graph_only, settings, [*eight, *float_names], scratch, calibration_text,

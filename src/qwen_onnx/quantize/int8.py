@@ -112,9 +112,9 @@ class DynamicSettings(SensitiveSettings):
         block_size: block length of the ``blockwise`` scheme (a power of 2, 16 to 256; 128 measured
             best on Qwen2.5-Coder 0.5B for speed at +0.45% perplexity, docs/int8.md), and
             of an own quantized embedding table.
-        embedding: the embedding table: ``shared`` (tied models whose lm_head is MatMulNBits: the
-            embedding ``GatherBlockQuantized`` reads the lm_head's INT8 weight; otherwise as
-            ``quantized``), ``quantized`` (its own ``GatherBlockQuantized`` table at
+        embedding: the embedding table: ``shared`` (tied models whose lm_head is MatMulNBits, at any
+            ``block_size``: the embedding ``GatherBlockQuantized`` reads the lm_head's INT8 weight;
+            otherwise as ``quantized``), ``quantized`` (its own ``GatherBlockQuantized`` table at
             ``embedding_bits``) or ``float`` (:mod:`qwen_onnx.quantize.embeddings`).
         embedding_bits: bits of an own quantized table (4 or 8).
     """
