@@ -191,3 +191,34 @@ def test_cli_reference_and_accuracy_from_it(reference, stages, texts, tmp_path, 
                  "--window", "16", "--max-windows", "1", "--generation-tokens", "2", "--threads", "1"]) == 0
     meta = json.loads((folder / REFERENCE_JSON).read_text())
     assert meta["windows"] == 1 and meta["logits_shape"][:2] == [1, 15]
+
+
+def test_the_accuracy_stage_fails_a_variant_whose_tokenizer_lost_an_added_token(reference, stages, tmp_path):
+    """The reference carries the source's added tokens; the fp32 variant's tokenizer keeps all three, a copy whose
+    tokenizer.json no longer registers <|im_start|> (as transformers' GGUF converter lost <|fim_prefix|>) fails the
+    gate with the token and the chat prompt named, though its logits are the same."""
+    import shutil
+
+    meta = json.loads((reference / REFERENCE_JSON).read_text())
+    assert meta["added_tokens"] == [{"id": 0, "content": "<|endoftext|>", "type": "CONTROL"},
+                                    {"id": 1, "content": "<|im_start|>", "type": "CONTROL"},
+                                    {"id": 2, "content": "<|im_end|>", "type": "CONTROL"}]
+    good = accuracy_from_reference(stages["fp32"], reference, threads=1, kv_decode_steps=4)
+    assert (good["tokenizer_check"], good["tokenizer_mismatch_count"], good["gate"]) == ("run", 0, "PASS")
+    assert good["tokenizer_probes"] == ["chat"]
+    broken = shutil.copytree(stages["fp32"], tmp_path / "fp32-lost-token")
+    (broken / "manifest.json").unlink()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        data = json.loads((broken / name).read_text())
+        if name == "tokenizer.json":
+            data["added_tokens"] = [t for t in data["added_tokens"] if t["content"] != "<|im_start|>"]
+        else:
+            data["added_tokens_decoder"].pop("1")
+            data["additional_special_tokens"] = ["<|im_end|>"]
+        (broken / name).write_text(json.dumps(data))
+    bad = accuracy_from_reference(broken, reference, threads=1, kv_decode_steps=4)
+    assert bad["kl_mean"] == good["kl_mean"] and bad["gate"] == "FAIL"
+    assert bad["tokenizer_mismatches"][0].startswith("<|im_start|> encodes to ")
+    assert bad["tokenizer_mismatches"][1].startswith("the chat prompt encodes to ")
+    assert bad["gate_failures"] == [f"tokenizer differs from the source's added tokens in 2 check(s): "
+                                    f"{bad['tokenizer_mismatches'][0]}; {bad['tokenizer_mismatches'][1]}"]

@@ -242,6 +242,82 @@ def test_a_real_full_disk_leaves_nothing(pipeline, tmp_path):
         assert "Traceback" not in done.stderr
 
 
+def _bytes(figure: str) -> float:
+    number, unit = figure.split()
+    return float(number) * {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9}[unit]
+
+
+def test_a_full_disk_outside_the_output_names_that_path_and_its_free_space(pipeline, tmp_path, capsys, monkeypatch):
+    """A scratch write beside the input fails with ENOSPC naming its file: the message names that file and its
+    disk's free space, not the output's."""
+    import onnx
+
+    source = tmp_path / "input" / "preprocessed"
+    shutil.copytree(pipeline["preprocessed"], source)
+    failed = []
+    save_model = onnx.save_model
+
+    def full_input_disk(proto, path, *args, **kwargs):
+        if str(path).startswith(str(source)):
+            failed.append(str(path))
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return save_model(proto, path, *args, **kwargs)
+
+    monkeypatch.setattr(onnx, "save_model", full_input_disk)
+    out = tmp_path / "output" / "int8-dynamic"
+    assert main(["quantize-dynamic", str(source), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]
+    assert failed and Path(failed[0]).parent == source  # the scratch graph beside the weights
+    match = re.fullmatch(
+        rf"qwen-onnx quantize-dynamic: no space left on device writing {re.escape(failed[0])} "
+        rf"\({re.escape(str(source))} has (?P<free>[\d.]+ [KMG]?B) free now\); free disk space there, then rerun", line)
+    assert match, line
+    assert _bytes(match["free"]) == pytest.approx(shutil.disk_usage(source).free, rel=0.01)
+    assert "Traceback" not in err and not out.exists()
+    assert sorted(p.name for p in source.iterdir()) == sorted(p.name for p in pipeline["preprocessed"].iterdir())
+
+
+def test_the_path_a_full_disk_names_is_the_destination_of_a_copy(tmp_path):
+    from qwen_onnx.store.staging import disk_full_error, failed_path
+
+    # shutil.copyfile's ENOSPC carries the source as filename and the destination as filename2
+    copy = OSError(errno.ENOSPC, "No space left on device", "/in/model.onnx_data", None, str(tmp_path / "copy"))
+    assert failed_path(copy) == tmp_path / "copy"
+    wrapped = RuntimeError("the stage failed")
+    wrapped.__cause__ = copy
+    assert failed_path(wrapped) == tmp_path / "copy"
+    assert failed_path(RuntimeError("No space left on device")) is None  # onnxruntime's text: no path
+    # a file of the output's own staged folder is the output
+    staged = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out.partial-1@h~x" / "model.onnx"))
+    message = str(disk_full_error(tmp_path / "out", exc=staged))
+    assert message.startswith(f"no space left on device writing {tmp_path / 'out'} (")
+
+
+@pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs root and mount namespaces (unshare -m) for a small tmpfs")
+def test_a_full_input_disk_is_named_not_the_output(pipeline, tmp_path):
+    """The input on a tmpfs with room for its files only: the scratch graph written beside its weights
+    fills it (onnx names no file); the output's disk has room. The message names the input's disk."""
+    source = pipeline["preprocessed"]
+    used = sum(-(-p.stat().st_size // 4096) * 4096 for p in source.iterdir())
+    assert (source / MODEL_FILE).stat().st_size > 64 * 1024  # a scratch copy of the graph cannot fit
+    disk, out = tmp_path / "disk", tmp_path / "out"
+    disk.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    script = (f"mount -t tmpfs -o size={used // 1024 + 48}k tmpfs {disk} && cp -a {source}/. {disk}/ && "
+              f"{sys.executable} -m qwen_onnx.cli quantize-dynamic {disk} -o {out}; echo rc=$?; ls -A {disk}")
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    lines = done.stdout.strip().splitlines()
+    assert lines[0] == "rc=2", (done.stdout, done.stderr[-3000:])
+    assert sorted(lines[1:]) == sorted(p.name for p in source.iterdir())  # no scratch file left on the input
+    line = done.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        rf"qwen-onnx quantize-dynamic: no space left on device writing into {re.escape(str(disk))} "
+        rf"\({re.escape(str(disk))} has [\d.]+ KB free now; the output's disk has [\d.]+ [KMG]?B free\); free disk "
+        r"space there, then rerun", line), line
+    assert "Traceback" not in done.stderr and list(tmp_path.iterdir()) == [disk]
+
+
 # --- an unreadable results folder ------------------------------------------------------------------
 
 

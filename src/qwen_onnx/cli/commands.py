@@ -10,6 +10,19 @@ from qwen_onnx.settings.defaults import EVALUATION
 from qwen_onnx.source.text import EVALUATION_TEXT, shipped_text
 
 
+def require_variant_folder(path) -> None:
+    """Refuse a folder that is neither an ONNX variant (``model.onnx``) nor a TFLite variant in one line
+    saying what it holds (:func:`qwen_onnx.store.artifacts.model_path`), before a stage that reads a
+    variant looks further; a file or a missing path is left to the stage."""
+    import os
+
+    from qwen_onnx.run.tflite import is_tflite_folder
+    from qwen_onnx.store.artifacts import MODEL_FILE, model_path
+
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, MODEL_FILE)) and not is_tflite_folder(path):
+        model_path(path)
+
+
 def run_resolve(a):
     from qwen_onnx.source.resolve import resolve
 
@@ -100,7 +113,10 @@ def run_sensitivity(a):
 
 def run_optimize(a):
     from qwen_onnx.convert.optimize import optimize_variant
+    from qwen_onnx.store.artifacts import HF_FOLDER_FIX, require_hf_checkpoint
 
+    if a.method == "builder":  # the builder reads the checkpoint; another kind of folder is named first
+        require_hf_checkpoint(a.input, fix=f"{HF_FOLDER_FIX}, or use --method transformers on an ONNX variant folder")
     return optimize_variant(a.input, a.output, method=a.method, left_padding=a.left_padding, fusions=a.fusions,
                             provider=a.provider)
 
@@ -109,6 +125,7 @@ def run_inspect(a):
     from qwen_onnx.measure.inspect_graph import inspect_variant
     from qwen_onnx.store.artifacts import write_json, write_text
 
+    require_variant_folder(a.model)
     info, markdown = inspect_variant(a.model)
     if a.json:
         write_json(a.json, info)
@@ -133,6 +150,8 @@ def run_diff(a):
     from qwen_onnx.measure.inspect_graph import diff_markdown, diff_models
     from qwen_onnx.store.artifacts import write_json
 
+    require_variant_folder(a.a)
+    require_variant_folder(a.b)
     diff = diff_models(a.a, a.b)
     if a.json:
         write_json(a.json, diff)
@@ -150,6 +169,7 @@ def run_tflite(a):
 def run_extract(a):
     from qwen_onnx.measure.extract import extract_layer
 
+    require_variant_folder(a.model)
     return extract_layer(a.model, a.layer, a.output, picture=a.picture)
 
 
@@ -180,8 +200,14 @@ def run_accuracy(a):
 
     from qwen_onnx.measure.accuracy import accuracy_from_reference, evaluate_accuracy
     from qwen_onnx.measure.reference import REFERENCE_JSON, read_reference
+    from qwen_onnx.store.artifacts import require_hf_checkpoint
 
+    require_variant_folder(a.variant)
     kind, limits = gate_of(a)
+    if not (Path(a.reference) / REFERENCE_JSON).is_file():  # then it must be the checkpoint the reference comes from
+        require_hf_checkpoint(a.reference, wanted="a reference folder or a Hugging Face checkpoint",
+                              fix="give the reference folder (results/MODEL/reference, made by `qwen-onnx reference`) "
+                                  "or the resolved Hugging Face folder (results/MODEL/hf, made by `qwen-onnx resolve`)")
     settings = {"text": a.text, "window": a.window, "max_windows": a.max_windows,
                 "generation_tokens": a.generation_tokens}
     if (Path(a.reference) / REFERENCE_JSON).is_file():
@@ -217,7 +243,8 @@ def run_task_accuracy(a):
                            max_new_tokens=a.max_new_tokens, timeout_s=a.timeout_s, memory_mb=a.memory_mb,
                            threads=a.threads, gate_limits=gate, output=a.output)
     print(f"{result['name']}: pass@1 {result['pass_at_1_pct']:.1f}% ({result['passed']}/{result['problems']}, 95% "
-          f"{result['pass_at_1_low_pct']:.1f}-{result['pass_at_1_high_pct']:.1f}), gate {result['gate']}")
+          f"{result['pass_at_1_low_pct']:.1f}-{result['pass_at_1_high_pct']:.1f}), chat mode {result['chat_mode']}, "
+          f"gate {result['gate']}")
     return None
 
 
@@ -250,7 +277,9 @@ def run_peers(a):
     from qwen_onnx.measure.peers import run_peers
     from qwen_onnx.measure.peers_table import peers_markdown
     from qwen_onnx.run.tflite import is_tflite_folder
+    from qwen_onnx.store.artifacts import require_hf_checkpoint
 
+    require_hf_checkpoint(a.hf_dir)  # the PyTorch and genai builder rows read it: named before any row runs
     tflite = [v for v in a.variants if is_tflite_folder(v)]
     if len(tflite) > 1:
         raise OptionError(f"give at most one tflite folder, got {', '.join(tflite)}")

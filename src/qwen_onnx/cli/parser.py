@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 from qwen_onnx.cli.commands import (
     run_accuracy,
@@ -51,6 +52,7 @@ from qwen_onnx.settings.defaults import (
 from qwen_onnx.settings.gates import DEFAULT_GATES
 from qwen_onnx.source.text import CALIBRATION_TEXT, EVALUATION_TEXT, shipped_text
 from qwen_onnx.store.artifacts import permission_message
+from qwen_onnx.store.staging import disk_full_error, is_disk_full
 
 #: The help of ``--warmup-scope`` (the latency and peers commands).
 WARMUP_SCOPE_HELP = ("where the untimed runs go: before each prompt length's prefills (length, the protocol) or once per "
@@ -406,6 +408,13 @@ def main(argv: list[str] | None = None) -> int:
     except PermissionError as exc:  # a folder this user may not read or write, met past the checks
 
         print(f"qwen-onnx {args.command}: {permission_message(exc)}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a full disk outside a staged output (scratch files, a report): named as inside
+        if not is_disk_full(exc):
+            raise
+        output = getattr(args, "output", None)
+        error = disk_full_error(Path(output) if output else None, exc=exc)
+        print(f"qwen-onnx {args.command}: {error}", file=sys.stderr)
         return 2
     if result is not None:
         print(json.dumps(result, indent=2, default=str))

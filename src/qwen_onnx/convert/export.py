@@ -38,6 +38,7 @@ from qwen_onnx.store.artifacts import (
     MODEL_FILE,
     copy_side_files,
     model_path,
+    require_hf_checkpoint,
     write_json,
 )
 from qwen_onnx.store.external import (
@@ -86,7 +87,8 @@ def export_onnx(
         OptionError: ``opset`` outside :data:`qwen_onnx.settings.options.RANGES`, an unknown ``exporter``,
             or the torch route below opset 18.
         ExportError: the torch route cannot run here (torch too old, onnxscript missing) or failed.
-        ArtifactError: ``hf_dir`` is not a model folder, or the exporter wrote no ``model.onnx``.
+        ArtifactError: ``hf_dir`` is not a Hugging Face checkpoint (the message says what it holds:
+            :func:`~qwen_onnx.store.artifacts.require_hf_checkpoint`), or the exporter wrote no ``model.onnx``.
         IntegrityError: a file of ``hf_dir`` differs from its manifest.
     """
     check_options(opset=opset)
@@ -96,9 +98,7 @@ def export_onnx(
 
         check_torch_exporter(opset)  # before any folder is made
 
-    hf_dir = Path(hf_dir)
-    if not (hf_dir / "config.json").is_file():
-        raise ArtifactError(f"{hf_dir} has no config.json: run the resolve stage first")
+    hf_dir = require_hf_checkpoint(hf_dir)  # an ONNX, TFLite or reference folder is named, not loaded
     verify_manifest(hf_dir)  # the resolved folder is whole (see manifest.write_manifest)
     started = time.time()
     # the exporter's scratch lives inside the staged folder: a killed export leaves one folder to sweep

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.store.artifacts import reusable_record, write_json
+from qwen_onnx.store.artifacts import require_hf_checkpoint, reusable_record, write_json
 from qwen_onnx.store.provenance import package_version
 from qwen_onnx.store.staging import staged_dir
 
@@ -48,10 +48,12 @@ def build_genai_int4(hf_dir: str | os.PathLike, output_dir: str | os.PathLike, *
         ``seconds``; ``error`` when the build failed and ``keep_failure`` is set).
 
     Raises:
+        ArtifactError: ``hf_dir`` is not a Hugging Face checkpoint (the message says what it holds:
+            :func:`~qwen_onnx.store.artifacts.require_hf_checkpoint`).
         QwenOnnxError: the builder failed, now or in the recorded build (the message ends with its
             last output lines), and ``keep_failure`` is not set.
     """
-    hf_dir, output_dir = Path(hf_dir), Path(output_dir)
+    hf_dir, output_dir = require_hf_checkpoint(hf_dir), Path(output_dir)
     weights = sorted(hf_dir.glob("*.safetensors"))
     stamp = {
         "command": ["python", "-m", "onnxruntime_genai.models.builder", "-i", "HF", "-o", "OUT", *BUILDER_ARGS],

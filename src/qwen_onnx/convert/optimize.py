@@ -51,7 +51,16 @@ from qwen_onnx.convert.gqa_edits import left_padding_support, set_layer_windows,
 from qwen_onnx.convert.tied import store_tied_once
 from qwen_onnx.errors import ArtifactError
 from qwen_onnx.settings.qwen_config import check_config, layer_windows
-from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, all_tensors, copy_side_files, model_path, write_json
+from qwen_onnx.store.artifacts import (
+    DATA_FILE,
+    HF_FOLDER_FIX,
+    MODEL_FILE,
+    all_tensors,
+    copy_side_files,
+    model_path,
+    require_hf_checkpoint,
+    write_json,
+)
 from qwen_onnx.store.external import lazy_model, ort_optimize_to_file
 from qwen_onnx.store.hub_cache import reads_variant
 from qwen_onnx.store.manifest import verify_manifest
@@ -113,9 +122,8 @@ def _builder_optimize(hf_dir: Path, output_dir: Path, *, left_padding: bool) -> 
     """onnxruntime-genai's model builder, fp32 for the CPU provider, into a variant folder."""
     from onnxruntime_genai.models.builder import create_model
 
-    if not (hf_dir / "config.json").is_file():
-        # create_model takes any other string for a hub ID: never let it reach the hub
-        raise ArtifactError(f"{hf_dir} has no config.json: the builder method needs the resolved Hugging Face folder")
+    # create_model takes any other string for a hub ID: never let it reach the hub
+    require_hf_checkpoint(hf_dir, fix=HF_FOLDER_FIX + ", or use --method transformers on an ONNX variant folder")
     verify_manifest(hf_dir)  # the resolved folder is whole (see manifest.write_manifest)
     check_config(json.loads((hf_dir / "config.json").read_text()), str(hf_dir))
     started = time.time()

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from qwen_onnx.errors import ArchitectureError, ArtifactError, ExportError, OptionError
+from qwen_onnx.errors import ArchitectureError, ExportError, OptionError
 from qwen_onnx.run.machine import peak_rss_mib
 from qwen_onnx.run.tflite import (
     DECODE_SIGNATURE,
@@ -48,6 +48,7 @@ from qwen_onnx.store.artifacts import (
     TFLITE_FILE,
     copy_side_files,
     read_json,
+    require_hf_checkpoint,
     write_json,
 )
 from qwen_onnx.store.manifest import verify_manifest
@@ -210,7 +211,7 @@ def count_weight_only_ops(path: str | os.PathLike) -> dict[str, int]:
 
 def _hf_config(hf_dir: Path) -> dict:
     if not (hf_dir / "config.json").is_file():
-        raise ArtifactError(f"{hf_dir} has no config.json: give a Hugging Face model folder (run the resolve stage first)")
+        require_hf_checkpoint(hf_dir)  # names what the folder holds instead
     return read_json(hf_dir / "config.json")
 
 
@@ -337,7 +338,8 @@ def convert_tflite(
 
     Raises:
         OptionError: bad lengths or quantization (:func:`check_tflite_options`).
-        ArtifactError: ``hf_dir`` has no config.json.
+        ArtifactError: ``hf_dir`` is not a Hugging Face checkpoint (the message says what it holds:
+            :func:`~qwen_onnx.store.artifacts.require_hf_checkpoint`).
         ArchitectureError: a model litert-torch's Qwen layers do not reproduce (:func:`check_tflite_config`).
         ExportError: litert-torch is not installed, or its conversion failed.
         IntegrityError: a file of ``hf_dir`` differs from its manifest.
@@ -351,6 +353,7 @@ def convert_tflite(
     hf_dir = Path(hf_dir)
     config = _hf_config(hf_dir)
     check_tflite_config(config, str(hf_dir / "config.json"))
+    require_hf_checkpoint(hf_dir)  # an ONNX or TFLite variant folder is named, not handed to litert-torch
     require_litert()
     verify_manifest(hf_dir)
 

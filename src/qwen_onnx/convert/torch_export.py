@@ -41,6 +41,7 @@ from pathlib import Path
 
 from qwen_onnx.errors import ExportError, OptionError
 from qwen_onnx.settings.defaults import TORCH_EXPORT_MIN_OPSET
+from qwen_onnx.store.artifacts import require_hf_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +146,11 @@ def export_torch(hf_dir: str | os.PathLike, scratch: str | os.PathLike, *, opset
     Raises:
         OptionError, ExportError: see :func:`check_torch_exporter`; ExportError also when
             ``torch.export`` cannot trace the model (the message carries torch's first line).
+        ArtifactError: ``hf_dir`` is not a Hugging Face checkpoint
+            (:func:`~qwen_onnx.store.artifacts.require_hf_checkpoint`).
     """
     check_torch_exporter(opset)
+    require_hf_checkpoint(hf_dir)
     import onnx
     import torch
     from transformers import AutoModelForCausalLM

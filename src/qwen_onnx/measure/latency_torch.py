@@ -8,13 +8,12 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from qwen_onnx.errors import ArtifactError
 from qwen_onnx.measure.latency import prompt_tokens, timing_protocol, timing_settings
 from qwen_onnx.run.machine import peak_rss_mib
 from qwen_onnx.settings import defaults
 from qwen_onnx.settings.options import check_options
 from qwen_onnx.source.text import load_tokenizer
-from qwen_onnx.store.artifacts import write_json
+from qwen_onnx.store.artifacts import require_hf_checkpoint, write_json
 from qwen_onnx.store.provenance import library_versions
 
 
@@ -45,7 +44,8 @@ def measure_torch_latency(
         The same keys as :func:`measure_latency` (no ``profile``), ``runtime`` = ``pytorch``.
 
     Raises:
-        ArtifactError: ``hf_dir`` is not a Hugging Face folder (no ``config.json``).
+        ArtifactError: ``hf_dir`` is not a Hugging Face checkpoint (the message says what it holds:
+            :func:`~qwen_onnx.store.artifacts.require_hf_checkpoint`).
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -53,8 +53,7 @@ def measure_torch_latency(
 
     check_options(prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens, new_tokens=new_tokens,
                   threads=threads, warmup=warmup, repeats=repeats)
-    if not Path(hf_dir, "config.json").is_file():
-        raise ArtifactError(f"no Hugging Face folder at {hf_dir} (config.json missing): run the resolve stage first")
+    require_hf_checkpoint(hf_dir)  # an ONNX variant folder is named, not handed to transformers
     torch.set_num_threads(int(threads))
     tokenizer = load_tokenizer(hf_dir)
     tokens = prompt_tokens(tokenizer, text_path, max([*prompt_lengths, decode_prompt_tokens]))

@@ -98,6 +98,7 @@ from qwen_onnx.store.artifacts import (
     folder_bytes,
     model_path,
     read_json,
+    require_hf_checkpoint,
     write_json,
     write_text,
 )
@@ -350,8 +351,7 @@ def run_peers(
     if rounds < 1 or new_tokens < 2 or repeats < 1:
         raise QwenOnnxError(f"need rounds >= 1, new_tokens >= 2 and repeats >= 1; got {rounds}, {new_tokens}, {repeats}")
     hf_dir = Path(hf_dir)
-    if not (hf_dir / "config.json").is_file():
-        raise ArtifactError(f"no Hugging Face folder at {hf_dir} (config.json missing): run the resolve stage first")
+    require_hf_checkpoint(hf_dir)
     for folder in [*variant_dirs, *openvino_dirs]:
         model_path(folder)
     if tflite_dir is not None:

@@ -41,12 +41,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from qwen_onnx.errors import ArtifactError, OptionError
-from qwen_onnx.measure.parity import chat_prompt_ids, shipped_prompts, torch_generate
+from qwen_onnx.measure.parity import chat_mode, chat_prompt_ids, shipped_prompts, torch_generate
+from qwen_onnx.measure.tokens import source_token_table
 from qwen_onnx.settings import defaults
 from qwen_onnx.settings.options import check_options
 from qwen_onnx.source.resolve import eos_token_ids
 from qwen_onnx.source.text import evenly_spaced, load_tokenizer, token_windows
-from qwen_onnx.store.artifacts import copy_side_files, write_json
+from qwen_onnx.store.artifacts import copy_side_files, require_hf_checkpoint, write_json
 from qwen_onnx.store.manifest import verify_manifest
 from qwen_onnx.store.provenance import library_versions
 from qwen_onnx.store.staging import staged_dir
@@ -154,7 +155,8 @@ def write_reference(
     Raises:
         OptionError: a number out of its range (:data:`qwen_onnx.settings.options.RANGES`) or an unknown dtype.
         TextError: the text holds no full window.
-        ArtifactError: ``hf_dir`` is not a Hugging Face folder.
+        ArtifactError: ``hf_dir`` is not a Hugging Face checkpoint (the message says what it holds:
+            :func:`~qwen_onnx.store.artifacts.require_hf_checkpoint`).
     """
     from tqdm import tqdm
 
@@ -162,6 +164,7 @@ def write_reference(
     check_options(window=window, max_windows=max_windows, threads=threads, generation_tokens=generation_tokens)
     if dtype not in LOGITS_DTYPES:
         raise OptionError(f"reference dtype {dtype!r} is not one of {', '.join(LOGITS_DTYPES)}")
+    require_hf_checkpoint(hf_dir)  # an ONNX variant or a reference folder is named, not loaded
     started = time.time()
     tokenizer = load_tokenizer(hf_dir)
     available = token_windows(tokenizer, text_path, window)
@@ -197,6 +200,8 @@ def write_reference(
             "logits_shape": shape,
             "eos_token_ids": eos,
             "pad_token_id": int(pad_id),
+            "added_tokens": source_token_table(hf_dir),
+            "chat_mode": chat_mode(tokenizer)[1],
             "generation": [{"prompt": text, "prompt_ids": ids.tolist(), "pytorch_ids": out}
                            for text, ids, out in zip(prompts, prompt_ids, outputs)],
             "files": {
@@ -204,7 +209,8 @@ def write_reference(
                              "token t + 1 of its window",
                 WINDOWS_FILE: "token ids of the evaluation windows, int64 [windows, window]",
                 TOKENIZER_DIR: f"byte copies of {', '.join(copied)} from the Hugging Face folder",
-                REFERENCE_JSON: "this file, written last: settings, prompt ids, PyTorch's greedy outputs",
+                REFERENCE_JSON: "this file, written last: settings, prompt ids, PyTorch's greedy outputs, the "
+                                "source's added tokens",
             },
             "seconds": round(time.time() - started, 1),
             "library_versions": library_versions(),

@@ -40,7 +40,7 @@ from qwen_onnx.source.gguf_file import (
     sha256_file,
 )
 from qwen_onnx.source.text import load_tokenizer
-from qwen_onnx.store.artifacts import write_json
+from qwen_onnx.store.artifacts import folder_kind, write_json
 from qwen_onnx.store.provenance import library_versions
 from qwen_onnx.store.staging import staged_dir
 
@@ -118,6 +118,12 @@ def parse_source(source: str | Mapping[str, Any]) -> Source:
             raise SourceError(f"GGUF file {path} does not exist; check the path in the model's `source`")
         return Source("gguf", str(path.resolve()))
     if path.is_dir():
+        kind, _ = folder_kind(path)
+        if kind.startswith(("an ONNX", "a TFLite", "a reference", "an OpenVINO", "a model's results")):
+            raise SourceError(
+                f"folder {path} is {kind}, an output of qwen-onnx, not a model source; `source` must be a Hugging "
+                "Face model folder (config.json plus safetensors weights), a .gguf file, embedded:NAME or a hub ID"
+            )
         if not (path / "config.json").is_file():
             raise SourceError(
                 f"folder {path} has no config.json; `source` must be a Hugging Face model folder "

@@ -64,7 +64,7 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         if is_disk_full(exc):
-            raise disk_full_error(path) from exc
+            raise disk_full_error(path, exc=exc) from exc
         raise
     fault_point(path.name)
     os.replace(tmp, path)
@@ -99,17 +99,116 @@ def model_path(folder: str | os.PathLike) -> Path:
     run :func:`check_external_data`, which also checks the folder's manifest when it has one.
 
     Raises:
-        ArtifactError: the folder cannot be read, ``model.onnx`` is missing, or an external data
-            file it names is missing or shorter than its tensors need (the message names the file).
+        ArtifactError: the folder cannot be read, it is a folder of another kind (a Hugging Face
+            checkpoint, a TFLite variant, a reference folder: named by :func:`folder_kind`),
+            ``model.onnx`` is missing, or an external data file it names is missing or shorter than
+            its tensors need (the message names the file).
         IntegrityError: a file differs from the folder's manifest.
     """
     folder = Path(folder)
     require_readable(folder)
     path = folder / MODEL_FILE if folder.is_dir() else folder
     if not path.is_file():
+        if folder.is_dir():
+            kind, hint = folder_kind(folder)
+            fix = hint.get("variant") or ONNX_FOLDER_FIX
+            raise ArtifactError(f"{folder} is {kind}, not an ONNX variant folder (no {MODEL_FILE}); {fix}")
         raise ArtifactError(f"no ONNX model at {path}: run the stage that produces it first")
     check_external_data(path)
     return path
+
+
+#: The fix of a stage given a folder of another kind than the one it reads (:func:`require_hf_checkpoint`,
+#: :func:`model_path`): which folder to give and the stage that makes it.
+HF_FOLDER_FIX = "give the resolved Hugging Face folder (results/MODEL/hf, made by `qwen-onnx resolve`)"
+ONNX_FOLDER_FIX = "give an ONNX variant folder (e.g. results/MODEL/fp32, made by `qwen-onnx export`)"
+
+#: The weight files ``transformers.AutoModelForCausalLM.from_pretrained`` reads (safetensors, or PyTorch's
+#: pickles), single or sharded.
+HF_WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
+
+
+def is_hf_checkpoint(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` holds a Hugging Face checkpoint: ``config.json`` and weights
+    (:data:`HF_WEIGHT_PATTERNS`)."""
+    folder = Path(folder)
+    return (folder / "config.json").is_file() and any(
+        any(folder.glob(pattern)) for pattern in HF_WEIGHT_PATTERNS)
+
+
+def folder_kind(path: str | os.PathLike) -> tuple[str, dict[str, str]]:
+    """What ``path`` holds, in words for a one-line message, and the fixes that fit it.
+
+    Returns:
+        ``(kind, fixes)``: ``kind`` such as ``an ONNX variant folder (model.onnx)``, ``a TFLite
+        variant folder (model.tflite)``, ``a reference folder (reference.json, made by `qwen-onnx
+        reference`)``, ``a Hugging Face checkpoint (config.json and weights)``, ``a folder with a
+        config.json but no weights (*.safetensors or *.bin)``, ``a folder without config.json``,
+        ``a GGUF file``, ``missing``; ``fixes`` holds, for a kind with its own remedy, the fix
+        to print instead of the stage's usual one: ``hf`` when a Hugging Face folder is wanted,
+        ``variant`` when an ONNX variant folder is (a model's results folder: its subfolders).
+    """
+    path = Path(path)
+    if not path.exists():
+        return "missing", {}
+    if not path.is_dir():
+        if path.suffix.lower() == ".gguf":
+            return "a GGUF file", {"hf": f"convert it first (`qwen-onnx resolve {path} -o results/MODEL/hf`) and "
+                                         "give that folder"}
+        if path.suffix.lower() == ".onnx":
+            return "an ONNX model file", {}
+        return "a file, not a folder", {}
+    if (path / MODEL_FILE).is_file():
+        return f"an ONNX variant folder ({MODEL_FILE})", {}
+    if (path / TFLITE_FILE).is_file() or (path / SIGNATURES_FILE).is_file():
+        return f"a TFLite variant folder ({TFLITE_FILE})", {}
+    if (path / "reference.json").is_file():
+        return "a reference folder (reference.json, made by `qwen-onnx reference`)", {}
+    if (path / "openvino_model.xml").is_file():
+        return "an OpenVINO IR folder (openvino_model.xml)", {}
+    if is_hf_checkpoint(path):
+        return "a Hugging Face checkpoint (config.json and weights)", {}
+    if (path / "hf" / "config.json").is_file() or (path / "fp32" / MODEL_FILE).is_file():
+        fixes = {"variant": f"give one of its variant folders (e.g. {path / 'fp32'}, made by `qwen-onnx export`)"}
+        if (path / "hf" / "config.json").is_file():
+            fixes["hf"] = f"give its Hugging Face folder ({path / 'hf'}, made by `qwen-onnx resolve`)"
+        subfolders = sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+        shown = ", ".join(subfolders[:4]) + (", ..." if len(subfolders) > 4 else "")
+        return f"a model's results folder (holding {shown})", fixes
+    if (path / "config.json").is_file():
+        return "a folder with a config.json but no weights (*.safetensors or *.bin)", {}
+    return "a folder without config.json", {}
+
+
+def require_hf_checkpoint(folder: str | os.PathLike, *, wanted: str = "a Hugging Face checkpoint",
+                          fix: str = HF_FOLDER_FIX) -> Path:
+    """Check that ``folder`` is a Hugging Face checkpoint (config.json and weights) before a stage that
+    reads one (export, tflite, reference, optimize's builder method, the PyTorch and genai builder peers)
+    makes anything, so that another kind of folder is refused in one line saying what it holds.
+
+    Args:
+        folder: the folder given to the stage.
+        wanted: what the stage reads, in words (the accuracy stage takes a reference folder too).
+        fix: what to give instead, and the stage that makes it.
+
+    Returns:
+        ``folder`` as a Path.
+
+    Raises:
+        ArtifactError: ``FOLDER is an ONNX variant folder (model.onnx), not a Hugging Face checkpoint;
+            give the resolved Hugging Face folder (results/MODEL/hf, made by `qwen-onnx resolve`)``;
+            for a missing folder ``no Hugging Face folder at FOLDER (it does not exist); ...``; or
+            the folder cannot be read (:func:`require_readable`).
+    """
+    folder = Path(folder)
+    require_readable(folder)
+    if folder.is_dir() and is_hf_checkpoint(folder):
+        return folder
+    kind, fixes = folder_kind(folder)
+    fix = fixes.get("hf", fix)
+    if kind == "missing":
+        raise ArtifactError(f"no Hugging Face folder at {folder} (it does not exist); {fix}")
+    raise ArtifactError(f"{folder} is {kind}, not {wanted}; {fix}")
 
 
 def require_readable(path: str | os.PathLike) -> None:

@@ -15,8 +15,14 @@ the memory a library step may hold at once. Two tools keep a stage's memory near
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import errno
 import logging
 import os
+import shutil
+import sys
+import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -26,7 +32,7 @@ import onnx
 
 from qwen_onnx.errors import ArtifactError
 from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, all_tensors
-from qwen_onnx.store.staging import owner_tag, sweep_stale
+from qwen_onnx.store.staging import current_output, failed_path, is_disk_full, owner_tag, sweep_stale
 
 log = logging.getLogger(__name__)
 
@@ -34,51 +40,187 @@ _CHUNK = 1 << 24  # 16 MiB
 _INLINE_BELOW = 1024  # bytes; ORT must read small shape-like constants from the graph itself
 
 
+#: The scratch folders (with their copy of the weights) of the :func:`lazy_model` blocks running in this
+#: context that may not write their input: :func:`consolidate_external_data` finds scratch data files there
+#: as it finds them in an input folder written in place.
+_COPIES: contextvars.ContextVar[tuple[Path, ...]] = contextvars.ContextVar("qwen_onnx_scratch_copies", default=())
+
+
 class ScratchFiles:
     """Names for temporary files beside a model's weights: ``scratch / "x.onnx"`` is
-    ``folder/.qwen-onnx-<tag>-x.onnx``. All of them are removed when :func:`lazy_model` exits."""
+    ``FOLDER/.qwen-onnx-<tag>-x.onnx``. All of them are removed when :func:`lazy_model` exits.
 
-    def __init__(self, folder: Path, tag: str) -> None:
-        self.folder = folder
+    FOLDER is the model's own folder when this process may write it and restore its times;
+    otherwise (another user's folder, a read-only mount) a temporary folder
+    ``.qwen-onnx-PID@HOST~scratch-XXXX`` made in ``near`` when the first name is asked, holding a
+    copy of the model's external data files (:func:`clone_or_copy`), which then becomes the
+    working directory. Stages that write no scratch file never pay for the copy.
+    """
+
+    def __init__(self, folder: Path, tag: str, *, copy_to: Path | None = None,
+                 locations: Sequence[str] = ()) -> None:
+        self.source = folder
         self.tag = tag
+        self.near = copy_to
+        self.locations = list(locations)
+        self.used = False
+        self._folder = folder if copy_to is None else None
+
+    @property
+    def in_place(self) -> bool:
+        """Whether the scratch files go in the model's own folder."""
+        return self.near is None
+
+    @property
+    def folder(self) -> Path:
+        """The folder of the scratch files (made, with the weights' copy, on first use when not in place)."""
+        if self._folder is None:
+            self._folder = self._make_copy()
+        return self._folder
 
     def __truediv__(self, name: str) -> Path:
+        self.used = True
         return self.folder / f"{self.tag}-{name}"
+
+    def _make_copy(self) -> Path:
+        self.near.mkdir(parents=True, exist_ok=True)
+        sweep_stale(self.near, ".qwen-onnx-")  # a killed stage's scratch folder
+        folder = Path(tempfile.mkdtemp(prefix=f".qwen-onnx-{owner_tag()}scratch-", dir=self.near))
+        self._folder = folder  # removed on exit even when the copy fails
+        _COPIES.set((*_COPIES.get(), folder))
+        started, total, how = time.time(), 0, set()
+        for location in self.locations:
+            target = folder / location
+            target.parent.mkdir(parents=True, exist_ok=True)
+            how.add(clone_or_copy(self.source / location, target))
+            total += target.stat().st_size
+        log.info("%s may not be written by uid %d: its scratch files go to %s, with a %s of its weights "
+                 "(%.1f MB, %.1f s)", self.source, os.geteuid(), folder, "/".join(sorted(how)) or "copy",
+                 total / 1e6, time.time() - started)
+        os.chdir(folder)  # relative external data references now read the copy, beside the scratch graphs
+        return folder
+
+    def remove(self) -> None:
+        """Remove every scratch file (and the temporary folder, when not in place)."""
+        if self.in_place:
+            for leftover in self.source.glob(self.tag + "*"):
+                leftover.unlink()
+        elif self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            _COPIES.set(tuple(f for f in _COPIES.get() if f != self._folder))
+
+    def full_disk(self, exc: BaseException) -> Path | None:
+        """The scratch folder when ``exc`` is a full disk that names no file and the scratch
+        folder's disk is the full one (under 1 MiB free) while the stage's output is on another disk
+        (or there is none): the write that failed was a scratch write."""
+        folder = self._folder
+        if folder is None or not self.used or not is_disk_full(exc) or failed_path(exc) is not None:
+            return None
+        try:
+            if shutil.disk_usage(folder).free >= 2**20:
+                return None
+            output = current_output()
+            if output is not None:
+                out_folder = next(p for p in [output.parent, *output.parents] if p.is_dir())
+                if os.stat(out_folder).st_dev == os.stat(folder).st_dev:
+                    return None  # the same disk: the output's message names it
+        except OSError:
+            return None
+        return folder
+
+
+#: Linux's ``FICLONE`` ioctl (linux/fs.h): the new file shares the source's blocks (btrfs, XFS, bcachefs).
+_FICLONE = 0x40049409
+
+
+def clone_or_copy(source: Path, target: Path) -> str:
+    """Copy ``source`` to a new file ``target``: a reflink when the filesystem makes one (no bytes
+    copied), else a byte copy. A hard link or a symbolic link would cost nothing but is refused when
+    the model is read (onnx: "multiple hard links, indicating a potential hardlink attack"; onnx and
+    onnxruntime: a symbolic link "escapes model directory"), and so is an absolute or ``../``
+    external data path.
+
+    Returns:
+        ``reflink`` or ``copy``.
+    """
+    if sys.platform.startswith("linux"):
+        import fcntl
+
+        with open(source, "rb") as src, open(target, "wb") as dst:
+            try:
+                fcntl.ioctl(dst.fileno(), _FICLONE, src.fileno())
+                return "reflink"
+            except OSError:
+                pass
+    shutil.copyfile(source, target)
+    return "copy"
+
+
+def may_write_in_place(folder: Path) -> bool:
+    """Whether :func:`lazy_model` may put its scratch files in ``folder``: this process can create
+    files there and restore the folder's times afterwards (it owns the folder, or is root), so
+    not a folder of another user or on a read-only mount."""
+    if not os.access(folder, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
+        return False
+    uid = os.geteuid()
+    return uid == 0 or folder.stat().st_uid == uid
 
 
 @contextlib.contextmanager
-def lazy_model(folder: str | os.PathLike) -> Iterator[tuple[onnx.ModelProto, ScratchFiles]]:
+def lazy_model(folder: str | os.PathLike,
+               scratch_near: str | os.PathLike | None = None) -> Iterator[tuple[onnx.ModelProto, ScratchFiles]]:
     """Yield ``(proto, scratch)``: the graph of ``folder/model.onnx`` without weight data, with the
     working directory set to ``folder`` while inside.
 
     Tensors keep their external data references, so ``numpy_helper.to_array(tensor)`` with the
     default base directory reads the tensor from ``folder/model.onnx_data`` when needed, and a
-    model saved at ``scratch / name`` (in the same folder, without external-data conversion) still
-    points at the weights. Temporary files must live in the weights' own folder: both ONNX and
-    ONNX Runtime refuse external data reached through a symbolic or hard link, or outside the
-    model's folder. They carry a hidden per-call prefix, are removed on exit, and the folder's
-    access and modification times are restored so that Snakemake does not see it as changed.
+    model saved at ``scratch / name`` (without external-data conversion) still points at the
+    weights. Temporary files must live beside the weights: ONNX and ONNX Runtime refuse external
+    data reached through a symbolic link, an absolute path or one outside the model's folder, and
+    ONNX refuses a hard link too. So they go in ``folder`` itself when this process may write it
+    (:func:`may_write_in_place`): a hidden per-call prefix, removed on exit, and the folder's
+    access and modification times restored so that Snakemake does not see it as changed. An input
+    it may not write (another user's results, a read-only mount) is never written: the first
+    scratch name asked for makes a temporary folder in ``scratch_near`` (default: beside the
+    output of the running :func:`~qwen_onnx.store.staging.staged_dir`, else the system's temporary
+    folder) with a reflink or copy of the external data, which becomes the working directory
+    (see :class:`ScratchFiles`).
 
     Raises:
         ArtifactError: ``folder`` has no ``model.onnx`` or no ``model.onnx_data``.
+        OSError: ``ENOSPC`` naming the scratch folder, when a scratch write filled its disk and
+            the error named no file (:meth:`ScratchFiles.full_disk`).
     """
     folder = Path(folder).resolve()
     source, data = folder / MODEL_FILE, folder / DATA_FILE
     if not source.is_file() or not data.is_file():
         raise ArtifactError(f"{folder} needs {MODEL_FILE} and {DATA_FILE}; found {sorted(os.listdir(folder))}")
-    times = folder.stat()
-    sweep_stale(folder, ".qwen-onnx-")  # a killed stage's scratch files
-    scratch = ScratchFiles(folder, f".qwen-onnx-{owner_tag()}{uuid.uuid4().hex[:10]}")
-    cwd = os.getcwd()
     proto = onnx.load(str(source), load_external_data=False)
+    tag = f".qwen-onnx-{owner_tag()}{uuid.uuid4().hex[:10]}"
+    in_place = may_write_in_place(folder)
+    if in_place:
+        times = folder.stat()
+        sweep_stale(folder, ".qwen-onnx-")  # a killed stage's scratch files
+        scratch = ScratchFiles(folder, tag)
+    else:
+        output = current_output()
+        near = Path(scratch_near) if scratch_near is not None else (
+            output.parent if output is not None else Path(tempfile.gettempdir()))
+        scratch = ScratchFiles(folder, tag, copy_to=near.resolve(), locations=sorted(external_locations(proto)))
+    cwd = os.getcwd()
     try:
         os.chdir(folder)
         yield proto, scratch
+    except Exception as exc:
+        full = scratch.full_disk(exc)
+        if full is not None:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(full)) from exc
+        raise
     finally:
         os.chdir(cwd)
-        for leftover in folder.glob(scratch.tag + "*"):
-            leftover.unlink()
-        os.utime(folder, ns=(times.st_atime_ns, times.st_mtime_ns))
+        scratch.remove()
+        if in_place:
+            os.utime(folder, ns=(times.st_atime_ns, times.st_mtime_ns))
 
 
 def _location(tensor: onnx.TensorProto) -> dict[str, str]:
@@ -113,7 +255,8 @@ def consolidate_external_data(
 
     Tensor bytes come from the tensor itself (``raw_data``) or from its current external file,
     found in the first folder of ``search`` that holds it; they are copied in 16 MiB chunks, so
-    memory stays at one chunk plus the graph. Tensors under 1 KiB are kept inline.
+    memory stays at one chunk plus the graph. Tensors under 1 KiB are kept inline. Scratch data files
+    of a :func:`lazy_model` whose input may not be written are found in its scratch folder too.
 
     Raises:
         ArtifactError: an external file named by a tensor is in none of the ``search`` folders.
@@ -174,7 +317,7 @@ def _set_external(tensor: onnx.TensorProto, offset: int, length: int) -> None:
 
 
 def _find(location: str, search: Sequence[str | os.PathLike]) -> Path:
-    for folder in search:
+    for folder in [*search, *_COPIES.get()]:  # a scratch file of an input not written in place: beside its copy
         candidate = Path(folder) / location
         if candidate.is_file():
             return candidate.resolve()

@@ -111,7 +111,11 @@ def verify_manifest(folder: str | os.PathLike) -> bool:
     if key in _verified:
         return True
     stamp = _stamp(key)
-    if stamp.is_file():
+    try:
+        stamped = stamp.is_file()
+    except OSError:  # a stamp folder this user may not search (another user's cache): hash again
+        stamped = False
+    if stamped:
         _verified[key] = None
         return True
     for entry in files:

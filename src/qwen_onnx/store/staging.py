@@ -6,6 +6,7 @@ dead processes are swept; a full disk is named with the space it needed.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import logging
 import os
@@ -167,13 +168,97 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def disk_full_error(target: Path, free_before: int | None = None) -> DiskFullError:
-    free = shutil.disk_usage(target.parent).free
+def failed_path(exc: BaseException | None) -> Path | None:
+    """The file a full-disk error names, first in ``exc``'s chain of causes: the destination
+    (``filename2``) of a copy or rename, else ``filename``; None when no ``OSError`` of the chain
+    names one (onnxruntime's and protobuf's writers, a bare ``write``)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and is_disk_full(exc):
+            name = exc.filename2 or exc.filename
+            if isinstance(name, (str, bytes, os.PathLike)) and not isinstance(name, int):
+                return Path(os.path.abspath(os.fsdecode(name)))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _existing(path: Path) -> Path:
+    """``path``'s nearest folder that exists (a failed file is usually removed by then)."""
+    for folder in [path, *path.parents]:
+        if folder.is_dir():
+            return folder
+    return Path("/")
+
+
+def _is_part_of(path: Path, target: Path) -> bool:
+    """Whether ``path`` lies in ``target`` or in one of its temporary siblings (``TARGET.partial-*``:
+    :func:`staged_dir`'s folder, :func:`~qwen_onnx.store.artifacts.write_text`'s file)."""
+    for step in [path, *path.parents]:
+        if step == target or (step.parent == target.parent and step.name.startswith(target.name + ".partial-")):
+            return True
+    return False
+
+
+def disk_full_error(target: Path | None, free_before: int | None = None,
+                    exc: BaseException | None = None) -> DiskFullError:
+    """The one line for a full disk met while a stage wrote ``target``.
+
+    It names the path whose write failed (:func:`failed_path`) when ``exc`` gives one outside
+    ``target``: ``no space left on device writing PATH (FOLDER has 1.2 MB free now; the output's
+    disk has 56.6 GB free); free disk space there, then rerun``, FOLDER being the failed path's
+    folder (``writing into FOLDER`` when the path is a folder: scratch files written there; the
+    output's disk is named when it is another one). Otherwise it names ``target`` and its disk:
+    ``no space left on device writing TARGET (PARENT had 2.10 GB free when the stage started, has
+    2.31 GB free now that the partial output is removed); free disk space or put the results on a
+    larger disk, then rerun``.
+
+    Args:
+        target: the output being written (a folder or file); None when no output is known.
+        free_before: bytes free on ``target``'s disk when the stage started.
+        exc: the error met, searched for the path that failed.
+    """
+    failed = failed_path(exc)
+    if target is not None:
+        target = Path(os.path.abspath(target))
+    if failed is not None and (target is None or not _is_part_of(failed.resolve(), target.resolve())):
+        folder = failed if failed.is_dir() else _existing(failed.parent)
+        free = shutil.disk_usage(folder).free
+        output = ""
+        if target is not None:
+            out_folder = _existing(target.parent)
+            if os.stat(out_folder).st_dev != os.stat(folder).st_dev:
+                output = f"; the output's disk has {_size(shutil.disk_usage(out_folder).free)} free"
+        tmp = Path(tempfile.gettempdir()).resolve()
+        ours = any(step.parent == tmp and step.name.startswith((".qwen-onnx-", "qwen-onnx-"))
+                   for step in [failed.resolve(), *failed.resolve().parents])  # a temporary folder of ours in TMPDIR
+        where = " (or point TMPDIR at a larger disk)" if ours else ""
+        written = f"into {failed}" if failed.is_dir() else str(failed)
+        return DiskFullError(
+            f"no space left on device writing {written} ({folder} has {_size(free)} free now{output}); free disk "
+            f"space there{where}, then rerun")
+    if target is None:
+        return DiskFullError(f"no space left on device ({exc}); free disk space, then rerun")
+    free = shutil.disk_usage(_existing(target.parent)).free
     before = f"had {_size(free_before)} free when the stage started, " if free_before is not None else ""
     return DiskFullError(
         f"no space left on device writing {target} ({target.parent} {before}has {_size(free)} free now that the "
         "partial output is removed); free disk space or put the results on a larger disk, then rerun"
     )
+
+
+#: The outputs of the :func:`staged_dir` blocks running in this context, innermost last.
+_STAGES: contextvars.ContextVar[tuple[Path, ...]] = contextvars.ContextVar("qwen_onnx_stages", default=())
+
+
+def current_output() -> Path | None:
+    """The final path of the innermost :func:`staged_dir` block running in this context, or None.
+
+    :func:`qwen_onnx.store.external.lazy_model` puts the scratch files of an input folder it may
+    not write beside it, on the disk the stage's output goes to.
+    """
+    stages = _STAGES.get()
+    return stages[-1] if stages else None
 
 
 @contextlib.contextmanager
@@ -187,10 +272,13 @@ def staged_dir(final: str | os.PathLike) -> Iterator[Path]:
     then the folder is renamed to ``final``; an existing ``final`` is first renamed aside, so a kill
     at any moment leaves either the old or the new folder whole.
 
+    While inside, :func:`current_output` gives ``final``.
+
     Raises:
         DiskFullError: the disk filled up while the stage wrote (``ENOSPC``/``EDQUOT``, or any error
-            with less than 1 MiB left on the disk); the message names the folder and the free
-            space, and nothing is left behind.
+            with less than 1 MiB left on the disk); the message names the path whose write failed
+            (the folder, or a file elsewhere such as scratch beside the input: :func:`disk_full_error`)
+            and its disk's free space, and nothing is left behind.
     """
     final = Path(final).resolve()  # stages may change the working directory (lazy weight loading)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -201,6 +289,7 @@ def staged_dir(final: str | os.PathLike) -> Iterator[Path]:
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)
+    token = _STAGES.set((*_STAGES.get(), final))
     try:
         yield tmp
         fault_point(final.name)
@@ -212,8 +301,10 @@ def staged_dir(final: str | os.PathLike) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         if full:
             log.warning("%s failed on a full disk: %s", final, exc)
-            raise disk_full_error(final, free_before) from exc
+            raise disk_full_error(final, free_before, exc) from exc
         raise
+    finally:
+        _STAGES.reset(token)
     if final.exists():
         old = final.with_name(f"{prefix}{owner_tag()}replaced-{uuid.uuid4().hex[:8]}")
         os.replace(final, old)
