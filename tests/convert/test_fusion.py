@@ -198,10 +198,11 @@ def test_diff_shows_the_fused_ops(fused, tmp_path):
 
 
 def test_builder_method_needs_a_hugging_face_folder(tmp_path):
-    with pytest.raises(
-        ArtifactError, match="no config.json: the builder method needs the resolved Hugging Face folder"
-    ):
+    with pytest.raises(ArtifactError) as refused:
         optimize_variant(tmp_path, tmp_path / "out")
+    assert str(refused.value) == (
+        f"{tmp_path} is a folder without config.json, not a Hugging Face checkpoint; give the resolved Hugging Face "
+        "folder (results/MODEL/hf, made by `qwen-onnx resolve`), or use --method transformers on an ONNX variant folder")
     with pytest.raises(ArtifactError, match="unknown optimize method 'onnxscript'"):
         optimize_variant(tmp_path, tmp_path / "out", method="onnxscript")
 
