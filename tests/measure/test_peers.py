@@ -249,7 +249,9 @@ def test_latency_reports_take_their_figures_from_the_sitting(peers_run, pipeline
     row = rows["fp32"]
     assert fp32["decode_tok_s"] == row["decode_tok_s"] and fp32["rounds"] == 3 and fp32["measured_in"] == "peers.json"
     rounds_16 = [f["prefill_ms_16"] for f in row["per_round"]]
-    assert fp32["prefill_ms_p50_16"] == pytest.approx(statistics.median(rounds_16))
+    # the median is over the rounds measured with the machine otherwise idle (every round when all were busy)
+    idle_16 = [v for r, v in enumerate(rounds_16, 1) if r not in row["rounds_busy"]] or rounds_16
+    assert fp32["prefill_ms_p50_16"] == pytest.approx(statistics.median(idle_16))
     assert fp32["prefill_ms_p90_16"] == pytest.approx(percentile(rounds_16, 90))
     assert fp32["prefill_ms_p90_16"] >= fp32["prefill_ms_p50_16"]
     assert fp32["profile"] == profile["profile"] and fp32["weight_bytes_per_token"] == profile["weight_bytes_per_token"]
