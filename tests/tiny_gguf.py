@@ -1,44 +1,12 @@
-"""A llama.cpp-loadable GGUF of a tiny Qwen2 or Qwen3 checkpoint, written with the ``gguf`` package's writer.
-
-The tensor and metadata names are llama.cpp's for the ``qwen2`` and ``qwen3`` architectures (the mapping of
-llama.cpp's ``convert_hf_to_gguf.py``: q/k unpermuted, q/k/v biases in Qwen2, q/k RMSNorms and an own head
-size, ``attention.key_length``, in Qwen3); the tokenizer is stored as llama.cpp's ``gpt2`` byte-level BPE
-with the ``qwen2`` pre-tokenizer, added tokens typed as ``convert_hf_to_gguf.py`` types them (special:
-CONTROL, else USER_DEFINED), padding ids UNUSED. Weights stay float32, so the file is exact, not a
-quantized copy.
+"""A llama.cpp-loadable GGUF of a tiny Qwen2 or Qwen3 checkpoint: the product's own writer
+(:func:`qwen_onnx.convert.gguf_writer.write_gguf`, llama.cpp's names and token types), with what tests add:
+a quantization mix, added tokens at the padding ids, and further hyperparameters.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-
-_LAYER = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
-
-
-def gguf_name(hf_name: str) -> str:
-    """llama.cpp's tensor name for a Hugging Face Qwen2 tensor name."""
-    if hf_name in _GLOBAL:
-        return _GLOBAL[hf_name]
-    _, _, layer, rest = hf_name.split(".", 3)  # model.layers.{i}.{rest}
-    return f"blk.{layer}.{_LAYER[rest]}"
 
 
 def write_tiny_gguf(hf_dir: Path, path: Path, quantized: dict[str, str] | None = None,
@@ -50,66 +18,13 @@ def write_tiny_gguf(hf_dir: Path, path: Path, quantized: dict[str, str] | None =
     (content -> ``CONTROL`` or ``USER_DEFINED``) take the ids after the tokenizer's own, which the
     checkpoint's ``vocab_size`` must leave free (padding rows, as Qwen's 151,936 rows do);
     ``extra_keys`` (``ARCH.``-less key -> integer) are written as further hyperparameters."""
-    import gguf
-    import numpy as np
-    from safetensors.numpy import load_file
+    from qwen_onnx.convert.gguf_writer import write_gguf
 
-    config = json.loads((hf_dir / "config.json").read_text())
-    tok = json.loads((hf_dir / "tokenizer.json").read_text())
-    vocab = dict(tok["model"]["vocab"])
-    special = {t["content"]: t["id"] for t in tok.get("added_tokens", [])}
-    vocab.update(special)
-    size = config["vocab_size"]
-    kinds = {t: gguf.TokenType.CONTROL for t in special}
+    tokenizer = json.loads((hf_dir / "tokenizer.json").read_text())
+    added = [{"id": t["id"], "content": t["content"], "type": "CONTROL" if t.get("special") else "USER_DEFINED"}
+             for t in tokenizer.get("added_tokens", [])]
+    next_id = len(tokenizer["model"]["vocab"]) + len([t for t in added if t["content"] not in tokenizer["model"]["vocab"]])
     for content, kind in (extra_tokens or {}).items():
-        vocab[content] = len(vocab)
-        kinds[content] = gguf.TokenType[kind]
-    assert len(vocab) <= size, f"{len(vocab)} tokens do not fit vocab_size {size}"
-    by_id = {i: t for t, i in vocab.items()}
-    tokens = [by_id.get(i, f"[PAD{i}]") for i in range(size)]
-    types = [kinds.get(t, gguf.TokenType.NORMAL if i in by_id else gguf.TokenType.UNUSED) for i, t in enumerate(tokens)]
-    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
-
-    arch = config["model_type"]
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_name("tiny-qwen2")
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_rope_freq_base(float(config["rope_theta"]))
-    writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
-    if arch == "qwen3":
-        writer.add_key_length(config["head_dim"])
-        writer.add_value_length(config["head_dim"])
-    for key, value in (extra_keys or {}).items():
-        writer.add_uint32(f"{arch}.{key}", value)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
-    writer.add_eos_token_id(config["eos_token_id"])
-    writer.add_pad_token_id(config["pad_token_id"])
-    writer.add_add_bos_token(False)
-    template = json.loads((hf_dir / "tokenizer_config.json").read_text()).get("chat_template")
-    if template is None and (hf_dir / "chat_template.jinja").is_file():
-        template = (hf_dir / "chat_template.jinja").read_text()
-    if template:
-        writer.add_chat_template(template)
-    for name, tensor in load_file(str(hf_dir / "model.safetensors")).items():
-        data = np.ascontiguousarray(tensor, dtype=np.float32)
-        qtype = (quantized or {}).get(gguf_name(name))
-        if qtype is None:
-            writer.add_tensor(gguf_name(name), data)
-        else:
-            kind = gguf.GGMLQuantizationType[qtype]
-            writer.add_tensor(gguf_name(name), gguf.quants.quantize(data, kind), raw_dtype=kind)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+        added.append({"id": next_id, "content": content, "type": kind})
+        next_id += 1
+    return write_gguf(hf_dir, path, tensor_types=quantized, added_tokens=added, extra_keys=extra_keys)

@@ -14,6 +14,7 @@ import qwen_onnx.store.staging
 import qwen_onnx.settings.options
 import qwen_onnx.settings.variants
 import qwen_onnx.convert.openvino_export
+import qwen_onnx.convert.llama_quantize
 from qwen_onnx.settings.gates import DEFAULT_GATES, DEFAULT_TASK_GATE, variant_kind
 from qwen_onnx.source.resolve import hub_snapshot_revision, source_files
 from qwen_onnx.convert.tflite import conversion_rss_gib, tflite_skip_reason
@@ -92,6 +93,9 @@ MEM_PER_FP32_GB = {  # GiB of peak RSS per GB of fp32 weights
     # optimum-intel's export in its own interpreter (torch's fp32 model, its OpenVINO conversion, NNCF): 3.4 GiB
     # measured on the 0.5B (/usr/bin/time, 2026-12-04), 5.2 GB declared
     "openvino_export": 2.0,
+    # llama.cpp's quantizer: the float32 GGUF written from the hf folder (gguf-py holds every tensor until it
+    # writes), then llama_model_quantize reading it memory-mapped
+    "llama_quantize": 1.6,
 }
 
 # Declared run time (Snakemake's `runtime` resource, minutes; a cluster executor's time limit,
@@ -118,6 +122,7 @@ RUNTIME_MIN_PER_FP32_GB = {
     "sitting": 6.0,
     "genai_builder": 0.5,  # the builder's INT4 graph: the model builder as optimize, plus 4-bit RTN
     "openvino_export": 1.1,  # optimum-intel's export and NNCF's data-free INT4: 106 s on the 0.5B (busy machine)
+    "llama_quantize": 0.5,  # writing the float32 GGUF, then llama.cpp's k-quant search
     "tflite": 0.9,  # 104 s for the 0.5B with litert-torch 0.10 (0.88 min per fp32 GB)
 }
 
@@ -421,9 +426,11 @@ def get_peers_genai_input(wildcards):
 ONNX_VARIANTS = [
     v.name for v in qwen_onnx.settings.variants.VARIANTS if v.format == "onnx"
 ]
+LLAMA_RECIPE_WILDCARD = "|".join(qwen_onnx.convert.llama_quantize.RECIPES)
 ACCURACY_PEER_WILDCARD = "|".join(
     [
         "llama\\.cpp",
+        *(f"llama\\.cpp-{r}" for r in qwen_onnx.convert.llama_quantize.RECIPES),
         "genai-builder-int4",
         "openvino-int4",
         *(re.escape(v) + "-openvino" for v in ONNX_VARIANTS),
@@ -482,6 +489,23 @@ def get_accuracy_peer_openvino_ir_input(wildcards):
     return get_peers_openvino_ir_input(wildcards)
 
 
+def get_peers_llama_cpp_dirs(wildcards):
+    """llama.cpp's own quantizations of the hf folder (rule llama_quantize, peers.llama_cpp_recipes) when the
+    peers are enabled and llama-cpp-python is installed here (else the sitting has no such rows)."""
+    peers = get_settings(wildcards.model, "peers")
+    if not peers["enabled"] or importlib.util.find_spec("llama_cpp") is None:
+        return []
+    return [f"{RESULTS}/{wildcards.model}/peers/llama.cpp-{r}" for r in peers["llama_cpp_recipes"]]
+
+
+def get_accuracy_peer_llama_cpp_input(wildcards):
+    """A same-start llama.cpp peer's folder (llama.cpp-RECIPE; none for the other peers)."""
+    prefix = "llama.cpp-"
+    if not wildcards.peer.startswith(prefix):
+        return []
+    return f"{RESULTS}/{wildcards.model}/peers/{wildcards.peer}"
+
+
 def get_accuracy_peer_genai_input(wildcards):
     """The builder's INT4 graph for the genai-builder-int4 peer's accuracy (none for llama.cpp)."""
     if wildcards.peer != "genai-builder-int4":
@@ -499,6 +523,8 @@ def get_peer_accuracy_inputs():
             continue
         if peers["llama_cpp"]:
             out.append(f"{RESULTS}/{model}/reports/llama.cpp.accuracy.json")
+        for folder in get_peers_llama_cpp_dirs(types.SimpleNamespace(model=model)):
+            out.append(f"{RESULTS}/{model}/reports/{folder.rsplit('/', 1)[1]}.accuracy.json")
         if get_peers_genai_input(types.SimpleNamespace(model=model)):
             out.append(f"{RESULTS}/{model}/reports/genai-builder-int4.accuracy.json")
         if get_peers_openvino_ir_input(types.SimpleNamespace(model=model)):

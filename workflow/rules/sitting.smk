@@ -7,6 +7,7 @@ rule sitting:
         openvino=get_peers_openvino_dirs,
         openvino_ir=get_peers_openvino_ir_input,
         genai=get_peers_genai_input,
+        llama_cpp=get_peers_llama_cpp_dirs,
         text=lambda wc: get_settings(wc.model, "evaluation")["text"],
     output:
         json=f"{RESULTS}/{{model}}/reports/peers.json",
@@ -58,6 +59,30 @@ rule genai_builder:
         "../scripts/genai_builder.py"
 
 
+rule llama_quantize:
+    """llama.cpp's own quantizer on the hf folder (a same-start peer of the timing sitting: the hf folder as a float32 GGUF, quantized by llama_model_quantize to the recipe, no importance matrix), built beside the other builds."""
+    input:
+        hf=f"{RESULTS}/{{model}}/hf",
+    output:
+        model_dir=directory(f"{RESULTS}/{{model}}/peers/llama.cpp-{{recipe}}"),
+    log:
+        f"{RESULTS}/logs/{{model}}/llama_quantize.{{recipe}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/llama_quantize.{{recipe}}.tsv"
+    wildcard_constraints:
+        recipe=LLAMA_RECIPE_WILDCARD,
+    conda:
+        "../../envs/qwen-onnx.yaml"
+    threads: 2
+    resources:
+        mem_mb=get_mem_mb("llama_quantize"),
+        runtime=get_runtime("llama_quantize"),
+    params:
+        version=VERSION,
+    script:
+        "../scripts/llama_quantize.py"
+
+
 rule openvino_export:
     """optimum-intel's INT4 OpenVINO IR of the hf folder (NNCF weight compression, its defaults), OpenVINO's own route as a peer of the timing sitting, exported by the interpreter of its own environment (.venv-openvino)."""
     input:
@@ -82,13 +107,14 @@ rule openvino_export:
 
 
 rule accuracy_peer:
-    """A peer's accuracy on our evaluation windows against PyTorch (llama.cpp on the source GGUF and the builder's INT4 graph, scored on the int4 gate; a variant run by OpenVINO, on its variant's gate)."""
+    """A peer's accuracy on our evaluation windows against PyTorch (llama.cpp on the source GGUF and on its own quantizations of the hf folder, the builder's INT4 graph, scored on the int4 gate; a variant run by OpenVINO, on its variant's gate)."""
     input:
         reference=f"{RESULTS}/{{model}}/reference",
         hf=f"{RESULTS}/{{model}}/hf",
         genai=get_accuracy_peer_genai_input,
         variant=get_accuracy_peer_variant_input,
         openvino_ir=get_accuracy_peer_openvino_ir_input,
+        llama_cpp=get_accuracy_peer_llama_cpp_input,
     output:
         json=f"{RESULTS}/{{model}}/reports/{{peer}}.accuracy.json",
     log:

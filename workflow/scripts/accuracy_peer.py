@@ -10,6 +10,7 @@ with logged(snakemake):
         genai_dir=snakemake.input.genai or None,
         variant_dir=snakemake.input.variant or None,
         openvino_ir_dir=snakemake.input.openvino_ir or None,
+        llama_cpp_dir=snakemake.input.llama_cpp or None,
         threads=snakemake.threads,
         kv_decode_steps=snakemake.params.kv_decode_steps,
         gate_limits=snakemake.params.gate,

@@ -1,5 +1,5 @@
 """Snakemake wrapper: the timing sitting of one model (every variant, PyTorch eager, our variants run by
-OpenVINO, llama.cpp and onnxruntime-genai's INT4 builder graph in interleaved rounds)."""
+OpenVINO, llama.cpp on the source GGUF and on its own quantizations, and onnxruntime-genai's INT4 builder graph in interleaved rounds)."""
 from qwen_onnx.measure.peers import run_peers
 from qwen_onnx.snakemake_support import logged
 
@@ -27,6 +27,7 @@ with logged(snakemake):
         tflite_dir=snakemake.input.get("tflite") or None,
         openvino_dirs=list(snakemake.input.openvino),
         openvino_ir_dir=snakemake.input.get("openvino_ir") or None,
+        llama_cpp_dirs=list(snakemake.input.llama_cpp),
         output=snakemake.output.json,
         markdown=snakemake.output.markdown,
     )

@@ -288,7 +288,16 @@ def run_peers(a):
         prompt_lengths=a.prompt_lengths, decode_prompt_tokens=a.prompt_tokens, new_tokens=a.new_tokens,
         threads=a.threads, warmup=a.warmup, repeats=a.repeats, warmup_scope=a.warmup_scope, pytorch=a.pytorch, llama_cpp=a.llama_cpp,
         genai_builder=a.genai_builder, genai_builder_ort=a.genai_builder_ort, openvino_dirs=a.openvino,
-        openvino_ir_dir=a.openvino_ir, output=a.output, markdown=a.markdown,
+        openvino_ir_dir=a.openvino_ir, llama_cpp_dirs=a.llama_cpp_quantized, output=a.output, markdown=a.markdown,
     )
     print(peers_markdown(result), end="")
     return None
+
+
+def run_llama_quantize(a):
+    from qwen_onnx.convert.llama_quantize import llama_quantize
+    from qwen_onnx.settings.options import check_options
+
+    check_options(threads=a.threads)
+    record = llama_quantize(a.hf_dir, a.output, recipe=a.recipe, threads=a.threads)
+    return {k: record[k] for k in ("peer", "recipe", "imatrix", "bytes", "decode_weight_bytes", "seconds")}

@@ -22,6 +22,7 @@ from qwen_onnx.cli.commands import (
     run_inspect,
     run_int4,
     run_latency,
+    run_llama_quantize,
     run_optimize,
     run_peers,
     run_preprocess,
@@ -33,6 +34,7 @@ from qwen_onnx.cli.commands import (
     run_task_accuracy,
     run_tflite,
 )
+from qwen_onnx.convert.llama_quantize import RECIPES as LLAMA_RECIPES
 from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.measure.latency import WARMUP_SCOPES
 from qwen_onnx.quantize.hadamard import DEFAULT_ROLES as HADAMARD_ROLES
@@ -365,6 +367,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default=None)
     p.set_defaults(func=run_latency)
 
+    p = sub.add_parser("llama-quantize", help="the Hugging Face folder quantized by llama.cpp's own quantizer (a "
+                                              "same-start peer): model.gguf and quantize.json")
+    p.add_argument("hf_dir", help="the resolved Hugging Face folder (results/MODEL/hf)")
+    p.add_argument("-o", "--output", required=True, help="folder to write (results/MODEL/peers/llama.cpp-RECIPE)")
+    p.add_argument("--recipe", default="q4_k_m", choices=sorted(LLAMA_RECIPES),
+                   help="llama.cpp's quantization type (q4_k_m: its recommended default; q5_k_m: its accurate option)")
+    p.add_argument("--threads", type=int, default=None, help="the quantizer's threads (default: all cores)")
+    p.set_defaults(func=run_llama_quantize)
+
     p = sub.add_parser("peers", help="our variants against PyTorch, llama.cpp and onnxruntime-genai's INT4 builder")
     p.add_argument("hf_dir", help="the resolved Hugging Face folder (results/MODEL/hf)")
     p.add_argument("variants", nargs="*", help="our ONNX variant folders, and at most one tflite folder")
@@ -390,6 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--openvino-ir", default=None, metavar="DIR",
                    help="optimum-intel's INT4 OpenVINO IR (the openvino_export stage's folder), a row openvino-int4 "
                         "run by openvino-genai")
+    p.add_argument("--llama-cpp-quantized", nargs="+", default=[], metavar="DIR",
+                   help="llama.cpp's own quantizations of HF_DIR (qwen-onnx llama-quantize folders), rows named after "
+                        "each folder (llama.cpp-q4_k_m)")
     p.add_argument("-o", "--output", default=None, help="peers JSON")
     p.add_argument("--markdown", default=None, help="peers Markdown")
     p.set_defaults(func=run_peers)

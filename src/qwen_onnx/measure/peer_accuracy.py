@@ -4,6 +4,8 @@ same PyTorch reference (the ``accuracy_peer`` stage, ``results/{model}/reports/{
 - ``llama.cpp``: the source GGUF (the embedded models' Q4_K_M) through llama-cpp-python's logits
   (:class:`qwen_onnx.run.llama_cpp.LlamaCppCausalLM`), in a child process so that a build this CPU
   cannot run (SIGILL) is recorded with its cause instead of ending the job.
+- ``llama.cpp-{recipe}``: llama.cpp's own quantizer on the Hugging Face folder (``results/{model}/peers/
+  llama.cpp-{recipe}/model.gguf``, :mod:`qwen_onnx.convert.llama_quantize`), the same way, in a child process.
 - ``genai-builder-int4``: onnxruntime-genai's builder INT4 graph through our accuracy stage
   (:class:`qwen_onnx.run.runtime.OnnxCausalLM`, the graph the ``genai-builder-int4-ort`` row times).
 - ``openvino-int4``: optimum-intel's INT4 OpenVINO IR (:mod:`qwen_onnx.convert.openvino_export`) through
@@ -31,7 +33,7 @@ from typing import Any, Mapping
 
 from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.measure.accuracy import accuracy_from_reference
-from qwen_onnx.measure.peers_table import openvino_variant
+from qwen_onnx.measure.peers_table import llama_cpp_recipe, openvino_variant
 from qwen_onnx.measure.sitting import ChildCrashed, run_in_child
 from qwen_onnx.run.machine import machine_isa
 from qwen_onnx.run.openvino import INSTALL_HINT as OPENVINO_INSTALL_HINT
@@ -50,19 +52,22 @@ ACCURACY_PEERS = ("llama.cpp", "genai-builder-int4", "openvino-int4")
 def peer_accuracy(peer: str, reference_dir: str | os.PathLike, *, source: Any = None,
                   genai_dir: str | os.PathLike | None = None, variant_dir: str | os.PathLike | None = None,
                   openvino_ir_dir: str | os.PathLike | None = None,
+                  llama_cpp_dir: str | os.PathLike | None = None,
                   threads: int | None = None, kv_decode_steps: int = defaults.EVALUATION["kv_decode_steps"],
                   gate_limits: Mapping[str, float] | None = None, scratch_dir: str | os.PathLike | None = None,
                   output: str | os.PathLike | None = None) -> dict[str, Any]:
     """A peer's accuracy against the reference, or why it was skipped.
 
     Args:
-        peer: one of :data:`ACCURACY_PEERS`, or ``{variant}-openvino`` (our ``variant_dir`` run by OpenVINO).
+        peer: one of :data:`ACCURACY_PEERS`, ``llama.cpp-{recipe}`` (``llama_cpp_dir``), or ``{variant}-openvino``
+            (our ``variant_dir`` run by OpenVINO).
         reference_dir: the model's ``reference/`` folder (:func:`qwen_onnx.measure.reference.write_reference`).
         source: the model's configured source (llama.cpp: a ``.gguf`` file or GGUF parts, reassembled
             into ``scratch_dir`` and deleted afterwards).
         genai_dir: the builder's INT4 folder (``results/{model}/peers/genai-builder-int4``).
         variant_dir: an OpenVINO row's variant folder (``results/{model}/int4`` for ``int4-openvino``).
         openvino_ir_dir: optimum-intel's INT4 IR folder (``results/{model}/peers/openvino-int4``).
+        llama_cpp_dir: a same-start llama.cpp folder (``results/{model}/peers/llama.cpp-{recipe}``).
         threads: CPU threads of the runtime.
         kv_decode_steps: decode steps of the KV-cache check, as our variants' (``evaluation.kv_decode_steps``).
         gate_limits: the limits of the peer's gate (the int4 gate; an OpenVINO row's, its variant's).
@@ -75,10 +80,13 @@ def peer_accuracy(peer: str, reference_dir: str | os.PathLike, *, source: Any = 
     Raises:
         QwenOnnxError: an unknown ``peer``.
     """
-    if peer not in ACCURACY_PEERS and openvino_variant(peer) is None:
-        raise QwenOnnxError(f"unknown peer {peer!r}; one of {', '.join(ACCURACY_PEERS)} or VARIANT-openvino")
+    if peer not in ACCURACY_PEERS and openvino_variant(peer) is None and llama_cpp_recipe(peer) is None:
+        raise QwenOnnxError(f"unknown peer {peer!r}; one of {', '.join(ACCURACY_PEERS)}, llama.cpp-RECIPE or "
+                            "VARIANT-openvino")
     kwargs = dict(threads=threads, kv_decode_steps=kv_decode_steps, gate_limits=gate_limits, gate_kind="int4")
-    if openvino_variant(peer) is not None:
+    if llama_cpp_recipe(peer) is not None:
+        result = _llama_cpp_recipe(Path(llama_cpp_dir) if llama_cpp_dir else None, reference_dir, kwargs)
+    elif openvino_variant(peer) is not None:
         result = _openvino(Path(variant_dir) if variant_dir else None, reference_dir, kwargs)
     elif peer == "openvino-int4":
         result = _openvino_ir(Path(openvino_ir_dir) if openvino_ir_dir else None, reference_dir, kwargs)
@@ -116,6 +124,20 @@ def _llama_cpp(source, reference_dir, scratch_dir, kwargs) -> dict[str, Any]:
             return run_in_child(accuracy_from_reference, str(gguf), str(reference_dir), **kwargs)
         except ChildCrashed as exc:
             return {"skipped": f"llama.cpp crashed: the process was {exc}"}
+
+
+def _llama_cpp_recipe(folder: Path | None, reference_dir, kwargs) -> dict[str, Any]:
+    if importlib.util.find_spec("llama_cpp") is None:
+        return {"skipped": "llama-cpp-python is not installed; envs/setup.sh --peers installs it"}
+    if folder is None or not (folder / "model.gguf").is_file():
+        return {"skipped": f"no llama.cpp quantization at {folder}: the llama_quantize stage wrote none"}
+    record = read_json(folder / "quantize.json")
+    try:
+        result = run_in_child(accuracy_from_reference, str(folder / "model.gguf"), str(reference_dir), **kwargs)
+    except ChildCrashed as exc:
+        return {"skipped": f"llama.cpp crashed: the process was {exc}"}
+    return {**result, "recipe": record.get("recipe"), "imatrix": record.get("imatrix"),
+            "decode_weight_bytes": record.get("decode_weight_bytes")}
 
 
 def _openvino_ir(folder: Path | None, reference_dir, kwargs) -> dict[str, Any]:

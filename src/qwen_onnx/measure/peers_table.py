@@ -17,8 +17,36 @@ GENAI_ORT = "genai-builder-int4-ort"
 
 OPENVINO_INT4 = "openvino-int4"
 
-#: The peers the ratios divide by: the fastest decoder of these is the reference.
+#: The peers the ratios divide by: the fastest decoder of these (and of the same-start llama.cpp rows,
+#: :func:`llama_cpp_recipe`) is the reference.
 REFERENCE_PEERS = (LLAMA_CPP, GENAI, OPENVINO_INT4)
+
+#: A same-start llama.cpp row is ``llama.cpp-{recipe}`` (``llama.cpp-q4_k_m``): llama.cpp's own quantizer on
+#: the resolved weights (:mod:`qwen_onnx.convert.llama_quantize`); ``llama.cpp`` alone runs the source GGUF.
+LLAMA_CPP_PREFIX = LLAMA_CPP + "-"
+
+
+def llama_cpp_recipe(peer: str) -> str | None:
+    """The recipe of a same-start llama.cpp row (``llama.cpp-q4_k_m`` -> ``q4_k_m``), None for any other row."""
+    return peer[len(LLAMA_CPP_PREFIX):] if peer.startswith(LLAMA_CPP_PREFIX) else None
+
+
+def is_reference_peer(peer: str) -> bool:
+    """Whether the ratios may divide by ``peer``: :data:`REFERENCE_PEERS` and the same-start llama.cpp rows."""
+    return peer in REFERENCE_PEERS or llama_cpp_recipe(peer) is not None
+
+
+def compares(peer: str) -> str | None:
+    """What a peer row compares with our variants: ``quantizer`` for a row that starts from the very weights
+    ours start from (a same-start llama.cpp recipe, onnxruntime-genai's builder INT4, optimum-intel's INT4 IR,
+    all made from the ``hf`` folder), ``runtime`` for llama.cpp on the source GGUF (the reference's own weights,
+    so its accuracy is the source's and only its kernels compare) and for our variants run by OpenVINO
+    (our own weights); None for our variants and PyTorch."""
+    if peer == LLAMA_CPP or openvino_variant(peer) is not None:
+        return "runtime"
+    if peer in (GENAI, GENAI_ORT, OPENVINO_INT4) or llama_cpp_recipe(peer) is not None:
+        return "quantizer"
+    return None
 
 #: The row of one of our variants run by OpenVINO is the variant's name with this suffix (``int4-openvino``).
 OPENVINO_SUFFIX = "-openvino"
@@ -88,10 +116,10 @@ def add_peer_ratios(rows: list[dict[str, Any]], prompt_lengths: Sequence[int]) -
     """Fill ``{figure}_vs_peer`` in every measured row from the fastest reference peer.
 
     Returns:
-        The reference peer's name (the faster decoder of :data:`REFERENCE_PEERS` that was
-        measured), or None when neither was (the ratios stay None).
+        The reference peer's name (the fastest decoder of the measured peers, :func:`is_reference_peer`),
+        or None when none was (the ratios stay None).
     """
-    measured = [r for r in rows if r["peer"] in REFERENCE_PEERS and r.get("decode_tok_s")]
+    measured = [r for r in rows if is_reference_peer(r["peer"]) and r.get("decode_tok_s")]
     if not measured:
         return None
     reference = max(measured, key=lambda r: r["decode_tok_s"])
@@ -166,8 +194,14 @@ def peers_notes(result: Mapping[str, Any]) -> list[str]:
     return notes
 
 
-#: The rows that are other tools' routes; every other row but PyTorch's is one of our variants, in any runtime.
+#: The rows that are other tools' routes (and every same-start llama.cpp row, :func:`is_peer_route`); every other
+#: row but PyTorch's is one of our variants, in any runtime.
 PEER_ROUTES = (LLAMA_CPP, GENAI, GENAI_ORT, OPENVINO_INT4)
+
+
+def is_peer_route(peer: str) -> bool:
+    """Whether a row is another tool's route: :data:`PEER_ROUTES` and the same-start llama.cpp rows."""
+    return peer in PEER_ROUTES or llama_cpp_recipe(peer) is not None
 
 
 def _fastest(rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
@@ -180,7 +214,9 @@ def standing_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     - our fastest variant that passes its gate: its decode speed over the fastest peer's and over the
       fastest passing peer's;
     - each peer both faster (decode tokens/s) and more accurate (lower mean KL divergence from PyTorch)
-      than some variant of ours, Pareto dominance on the report's accuracy–speed plot, or that none is;
+      than some variant of ours, Pareto dominance on the report's accuracy–speed plot, or that none is,
+      each saying whether it compares quantizers or runtimes (:func:`compares`);
+    - which rows compare quantizers (the same float start) and which compare runtimes;
     - the bytes of weights our int4 reads per decoded token over each peer's.
 
     Args:
@@ -191,8 +227,8 @@ def standing_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         The lines; none when no peer or none of our variants was timed.
     """
     timed = [r for r in rows if not r.get("skipped") and r.get("decode_tok_s")]
-    peers = [r for r in timed if r["peer"] in PEER_ROUTES]
-    ours = [r for r in timed if r["peer"] not in PEER_ROUTES and r["peer"] != "pytorch"]
+    peers = [r for r in timed if is_peer_route(r["peer"])]
+    ours = [r for r in timed if not is_peer_route(r["peer"]) and r["peer"] != "pytorch"]
     if not peers or not ours:
         return []
     lines = []
@@ -217,12 +253,19 @@ def standing_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         beaten = [r["peer"] for r in ours if r.get("kl_mean") is not None
                   and peer["decode_tok_s"] > r["decode_tok_s"] and peer["kl_mean"] < r["kl_mean"]]
         if beaten:
-            beating.append(f"{peer['peer']} ({peer['decode_tok_s']:.1f} tokens/s, KL {peer['kl_mean']:.3g}) "
-                           f"over {', '.join(beaten)}")
+            beating.append(f"{peer['peer']} ({peer['decode_tok_s']:.1f} tokens/s, KL {peer['kl_mean']:.3g}; compares "
+                           f"{compares(peer['peer'])}s) over {', '.join(beaten)}")
     if beating:
         lines.append("Both faster and more accurate (lower mean KL) than a variant of ours: " + "; ".join(beating) + ".")
     elif any(p.get("kl_mean") is not None for p in peers):
         lines.append("No peer is both faster and more accurate (lower mean KL) than any variant of ours.")
+    kinds = {kind: [p["peer"] for p in peers if compares(p["peer"]) == kind] for kind in ("quantizer", "runtime")}
+    if any(kinds.values()):
+        lines.append("; ".join(
+            f"{what}: {', '.join(names)}" for what, names in (
+                ("Rows that compare quantizers (made from the hf folder our variants start from)", kinds["quantizer"]),
+                ("rows that compare runtimes (the source GGUF is the reference's own weights)", kinds["runtime"]))
+            if names) + ".")
     int4 = next((r for r in ours if r["peer"] == "int4" and r.get("weight_bytes_per_token")), None)
     theirs = [p for p in peers if p.get("weight_bytes_per_token")]
     if int4 is not None and theirs:

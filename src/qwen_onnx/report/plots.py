@@ -47,7 +47,10 @@ CAPTIONS = {
     "accuracy_vs_speed": "KL divergence from PyTorch (mean per token, log scale) vs decode tokens/s, our variants and "
                          "the peers on the same evaluation windows and in the same sitting; lower right is better. "
                          "The line joins the Pareto front: the rows no other row beats on both axes. Hollow markers "
-                         "fail their gate; peers have a black ring.",
+                         "fail their gate; peers have a ring: black for another quantizer from the same float start "
+                         "(llama.cpp's own quantizer, the builder's INT4, optimum-intel's INT4), grey for another "
+                         "runtime (llama.cpp on the source GGUF, the reference's own weights; our variants run by "
+                         "OpenVINO).",
 }
 _PANEL_W, _PANEL_H, _DPI = 5.0, 3.8, 110
 _MARKER_S = 64  # scatter marker area, points²
@@ -79,6 +82,18 @@ def _failed(row: Mapping[str, Any]) -> bool:
 
 def _is_peer(row: Mapping[str, Any]) -> bool:
     return row.get("measured_by") == "peers"
+
+
+#: The ring of a peer's marker on the accuracy–speed plot, by what it compares
+#: (:func:`qwen_onnx.measure.peers_table.compares`): black for another quantizer from our start, grey for
+#: another runtime (llama.cpp on the source GGUF, our variants run by OpenVINO).
+PEER_RING = {"quantizer": "black", "runtime": "#999999"}
+
+
+def _ring(row: Mapping[str, Any]) -> str:
+    from qwen_onnx.measure.peers_table import compares
+
+    return PEER_RING.get(compares(row["variant"]) or "quantizer", "black")
 
 
 def _gid(row: Mapping[str, Any]) -> str:
@@ -290,7 +305,7 @@ def figure_accuracy_vs_speed(rows: Sequence[Mapping[str, Any]], styles: Mapping[
         for r, (x, y) in zip(mine, points):
             s = styles[r["variant"]]
             ax.scatter([x], [y], s=_MARKER_S, marker=s.marker, linewidths=1.6 if _is_peer(r) else 1.4,
-                       edgecolors="black" if _is_peer(r) else s.colour,
+                       edgecolors=_ring(r) if _is_peer(r) else s.colour,
                        facecolors="none" if _failed(r) else s.colour, zorder=3, gid=_gid(r))
         ax.set_yscale("log")
         ax.margins(0.1)
@@ -301,8 +316,10 @@ def figure_accuracy_vs_speed(rows: Sequence[Mapping[str, Any]], styles: Mapping[
     fig.suptitle("Accuracy vs decode speed (lower right is better; the line is the Pareto front)", fontsize=11)
     extra = _fail_key(rows)
     if any(_is_peer(r) for r in rows):
-        extra.append(Line2D([], [], color="#444444", marker="o", markeredgecolor="black", markerfacecolor="#dddddd",
-                            linestyle="", label="black ring: peer"))
+        extra.append(Line2D([], [], color="#444444", marker="o", markeredgecolor=PEER_RING["quantizer"],
+                            markerfacecolor="#dddddd", linestyle="", label="black ring: peer quantizer, same start"))
+        extra.append(Line2D([], [], color="#444444", marker="o", markeredgecolor=PEER_RING["runtime"],
+                            markerfacecolor="#dddddd", linestyle="", label="grey ring: peer runtime"))
     _legend(fig, rows, styles, extra)
     return fig
 

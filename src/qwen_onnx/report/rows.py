@@ -15,6 +15,8 @@ from qwen_onnx.measure.inspect_graph import FUSED_OPS, decode_weight_bytes, load
 from qwen_onnx.measure.peers_table import (
     LLAMA_CPP,
     PEER_ROUTES,
+    is_peer_route,
+    llama_cpp_recipe,
     openvino_variant,
     peer_columns,
     peers_notes,
@@ -220,9 +222,9 @@ OPENVINO_PROVIDER = "OpenVINO CPU plugin (f32 hint)"
 
 
 def is_peer_row(name: str) -> bool:
-    """Whether a row of the sitting becomes a peer row of metrics.csv/json: :data:`PEER_VARIANTS` and the
-    OpenVINO rows (``{variant}-openvino``)."""
-    return name in PEER_VARIANTS or openvino_variant(name) is not None
+    """Whether a row of the sitting becomes a peer row of metrics.csv/json: :data:`PEER_VARIANTS`, the same-start
+    llama.cpp rows (``llama.cpp-q4_k_m``) and the OpenVINO rows (``{variant}-openvino``)."""
+    return is_peer_route(name) or openvino_variant(name) is not None
 
 
 #: The accuracy file each peer row reads (the builder's graph in our runtime is the builder's graph).
@@ -260,10 +262,14 @@ def peer_weight_bytes_per_token(peer: Mapping[str, Any], hf_dir: str | os.PathLi
     An ONNX folder (the builder's graph, our variants run by OpenVINO):
     :func:`qwen_onnx.measure.inspect_graph.decode_weight_bytes`; llama.cpp: the GGUF's types recorded by
     ``resolve`` in ``hf_dir/source.json`` over the shapes of ``hf_dir``'s checkpoint
-    (:func:`qwen_onnx.source.gguf_file.gguf_decode_weight_bytes`); None for anything else (an OpenVINO
+    (:func:`qwen_onnx.source.gguf_file.gguf_decode_weight_bytes`), a same-start llama.cpp row the same count
+    from its ``quantize.json``; None for anything else (an OpenVINO
     IR) and where the files are gone.
     """
     path = Path(peer["path"]) if peer.get("path") else None
+    if llama_cpp_recipe(peer["peer"]) is not None and path is not None:
+        record = path.parent / "quantize.json"  # llama.cpp's quantizer counted them from its tensor types
+        return read_json(record).get("decode_weight_bytes") if record.is_file() else None
     if peer["peer"] == LLAMA_CPP:
         source = Path(hf_dir, "source.json")
         types = read_json(source).get("weight_types") if source.is_file() else None
@@ -300,7 +306,8 @@ def peer_metric_rows(models: Sequence[str], paths: Sequence[str | os.PathLike],
                 continue
             row: dict[str, Any] = {c: None for c in COLUMNS}
             row.update(model=model, variant=peer["peer"], measured_by="peers", threads=result["threads"],
-                       provider=_PEER_PROVIDER.get(peer["peer"], OPENVINO_PROVIDER), speed_isa=result.get("isa"),
+                       provider=_PEER_PROVIDER.get(peer["peer"], "llama.cpp CPU" if llama_cpp_recipe(peer["peer"])
+                                                   else OPENVINO_PROVIDER), speed_isa=result.get("isa"),
                        timing_load=(peer.get("load_note") or "idle") if "busy" in peer else None)
             for key in ("load_s", "ttft_ms", "decode_tok_s", "peak_rss_mib", "bytes_on_disk"):
                 row[key] = peer.get(key)

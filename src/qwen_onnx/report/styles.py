@@ -43,6 +43,9 @@ STYLES: dict[str, Style] = {
     "int8-mixed": Style("#ad494a", "<"),  # tab20b's dark red, a sibling of int8-static
     "tflite": Style("#6b6ecf", ">"),  # tab20b's periwinkle: another runtime, not a sibling of an ONNX variant
     "llama.cpp": Style("#8c564b", "X"),
+    # llama.cpp's own quantizer on the same start: llama.cpp's brown family (tab20b's browns), the cross marker
+    "llama.cpp-q4_k_m": Style("#c49c94", "X"),
+    "llama.cpp-q5_k_m": Style("#6b4c3b", "X"),
     "genai-builder-int4": Style("#e377c2", "h"),
     "genai-builder-int4-ort": Style("#bcbd22", "p"),
     "openvino-int4": Style("#8ca252", "H"),  # tab20b's olive
