@@ -491,11 +491,15 @@ def get_accuracy_peer_openvino_ir_input(wildcards):
 
 def get_peers_llama_cpp_dirs(wildcards):
     """llama.cpp's own quantizations of the hf folder (rule llama_quantize, peers.llama_cpp_recipes) when the
-    peers are enabled and llama-cpp-python is installed here (else the sitting has no such rows)."""
+    peers are enabled and llama-cpp-python is installed here (else the sitting has no such rows).
+    """
     peers = get_settings(wildcards.model, "peers")
     if not peers["enabled"] or importlib.util.find_spec("llama_cpp") is None:
         return []
-    return [f"{RESULTS}/{wildcards.model}/peers/llama.cpp-{r}" for r in peers["llama_cpp_recipes"]]
+    return [
+        f"{RESULTS}/{wildcards.model}/peers/llama.cpp-{r}"
+        for r in peers["llama_cpp_recipes"]
+    ]
 
 
 def get_accuracy_peer_llama_cpp_input(wildcards):
@@ -524,7 +528,9 @@ def get_peer_accuracy_inputs():
         if peers["llama_cpp"]:
             out.append(f"{RESULTS}/{model}/reports/llama.cpp.accuracy.json")
         for folder in get_peers_llama_cpp_dirs(types.SimpleNamespace(model=model)):
-            out.append(f"{RESULTS}/{model}/reports/{folder.rsplit('/', 1)[1]}.accuracy.json")
+            out.append(
+                f"{RESULTS}/{model}/reports/{folder.rsplit('/', 1)[1]}.accuracy.json"
+            )
         if get_peers_genai_input(types.SimpleNamespace(model=model)):
             out.append(f"{RESULTS}/{model}/reports/genai-builder-int4.accuracy.json")
         if get_peers_openvino_ir_input(types.SimpleNamespace(model=model)):
