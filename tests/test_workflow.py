@@ -7,6 +7,7 @@ the messages for bad input.
 
 import csv
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -24,6 +25,9 @@ from qwen_onnx.settings.variants import NAMES as VARIANTS
 
 #: The variants of the tiny models without a tflite one (write_config builds it for `tiny` only).
 ONNX_VARIANTS = tuple(v for v in VARIANTS if v != "tflite")
+#: The same-start llama.cpp rows (peers.llama_cpp_recipes' default): planned and measured only where
+#: llama-cpp-python is installed (envs/setup.sh --peers; CI runs without it).
+LLAMA_ROWS = ("llama.cpp-q4_k_m", "llama.cpp-q5_k_m") if importlib.util.find_spec("llama_cpp") else ()
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -106,8 +110,6 @@ def test_full_run_writes_every_artifact(finished_run):
     assert json.loads((results / "tiny" / "reports" / "tflite.latency.json").read_text())["profile"] is None
     with open(results / "metrics.csv", newline="") as f:
         rows_read = list(csv.DictReader(f))
-    import importlib.util
-
     from qwen_onnx.report.rows import is_peer_row
 
     # every speed figure comes from each model's one timing sitting (the sitting stage)
@@ -119,14 +121,14 @@ def test_full_run_writes_every_artifact(finished_run):
     openvino = ["int4-openvino", "int8-dynamic-openvino"] if importlib.util.find_spec("openvino") else []
     assert [(r["model"], r["variant"]) for r in rows_read if is_peer_row(r["variant"])] == [
         (m, v) for m in ("tiny", "tiny-qwen1.5", "tiny-qwen3")
-        for v in (*openvino, "genai-builder-int4", "genai-builder-int4-ort")]
+        for v in (*openvino, *LLAMA_ROWS, "genai-builder-int4", "genai-builder-int4-ort")]
     for r in (r for r in rows_read if is_peer_row(r["variant"])):
         assert_timed({k: float(r[k]) for k in ("decode_tok_s", "ttft_ms")})
     peers = json.loads((results / "tiny" / "reports" / "peers.json").read_text())
     onnx = [v for v in VARIANTS if v != "tflite"]
     assert [r["peer"] for r in peers["rows"]] == ["pytorch", *onnx, "tflite", "int4-openvino", "int8-dynamic-openvino",
-                                                  "llama.cpp", "genai-builder-int4", "genai-builder-int4-ort",
-                                                  "openvino-int4"]
+                                                  "llama.cpp", *LLAMA_ROWS, "genai-builder-int4",
+                                                  "genai-builder-int4-ort", "openvino-int4"]
     by_peer = {r["peer"]: r for r in peers["rows"]}
     assert by_peer["openvino-int4"]["skipped"].startswith(("export failed: ", "openvino-genai not installed: "))
     accuracy = json.loads((results / "tiny" / "reports" / "int4-openvino.accuracy.json").read_text())
@@ -146,7 +148,10 @@ def test_full_run_writes_every_artifact(finished_run):
         assert (latency.get("profile") is not None) == (variant not in ("pytorch", "tflite")), variant
     # without llama-cpp-python (CI: envs/setup.sh without --peers) the package is named first
     note = "no GGUF: the source " if importlib.util.find_spec("llama_cpp") else "llama-cpp-python not installed: "
-    assert by_peer["llama.cpp"]["skipped"].startswith(note) and peers["reference"] == "genai-builder-int4"
+    assert by_peer["llama.cpp"]["skipped"].startswith(note)
+    # the ratios divide by the fastest peer: llama.cpp's own quantizations of the hf folder are peers too
+    assert peers["reference"] == max((r for r in peers["rows"] if r["peer"] in ("genai-builder-int4", *LLAMA_ROWS)),
+                                     key=lambda r: r["decode_tok_s"])["peer"]
     assert "## Against peers: tiny-qwen3" in (results / "report.md").read_text()
     assert [(r["model"], r["variant"]) for r in every] == [
         (m, v) for m in ("tiny", "tiny-qwen1.5", "tiny-qwen3")
@@ -355,7 +360,8 @@ def test_adding_a_model_reruns_only_that_models_stages(finished_run, tiny_qwen2)
                                     "float16": 1,
                     "optimize": 1, "inspect": n, "diff": n - 1, "reference": 1, "accuracy": n, "profile": n,
                     "latency_row": n, "latency_row_pytorch": 1, "genai_builder": 1, "openvino_export": 1,
-                    "sitting": 1, "accuracy_peer": 5, "report": 1, "all": 1}
+                    "sitting": 1, "accuracy_peer": 5 + len(LLAMA_ROWS), "report": 1, "all": 1,
+                    **({"llama_quantize": len(LLAMA_ROWS)} if LLAMA_ROWS else {})}
 
 
 def test_evaluation_settings_rerun_the_reference_only_when_they_change_it(finished_run):
@@ -379,7 +385,8 @@ def test_evaluation_settings_rerun_the_reference_only_when_they_change_it(finish
         (finished_run / "config.yaml").write_text(original)
     models = len(config["models"])
     accuracy = len(ONNX_VARIANTS) * models + 1  # and tiny's tflite
-    peers = 5 * models  # llama.cpp, the builder's graph, optimum-intel's IR, our int4 and int8-dynamic by OpenVINO
+    # llama.cpp, its own quantizations, the builder's graph, optimum-intel's IR, our int4 and int8-dynamic by OpenVINO
+    peers = (5 + len(LLAMA_ROWS)) * models
     assert windows == {"reference": models, "accuracy": accuracy, "accuracy_peer": peers, "report": 1, "all": 1}
     assert steps == {"accuracy": accuracy, "accuracy_peer": peers, "report": 1, "all": 1}
 
