@@ -173,3 +173,23 @@ def test_litert_torch_imports_quietly_and_says_what_it_filtered():
     assert "Failed to load" not in rest and "rebuild TensorFlow" not in rest and "register_constant" not in rest, rest
     assert "INFO qwen_onnx: filtered torchao notices (torchao's CUDA kernels (MX-FP8, CUTLASS), unused on the CPU)" \
         in done.stderr
+
+
+def test_a_spawned_process_reports_its_own_peak_rss_not_its_parents():
+    """getrusage's ru_maxrss survives exec on Linux: a child spawned after the parent held 600 MiB read
+    600 MiB whatever it used itself; VmHWM is the child's own (a bare interpreter: under 200 MiB)."""
+    import multiprocessing
+    import sys
+
+    import numpy as np
+
+    from qwen_onnx.run.machine import peak_rss_mib
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("VmHWM is Linux's")
+    held = np.ones(600 * 2**20 // 8)  # 600 MiB touched in this process
+    assert peak_rss_mib() > 600
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        child = pool.apply(peak_rss_mib)
+    del held
+    assert 5 < child < 200
