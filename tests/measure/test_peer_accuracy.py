@@ -109,10 +109,13 @@ def test_peer_rows_carry_the_peers_accuracy(tmp_path):
     cells = {r["peer"]: (r["gate"], r["kl_mean"], r["top1_pct"], r["decode_tok_s"]) for r in table["rows"]}
     assert cells["int4"] == ("PASS", 0.02, 92.3, 35.0) and cells["llama.cpp"] == ("PASS", 0.031, 91.0, 30.0)
     assert cells["genai-builder-int4"] == ("FAIL", 0.05, 83.4, 40.0) and cells["pytorch"] == (None, None, None, 5.0)
-    assert table["notes"][-2:] == [
+    assert table["notes"][-3:] == [
         "Our fastest variant that passes its gate, int4 (35.0 tokens/s), decodes 0.85× the fastest peer, "
         "genai-builder-int4-ort (FAIL), and 1.17× the fastest peer that passes, llama.cpp.",
-        "No peer is both faster and more accurate (lower mean KL) than any variant of ours."]
+        "No peer is both faster and more accurate (lower mean KL) than any variant of ours.",
+        "Rows that compare quantizers (made from the hf folder our variants start from): genai-builder-int4, "
+        "genai-builder-int4-ort; rows that compare runtimes (the source GGUF is the reference's own weights): "
+        "llama.cpp."]
 
 
 def test_standing_names_each_peer_faster_and_more_accurate_than_a_variant_of_ours():
@@ -132,8 +135,10 @@ def test_standing_names_each_peer_faster_and_more_accurate_than_a_variant_of_our
     assert standing_notes(rows) == [
         "Our fastest variant that passes its gate, int4 (39.3 tokens/s), decodes 0.85× the fastest peer, "
         "genai-builder-int4 (FAIL), and 1.49× the fastest peer that passes, llama.cpp.",
-        "Both faster and more accurate (lower mean KL) than a variant of ours: llama.cpp (26.3 tokens/s, KL 0.0011) "
-        "over tflite, int4-openvino, int8-dynamic-openvino.",
+        "Both faster and more accurate (lower mean KL) than a variant of ours: llama.cpp (26.3 tokens/s, KL 0.0011; "
+        "compares runtimes) over tflite, int4-openvino, int8-dynamic-openvino.",
+        "Rows that compare quantizers (made from the hf folder our variants start from): genai-builder-int4, "
+        "openvino-int4; rows that compare runtimes (the source GGUF is the reference's own weights): llama.cpp.",
         "int4 reads 477 MB of weights per token: 1.27× llama.cpp's 375 MB, 1.50× genai-builder-int4's 317 MB."]
     # no variant of ours passes, or no peer was timed
     failing = [{**r, "gate": "FAIL"} if r["peer"] in ("fp32", "int4", "tflite") else r for r in rows[:4]]
