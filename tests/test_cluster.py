@@ -191,7 +191,9 @@ def test_slurm_profile_resources_apply_to_every_job(tmp_path, tiny_qwen2, texts,
                               "quantize_int4", "float16", "optimize", "inspect", "diff", "reference", "accuracy", "profile",
                               "latency_row", "latency_row_pytorch", "genai_builder", "openvino_export", "sitting",
                               "accuracy_peer", "task_accuracy", "machine",
-                              "report", "all"}
+                              "report", "all",
+                              # llama.cpp's own quantizations, planned where llama-cpp-python is installed
+                              *(["llama_quantize"] if importlib.util.find_spec("llama_cpp") else [])}
     for rule, res in resources.items():
         assert res["slurm_partition"] == "cpu" and res["slurm_account"] == "my-account", rule
         if rule != "all":
