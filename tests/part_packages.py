@@ -21,3 +21,15 @@ def make_part_packages(root, prefix, chunks):
         )
         names.append(f"{prefix}{i}".replace("_", "-"))
     return names
+
+
+def embedded_parts_installed() -> bool:
+    """Whether the embedded 0.5B's GGUF part packages are installed (``envs/setup.sh --models``; CI runs without)."""
+    from qwen_onnx.errors import PartError
+    from qwen_onnx.source.gguf_file import EMBEDDED, locate_parts
+
+    try:
+        locate_parts(EMBEDDED["qwen2.5-coder-0.5b-instruct-q4_k_m"])
+    except PartError:
+        return False
+    return True

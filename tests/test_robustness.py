@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from part_packages import embedded_parts_installed
 import yaml
 from timing_checks import assert_timed
 
@@ -311,18 +312,7 @@ def test_every_stage_loads_tokenizers_through_load_tokenizer():
     assert [name for name, text in sources.items() if "AutoTokenizer.from_pretrained(" in text] == ["text.py"]
 
 
-def _embedded_parts_installed() -> bool:
-    from qwen_onnx.errors import PartError
-    from qwen_onnx.source.gguf_file import EMBEDDED, locate_parts
-
-    try:
-        locate_parts(EMBEDDED["qwen2.5-coder-0.5b-instruct-q4_k_m"])
-    except PartError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _embedded_parts_installed(),
+@pytest.mark.skipif(not embedded_parts_installed(),
                     reason="GGUF part packages not installed (envs/setup.sh --models); CI runs setup.sh without it")
 def test_embedded_tokenizer_gives_the_known_ids(tmp_path):
     """About 40 s: assembles the 0.5B GGUF (491 MB) and reads its tokenizer."""

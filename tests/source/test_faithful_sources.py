@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from part_packages import embedded_parts_installed
 
 from qwen_onnx.errors import ArchitectureError
 from qwen_onnx.source.resolve import resolve
@@ -149,18 +150,7 @@ def test_a_checkpoint_of_another_head_is_refused_in_one_line(tmp_path, tied, hea
     assert not (tmp_path / "hf").exists()
 
 
-def _embedded_parts_installed() -> bool:
-    from qwen_onnx.errors import PartError
-    from qwen_onnx.source.gguf_file import EMBEDDED, locate_parts
-
-    try:
-        locate_parts(EMBEDDED["qwen2.5-coder-0.5b-instruct-q4_k_m"])
-    except PartError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _embedded_parts_installed(),
+@pytest.mark.skipif(not embedded_parts_installed(),
                     reason="GGUF part packages not installed (envs/setup.sh --models); CI runs setup.sh without it")
 def test_the_embedded_coder_keeps_its_fim_and_tool_call_tokens(tmp_path):
     """About 40 s: the 0.5B's GGUF types 20 tokens CONTROL and 2 USER_DEFINED; transformers kept 3 whole."""

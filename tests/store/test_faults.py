@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
+from other_user import NOBODY, nobody_runs_qwen_onnx
 
 from qwen_onnx.cli import main
 from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, read_json
@@ -321,21 +322,11 @@ def test_a_full_input_disk_is_named_not_the_output(pipeline, tmp_path):
 # --- an unreadable results folder ------------------------------------------------------------------
 
 
-NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
-
-
-def _nobody_runs_qwen_onnx(env) -> bool:
-    if os.geteuid() != 0 or not shutil.which("setpriv"):
-        return False
-    probe = subprocess.run([*NOBODY, sys.executable, "-c", "import qwen_onnx.cli"], capture_output=True, env=env)
-    return probe.returncode == 0
-
-
 def test_an_unreadable_results_folder_is_named_in_one_line(pipeline, texts, tmp_path_factory):
     """Run as uid 65534 (root reads everything), on a results folder of mode 0700 owned by root."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
            "HOME": "/tmp"}
-    if not _nobody_runs_qwen_onnx(env):
+    if not nobody_runs_qwen_onnx(env):
         pytest.skip("needs root, setpriv, and a checkout that uid 65534 can read")
     import tempfile
 

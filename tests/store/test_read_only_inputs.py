@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from other_user import NOBODY, nobody_runs_qwen_onnx
 from onnx import numpy_helper
 
 from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE
@@ -140,22 +141,12 @@ def test_a_variant_from_a_read_only_input_is_the_one_from_a_writable_input(pipel
 # --- a folder of another user ----------------------------------------------------------------------
 
 
-NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
-
-
-def _nobody_runs_qwen_onnx(env) -> bool:
-    if os.geteuid() != 0 or not shutil.which("setpriv"):
-        return False
-    probe = subprocess.run([*NOBODY, sys.executable, "-c", "import qwen_onnx.cli"], capture_output=True, env=env)
-    return probe.returncode == 0
-
-
 @pytest.mark.parametrize("mode", [0o755, 0o777], ids=["read-only-to-others", "writable-by-others"])
 def test_a_stage_reads_a_folder_of_another_user(pipeline, mode):
     """uid 65534 reads root's folder: one it may not write, and one it may write but whose times it may not
     restore (os.utime on another user's folder: "Operation not permitted")."""
     env = {**ENV, "HOME": "/tmp"}
-    if not _nobody_runs_qwen_onnx(env):
+    if not nobody_runs_qwen_onnx(env):
         pytest.skip("needs root, setpriv, and a checkout that uid 65534 can read")
     root = Path(tempfile.mkdtemp(prefix="qwen-onnx-owned-", dir="/tmp"))
     try:
