@@ -276,6 +276,36 @@ def test_a_kind_kept_mostly_on_its_source_grid_is_probed_at_its_first_lossy_opti
     assert probe_options(roles, sizes) == {"up_proj": "4/32", "down_proj": "4/32"}
     # 1536 inputs gain 64 rows (48 sums padded to two blocks of 32): 4/32 bytes x 1600 / 1536
     plain = weight_bytes({"u0": "4/32"}, {"u0": 1536 * 8})
-    assert weight_bytes({"u0": "4/32"}, {"u0": 1536 * 8}, {"u0": 1600 / 1536}) == pytest.approx(plain * 1600 / 1536)
-    assert weight_bytes({"u0": "4/64"}, {"u0": 1536 * 8}, {"u0": 1600 / 1536}) == pytest.approx(
+    widened = {"u0": ("4/32", 1600 / 1536)}
+    assert weight_bytes({"u0": "4/32"}, {"u0": 1536 * 8}, widened) == pytest.approx(plain * 1600 / 1536)
+    assert weight_bytes({"u0": "4/64"}, {"u0": 1536 * 8}, widened) == pytest.approx(
         weight_bytes({"u0": "4/64"}, {"u0": 1536 * 8}))
+
+
+def test_a_weight_on_a_source_grid_has_its_exact_option_among_the_others_by_bytes():
+    """matmul_options: a Q5_0/Q8_0 weight (8/32) and a Q6_K one (8/16) start wider than 8/128, a Q3_K one (4/16)
+    sits between 8/128 and 4/32, a Q4_K one (4/32) has the options of a float weight; the path starts from each
+    MatMul's first option and its moves follow each MatMul's own ladder."""
+    from qwen_onnx.quantize.precision_search import matmul_options
+    from qwen_onnx.quantize.source_grid import SourceGrid
+
+    def grid(bits, block):
+        blocks = 64 // block
+        return SourceGrid(np.zeros((2, blocks, block), np.uint8), np.ones((2, blocks), np.float32),
+                          np.zeros((2, blocks), np.uint8), np.zeros((2, blocks)), bits, block)
+
+    assert matmul_options(None) == ("8/128", "4/32", "4/64")
+    assert matmul_options(grid(8, 32)) == ("8/32", "8/128", "4/32", "4/64")
+    assert matmul_options(grid(8, 16)) == ("8/16", "8/128", "4/32", "4/64")
+    assert matmul_options(grid(4, 16)) == ("8/128", "4/16", "4/32", "4/64")
+    assert matmul_options(grid(4, 32)) == ("8/128", "4/32", "4/64")
+    options = {"q5": matmul_options(grid(8, 32)), "f": matmul_options(None)}
+    errors = {"q5": {"8/32": 0.0, "8/128": 1e-5, "4/32": 1e-2, "4/64": 2e-2},
+              "f": {"8/128": 1e-5, "4/32": 2e-3, "4/64": 1e-2}}
+    steps = greedy_steps(errors, {"q5": 1000, "f": 1000}, options)
+    # q5's move off its exact option saves 0.117 bytes a weight for 1e-5: cheapest first
+    assert steps == [("q5", "8/128"), ("f", "4/32"), ("q5", "4/32"), ("f", "4/64"), ("q5", "4/64")]
+    start = {name: keys[0] for name, keys in options.items()}
+    assert precision_after(steps, list(options), 0, start) == {"q5": "8/32", "f": "8/128"}
+    assert precision_after(steps, list(options), 2, start) == {"q5": "8/128", "f": "4/32"}
+    assert weight_bytes(start, {"q5": 1000, "f": 1000}) == pytest.approx(1000 * (1 + 5 / 32) + 1000 * (1 + 5 / 128))

@@ -14,10 +14,11 @@ from qwen_onnx.quantize.kquant import matmul_nbits_node, quantize_weight, source
 from qwen_onnx.quantize.matmuls import weight_matmul_names, weight_matmuls
 from qwen_onnx.quantize.source_grid import (
     SUMS_SUFFIX,
-    four_bit_grid,
+    weight_grid,
     input_width,
     insert_block_sums,
     sum_rows,
+    weight_origins,
 )
 
 
@@ -48,7 +49,7 @@ def run_matmul(node_and_tensors, x: np.ndarray, k: int, n: int) -> np.ndarray:
 
 def test_q4k_weight_found_on_its_grid_and_restored_to_float_rounding():
     w = q4k_weight(512, 24)
-    grid = four_bit_grid(w)
+    grid = weight_grid(w)
     assert grid is not None
     assert grid.codes.shape == (24, 16, 32) and grid.codes.max() <= 15
     # the integer zero point alone misses by up to half a step: about as much as rounding afresh
@@ -63,12 +64,12 @@ def test_q4k_weight_found_on_its_grid_and_restored_to_float_rounding():
 
 def test_float_weights_and_odd_widths_are_not_a_grid():
     rng = np.random.default_rng(1)
-    assert four_bit_grid(rng.standard_normal((256, 8)).astype(np.float32)) is None
-    assert four_bit_grid(q4k_weight(256, 8)[:240]) is None  # 240 inputs: not whole blocks of 32
+    assert weight_grid(rng.standard_normal((256, 8)).astype(np.float32)) is None
+    assert weight_grid(q4k_weight(256, 8)[:240]) is None  # 240 inputs: not whole blocks of 32
     # 17 levels in one block: off a 4-bit grid
     w = q4k_weight(256, 8)
     w[:17, 0] = np.arange(17, dtype=np.float32) * 1e-3
-    assert four_bit_grid(w) is None
+    assert weight_grid(w) is None
 
 
 @pytest.mark.parametrize("k", [256, 1536])
@@ -83,7 +84,7 @@ def test_node_computes_the_source_weight_in_onnxruntime():
     x = np.random.default_rng(3).standard_normal((1, 3, k)).astype(np.float32)
     exact = x @ w
     matmul = helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")
-    grid = four_bit_grid(w)
+    grid = weight_grid(w)
     kept = run_matmul(source_grid_node(grid, matmul, accuracy_level=0), x, k, n)
     # the same weight re-quantized by the block search (integer zero points, no remainder)
     q, scale, zero = quantize_weight("mm", lambda: w, 4, 32)
@@ -102,7 +103,7 @@ def test_block_sums_shared_by_the_nodes_reading_one_input():
     w1, w2 = q4k_weight(k, n, seed=4), q4k_weight(k, n, seed=5)
     nodes, tensors = [], []
     for name, w in (("a", w1), ("b", w2)):
-        node, t = source_grid_node(four_bit_grid(w), helper.make_node("MatMul", ["x", name + "_w"], [name], name=name), 0)
+        node, t = source_grid_node(weight_grid(w), helper.make_node("MatMul", ["x", name + "_w"], [name], name=name), 0)
         nodes.append(node)
         tensors += t
     add = helper.make_node("Add", ["a", "b"], ["y"], name="add")
@@ -171,7 +172,106 @@ def test_a_block_whose_levels_skip_steps_is_found_at_its_own_step():
     w = q4k_weight(256, 64, seed=7)
     step = 0.0487
     w[:32, 1] = step * np.array([0, 11, 14] * 10 + [0, 11]) - 0.68
-    grid = four_bit_grid(w)
+    grid = weight_grid(w)
     assert grid is not None
     assert grid.scale[1, 0] == pytest.approx(step, rel=1e-5)
     assert sorted(set(grid.codes[1, 0].tolist())) == [0, 11, 14]
+
+
+#: Each GGUF block type ``resolve`` may dequantize: the MatMulNBits option that holds it, and whether exactly
+#: (an anchored grid) or with its offset's remainder through the block sums.
+BLOCK_TYPES = {"Q4_0": ((4, 32), True), "Q4_1": ((4, 32), False), "Q5_0": ((8, 32), True), "Q5_1": ((8, 32), False),
+               "Q8_0": ((8, 32), True), "Q4_K": ((4, 32), False), "Q5_K": ((8, 32), False), "Q6_K": ((8, 16), True),
+               "Q3_K": ((4, 16), True)}
+
+
+@pytest.mark.parametrize("type_name", sorted(BLOCK_TYPES))
+def test_every_gguf_block_type_is_carried_over_by_its_own_option(type_name):
+    """A weight of each GGUF block type (gguf-py's blocks, dequantized as resolve reads them) is found on its grid,
+    and the node computes it in onnxruntime: an anchored type's product equals the dequantized weight's to float32
+    rounding; an offset type's weight is off by at most its remainder's rounding, a 30th of a step at 4 bits and a
+    510th at 8."""
+    from tiny_gguf import gguf_block_weight
+
+    k, n = 512, 48
+    w = gguf_block_weight(type_name, k, n, seed=11)
+    grid = weight_grid(w)
+    option, exact = BLOCK_TYPES[type_name]
+    assert grid is not None and (grid.option, grid.exact) == (option, exact)
+    assert grid.sum_rows == (0 if exact else 32)
+    restored = grid.restored()
+    if exact:
+        assert np.array_equal(restored, w)
+    else:
+        assert np.abs(restored - w).max() <= grid.scale.max() / (2 * (2 ** grid.bits - 1)) * 1.001
+    x = np.random.default_rng(12).standard_normal((1, 3, k)).astype(np.float32)
+    node = source_grid_node(grid, helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"), accuracy_level=0)
+    assert (node[0].input[0] == "x") == exact  # only an offset reads the input widened by its block sums
+    y = run_matmul(node, x, k, n)
+    reference = (x.astype(np.float64) @ restored.astype(np.float64)).astype(np.float32)
+    np.testing.assert_allclose(y, reference, rtol=0, atol=1e-5 * np.abs(reference).max())
+
+
+def test_a_q2_k_weight_and_a_float_weight_have_no_grid():
+    """Q2_K keeps an offset per 16 inputs, which the block sums (per 32) cannot add back; a float weight is on no
+    grid at 4 or 8 bits."""
+    from tiny_gguf import gguf_block_weight
+
+    assert weight_grid(gguf_block_weight("Q2_K", 512, 16)) is None
+    assert weight_grid(np.random.default_rng(2).standard_normal((512, 80)).astype(np.float32)) is None
+
+
+def test_weight_origins_count_each_weight_once():
+    grids = {"a": (8, 32), "b": (4, 32), "c": None, "d": (8, 16)}
+    sizes = {"a": 100, "b": 200, "c": 300, "d": 400}
+    precision = {"a": "8/32", "b": "4/64", "c": "4/32", "d": "float"}
+    assert weight_origins(precision, grids, sizes) == {
+        "carried_over": 100, "rounded_from_float": 300, "rounded_again": 200, "float": 400,
+        "by_grid": {"8/32": 100, "4/32": 200, "8/16": 400}}
+    assert weight_origins(precision, grids, sizes, kept=False)["rounded_again"] == 300
+    from qwen_onnx.report.rows import weight_origin_line
+
+    origin = weight_origins({k: v for k, v in precision.items() if k != "d"}, grids, {k: v * 10 ** 5 for k, v in sizes.items()})
+    assert weight_origin_line("m/int4", origin) == (
+        "m/int4: weights 10.0 M carried over from the source's grid exactly, 20.0 M rounded a second time, 30.0 M "
+        "rounded from float (source grids: 10.0 M on 8/32, 20.0 M on 4/32)")
+
+
+def test_int4_stage_carries_a_gguf_mix_over_exactly(tiny_qwen2, tmp_path):
+    """A tiny GGUF whose MatMul weights are Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, resolved, exported and built at each
+    MatMul's exact option: every weight carried over, the anchored types without block sums, and the logits those
+    of the resolved float graph to float32 rounding and the offsets' remainders (float compute, accuracy_level 0)."""
+    from tiny_gguf import write_tiny_gguf
+
+    from qwen_onnx.convert.export import export_onnx, preprocess
+    from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
+    from qwen_onnx.quantize.precision_search import option_key
+    from qwen_onnx.run.runtime import OnnxCausalLM
+    from qwen_onnx.source.resolve import resolve
+
+    kinds = {"attn_q": "Q4_0", "attn_k": "Q5_0", "attn_v": "Q8_0", "attn_output": "Q4_1", "ffn_gate": "Q5_1",
+             "ffn_up": "Q8_0", "ffn_down": "Q5_0"}
+    types = {f"blk.{i}.{kind}.weight": t for i in range(2) for kind, t in kinds.items()}
+    resolve(str(write_tiny_gguf(tiny_qwen2, tmp_path / "mix.gguf", {**types, "output.weight": "Q8_0"})),
+            tmp_path / "hf")
+    export_onnx(tmp_path / "hf", tmp_path / "fp32", opset=17)
+    preprocess(tmp_path / "fp32", tmp_path / "float")
+    path = tmp_path / "float" / "model.onnx"
+    graph = onnx.load(str(path), load_external_data=False).graph
+    grids = {node.name: weight_grid(onnx.numpy_helper.to_array(t, base_dir=str(path.parent)))
+             for node, t in weight_matmuls(graph)}
+    assert all(g is not None for g in grids.values())
+    precision = {name: option_key(*grid.option) for name, grid in grids.items()}
+    assert sorted(set(precision.values())) == ["4/32", "8/32"]
+    settings = Int4Settings(accuracy_level=0, importance_samples=0, gptq_updates=False, embedding="float")
+    done = quantize_int4_variant(tmp_path / "float", tmp_path / "int4", settings, precision=precision)
+    origin = done["weight_origin"]
+    assert origin["carried_over"] == sum(int(np.prod(t.dims)) for _, t in weight_matmuls(graph))
+    assert origin["rounded_again"] == origin["rounded_from_float"] == 0
+    built = onnx.load(str(tmp_path / "int4" / "model.onnx"), load_external_data=False).graph
+    widened = {n.name for n in built.node if n.op_type == "MatMulNBits" and n.input[0].endswith(SUMS_SUFFIX)}
+    assert {n.split("/")[-2] for n in widened} == {"o_proj", "gate_proj"}  # Q4_1 and Q5_1: the offset types
+    ids = np.arange(3, 43, dtype=np.int64)[None, :]
+    reference = OnnxCausalLM(tmp_path / "float").forward(ids)[0]
+    kept = OnnxCausalLM(tmp_path / "int4").forward(ids)[0]
+    assert np.abs(kept - reference).max() < 1e-2 * np.abs(reference).max()

@@ -346,11 +346,14 @@ def inspect_variant(path: str | os.PathLike) -> tuple[dict[str, Any], str]:
         return info, inspect_tflite_markdown(info)
     info = inspect_model(path)
     record = Path(path) / "quantize.json" if os.path.isdir(path) else Path(path).parent / "quantize.json"
-    if record.is_file() and (search := json.loads(record.read_text(encoding="utf-8")).get("precision_search")):
+    quantized = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else {}
+    if search := quantized.get("precision_search"):
         # the int4 precision search's outcome, for the report: per layer kind, bytes, the margin kept
         info["precision_search"] = {k: search[k] for k in ("by_role", "weight_bytes_per_token",
                                                             "weight_bytes_per_token_all_8bit", "chosen", "gate",
                                                             "moves", "of_moves")}
+    if origin := quantized.get("weight_origin"):
+        info["weight_origin"] = origin  # weights carried over from the source's grid, rounded once, rounded again
     return info, to_markdown(info)
 
 

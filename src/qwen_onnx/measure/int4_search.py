@@ -8,6 +8,7 @@ activation importance did not see; the evaluation windows the report scores are 
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import tempfile
@@ -31,6 +32,7 @@ from qwen_onnx.quantize.precision_search import (
     galloping_prefix,
     greedy_steps,
     longest_passing_prefix,
+    matmul_options,
     option_errors,
     option_key,
     precision_after,
@@ -38,7 +40,6 @@ from qwen_onnx.quantize.precision_search import (
     skip_move,
     weight_bytes,
 )
-from qwen_onnx.quantize.source_grid import sum_rows
 from qwen_onnx.run.runtime import OnnxCausalLM
 from qwen_onnx.settings.gates import check_gate, gate_margins
 from qwen_onnx.source.text import CALIBRATION_TEXT, evenly_spaced, load_tokenizer, shipped_text, token_windows
@@ -164,10 +165,13 @@ def search_int4_variant(
 
     # the weights' error to the model's: per layer kind, the KL of that kind alone at the probe option
     roles = {name: node_role(name)[1] for name in names}
-    exact = {name for name in names if cache.get((name, "source_grid")) is not None}
-    widened = {node.name: 1 + sum_rows(int(tensor.dims[0])) / int(tensor.dims[0]) for node, tensor in matmuls
-               if node.name in exact}
-    probes, widest = probe_options(roles, sizes, exact), option_key(*OPTIONS[0])
+    grids = {name: cache.get((name, "source_grid")) for name in names}
+    options = {name: matmul_options(grids[name]) for name in names}
+    widened = {name: (option_key(*grid.option), 1 + grid.sum_rows / grid.shape[0]) for name, grid in grids.items()
+               if grid is not None and grid.sum_rows}
+    # a kind mostly kept exactly at the probe option is probed at its first lossy one
+    probes = probe_options(roles, sizes, {n for n, g in grids.items() if g is not None and g.option == PROBE})
+    widest = option_key(*OPTIONS[0])
     role_kl = {}
     for role in sorted(set(roles.values())):
         figures = build_and_score({n: probes[role] if roles[n] == role else widest for n in names})
@@ -175,11 +179,12 @@ def search_int4_variant(
         log.info("precision search: %s alone at %s: KL %.4f, top-1 %.2f%%", role, probes[role], figures["kl_mean"],
                  figures["top1_pct"])
     scaled = calibrate_errors(errors, roles, role_kl, probes)
-    steps = greedy_steps(scaled, sizes, widened=widened)
+    start = {name: options[name][0] for name in names}  # a GGUF source's own weights where MatMulNBits holds them
+    steps = greedy_steps(scaled, sizes, options, widened)
     candidates: list[dict[str, Any]] = []
 
     def passes(taken: int) -> bool:
-        precision = precision_after(steps, names, taken)
+        precision = precision_after(steps, names, taken, start)
         figures = build_and_score(precision)
         verdict, failures = check_gate(figures, gate)
         marginal = gate_margins(figures, gate) if verdict == "PASS" else []
@@ -199,22 +204,25 @@ def search_int4_variant(
                         "figures": failed})
         steps = skip_move(steps, taken)
         taken = galloping_prefix(taken, len(steps), passes)
-    precision = precision_after(steps, names, taken)
+    precision = precision_after(steps, names, taken, start)
     # the searches only move past a candidate that passed: the last one to pass is the map chosen
     chosen = next((c for c in reversed(candidates) if c["gate"] == "PASS" and not c["marginal"]), None)
-    widest = precision_after(steps, names, 0)
+    all_8bit = dict.fromkeys(names, widest)
     record = {
         "method": "greedy error-per-byte path from all 8-bit, longest prefix passing the int4 gate with margin "
                   "on calibration text, past up to `skips` failing moves (qwen_onnx.quantize.precision_search)",
         "options": [option_key(*o) for o in OPTIONS],
+        "exact_options": dict(collections.Counter(options[n][0] for n in names if options[n][0] not in
+                                                  {option_key(*o) for o in OPTIONS})),
         "role_kl_at_probe": {"probe": option_key(*PROBE), **role_kl},
         "probe_by_role": probes,
-        "source_grid_matmuls": len(exact),
+        "source_grid_matmuls": sum(g is not None for g in grids.values()),
+        "weight_bytes_per_token_start": weight_bytes(start, sizes, widened),
         "moves": taken,
         "of_moves": path_moves,
         "skipped_moves": skipped,
         "weight_bytes_per_token": weight_bytes(precision, sizes, widened),
-        "weight_bytes_per_token_all_8bit": weight_bytes(widest, sizes, widened),
+        "weight_bytes_per_token_all_8bit": weight_bytes(all_8bit, sizes, widened),
         "by_role": precision_by_role(precision),
         "gate": dict(gate),
         "chosen": chosen,

@@ -72,10 +72,12 @@ from qwen_onnx.quantize.kquant import (
     kquant_int_pass,
     matmul_nbits_node,
     replace_weight_matmuls,
+    source_grid_builder,
 )
 from qwen_onnx.quantize.matmuls import ROLES, check_roles, node_role, weight_matmul_names, weight_matmuls
+from qwen_onnx.quantize.source_grid import cached_grid, weight_origins
 from qwen_onnx.quantize.source_precision import source_precise_nodes
-from qwen_onnx.settings.options import check_option
+from qwen_onnx.settings.options import BLOCK_SIZES, check_option
 from qwen_onnx.source.gguf_file import gguf_weight_types
 from qwen_onnx.source.resolve import source_gguf
 from qwen_onnx.source.text import (
@@ -337,13 +339,14 @@ def int4_pass(graph_only: Path, settings: Int4Settings, keep: Sequence[str], scr
 
 
 def _precision_groups(precision: Mapping[str, str], weights: Sequence[str], settings: Int4Settings
-                      ) -> dict[int, list[str]]:
-    """A precision map as ``{8: [8-bit names], block: [4-bit names at that block], ...}``.
+                      ) -> dict[int | str, list[str]]:
+    """A precision map as ``{8: [8-bit names], block: [4-bit names at that block], ..., "exact": [names kept on an
+    8-bit source grid]}``: any other 8-bit option is the exact carry-over of a weight on that grid
+    (:func:`qwen_onnx.quantize.kquant.source_grid_builder` checks it as it builds).
 
     Raises:
-        QwenOnnxError: the map misses or names other MatMuls than the graph's weight MatMuls, gives
-            an option other than 8-bit at ``block_size_8bit`` or 4-bit, or the algorithm is not
-            ``k_quant_int``.
+        QwenOnnxError: the map misses or names other MatMuls than the graph's weight MatMuls, gives an option
+            that is not ``bits/block`` with 4 or 8 bits, or the algorithm is not ``k_quant_int``.
     """
     if settings.algorithm != "k_quant_int":
         raise QwenOnnxError(f"a precision map needs algorithm k_quant_int (per-block-size passes), not "
@@ -352,17 +355,22 @@ def _precision_groups(precision: Mapping[str, str], weights: Sequence[str], sett
         odd = sorted(set(precision) ^ set(weights))
         raise QwenOnnxError(f"the precision map must name every weight MatMul and nothing else; it differs in "
                             f"{len(odd)} (e.g. {odd[0]}); rerun the precision search on this graph")
-    groups: dict[int, list[str]] = {8: []}
+    groups: dict[int | str, list[str]] = {8: [], "exact": []}
     for name in weights:
-        bits, block = (int(x) for x in precision[name].split("/"))
+        try:
+            bits, block = (int(x) for x in precision[name].split("/"))
+        except ValueError:
+            bits, block = 0, 0
         if bits == 8 and block == settings.block_size_8bit:
             groups[8].append(name)
+        elif bits == 8 and block in BLOCK_SIZES:
+            groups["exact"].append(name)
         elif bits == 4:
             check_block_size(block)
             groups.setdefault(block, []).append(name)
         else:
-            raise QwenOnnxError(f"precision {precision[name]!r} of {name} is not 8/{settings.block_size_8bit} or "
-                                "4/BLOCK; rerun the precision search")
+            raise QwenOnnxError(f"precision {precision[name]!r} of {name} is not 8/BLOCK or 4/BLOCK; rerun the "
+                                "precision search")
     return groups
 
 
@@ -407,12 +415,14 @@ def _read_weight_types(info: Mapping[str, Any], num_layers: int, scratch_dir: Pa
 
 def precision_map_model(input_dir: Path, output: Path, eight: Sequence[str], blocks: Mapping[int, Sequence[str]],
                         settings: Int4Settings, importance: Mapping[str, Any] | None, threads: int,
-                        cache: BlockCache | None, tied: bool, hessians: Hessians | None = None) -> dict[str, Any]:
+                        cache: BlockCache | None, tied: bool, hessians: Hessians | None = None,
+                        exact: Sequence[str] = ()) -> dict[str, Any]:
     """The int4 graph of a precision map, built in one pass and written once to ``output`` (its
     weights to ``model.onnx_data`` beside it): ``eight`` 8-bit blockwise
     (:func:`qwen_onnx.quantize.blockwise.blockwise_int8_node`, the nodes :func:`blockwise_int8` makes),
     ``blocks`` ``{block size: names}`` 4-bit by ``k_quant_int`` (with GPTQ's updates when ``hessians`` are
-    given), then the embedding
+    given), ``exact`` kept on their 8-bit source grid (:func:`qwen_onnx.quantize.kquant.source_grid_builder`),
+    then the embedding
     (:func:`qwen_onnx.quantize.embeddings.replace_lookup`). Every result is looked up in and added to
     ``cache``: a precision-search candidate reads only the float weights no earlier candidate
     quantized the same way, and writes its weights once (the passes of the fixed recipe write
@@ -432,14 +442,32 @@ def precision_map_model(input_dir: Path, output: Path, eight: Sequence[str], blo
         build = kquant_int_builder(block, settings.accuracy_level, importance, threads, settings.symmetric_weights,
                                    cache, hessians, settings.source_grid)
         builders.update({name: build for name in names})
+    keep = source_grid_builder(settings.accuracy_level, cache)
+    builders.update({name: keep for name in exact})
     output = Path(output).resolve()  # lazy_model works inside input_dir
     with lazy_model(input_dir) as (proto, _):
         replace_weight_matmuls(proto, builders, base_dir=input_dir)
         embedding = replace_lookup(proto, settings.embedding_plan(tied), cache)
         consolidate_external_data(proto, output, search=[input_dir])
-    log.info("precision map: %d MatMuls 8-bit (block %d), %s", len(eight), block8,
-             ", ".join(f"{len(names)} 4-bit (block {block})" for block, names in sorted(blocks.items())))
+    log.info("precision map: %d MatMuls 8-bit (block %d), %d on their 8-bit source grid, %s", len(eight), block8,
+             len(exact), ", ".join(f"{len(names)} 4-bit (block {block})" for block, names in sorted(blocks.items())))
     return embedding
+
+
+def weight_origin_record(input_dir: Path, precision: Mapping[str, str], settings: Int4Settings,
+                         cache: BlockCache | None) -> dict[str, Any]:
+    """:func:`qwen_onnx.quantize.source_grid.weight_origins` of the variant built from ``input_dir`` at ``precision``
+    (``{MatMul name: "bits/block" or "float"}``): each weight's source grid from ``cache``, or found here (the
+    weights read one at a time and not kept)."""
+    path = model_path(input_dir)
+    graph = onnx.load(str(path), load_external_data=False).graph
+    grids, sizes = {}, {}
+    for node, tensor in weight_matmuls(graph):
+        sizes[node.name] = int(np.prod(tensor.dims))
+        grid = cached_grid(node.name, lambda t=tensor: onnx.numpy_helper.to_array(t, base_dir=str(path.parent)).astype(
+            np.float32), cache)
+        grids[node.name] = None if grid is None else grid.option
+    return weight_origins(precision, grids, sizes, kept=settings.source_grid)
 
 
 def importance_windows(input_dir: Path, settings: Int4Settings, calibration_text=None) -> np.ndarray:
@@ -534,8 +562,9 @@ def quantize_int4_variant(
         eight.append(head.name)
     eight = [n for n in dict.fromkeys(eight) if n not in float_names]
     blocks = _precision_groups(precision, weights, settings) if precision is not None else None
+    exact: list[str] = []
     if blocks is not None:
-        eight = blocks.pop(8)
+        eight, exact = blocks.pop(8), blocks.pop("exact")
     tied = settings.embedding == "shared" and embedding_tied(input_dir)
     started = time.time()
     if settings.algorithm == "k_quant_int" and settings.importance_samples and (
@@ -550,7 +579,8 @@ def quantize_int4_variant(
     with staged_dir(output_dir) as stage:
         if blocks is not None:
             embedding = precision_map_model(input_dir, stage / MODEL_FILE, eight, blocks, settings, importance,
-                                            threads or len(os.sched_getaffinity(0)), block_cache, tied, hessians)
+                                            threads or len(os.sched_getaffinity(0)), block_cache, tied, hessians,
+                                            exact)
         else:
             with lazy_quantization(input_dir) as (graph_only, scratch):
                 if eight:
@@ -563,6 +593,11 @@ def quantize_int4_variant(
                 shutil.copyfile(graph_only, stage / MODEL_FILE)
                 normalise_external_data(stage, search=[input_dir])
             embedding = quantize_embedding(stage, settings.embedding_plan(tied))
+        block8 = fitting_block_size(settings.block_size_8bit, hidden)
+        built = dict(precision) if precision is not None else {
+            n: "float" if n in float_names else f"8/{block8}" if n in eight else f"4/{settings.block_size}"
+            for n in weights}
+        origins = weight_origin_record(input_dir, built, settings, block_cache)
         copy_side_files(input_dir, stage)
         write_genai_config(stage)  # onnxruntime-genai runs the folder
         info = {
@@ -577,6 +612,7 @@ def quantize_int4_variant(
             "source_precise_nodes": precise,
             "tied_embeddings": tied,
             "embedding": embedding,
+            "weight_origin": origins,
             "seconds": round(time.time() - started, 1),
             "library_versions": library_versions(),
             **(record or {}),

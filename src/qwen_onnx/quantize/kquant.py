@@ -43,8 +43,17 @@ from onnxruntime.quantization.neural_compressor.weight_only import (
     make_matmul_weight_only_node as _ort_matmul_nbits_node,
 )
 
+from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.quantize.sensitivity import capture_activations
-from qwen_onnx.quantize.source_grid import GRID_BLOCK, SourceGrid, cached_grid, insert_block_sums, widened_input
+from qwen_onnx.quantize.source_grid import (
+    GRID_BLOCK,
+    SourceGrid,
+    cached_grid,
+    default_zero_codes,
+    grid_at,
+    insert_block_sums,
+    widened_input,
+)
 from qwen_onnx.store.external import ScratchFiles
 
 log = logging.getLogger(__name__)
@@ -311,17 +320,29 @@ def quantize_weight(name: str, load: Callable[[], np.ndarray], bits: int, block_
 
 def source_grid_node(grid: SourceGrid, node: onnx.NodeProto, accuracy_level: int
                      ) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
-    """The ``MatMulNBits`` (4 bits, block 32, ``K + grid.sum_rows`` inputs) that keeps MatMul ``node``'s weight on
-    its source grid (:class:`~qwen_onnx.quantize.source_grid.SourceGrid`): it reads the input widened by its block
-    sums (:func:`~qwen_onnx.quantize.source_grid.widened_input`, built by
-    :func:`~qwen_onnx.quantize.source_grid.insert_block_sums`); returns it and its new initializers, as
-    :func:`matmul_nbits_node` does."""
+    """The ``MatMulNBits`` (``grid.bits`` bits, block ``grid.block``) that keeps MatMul ``node``'s weight on its
+    source grid (:class:`~qwen_onnx.quantize.source_grid.SourceGrid`); returns it and its new initializers, as
+    :func:`matmul_nbits_node` does.
+
+    An exact grid's node reads ``node``'s input as it is, without a zero-point tensor when every block fits around
+    the operator's default zero point (:func:`~qwen_onnx.quantize.source_grid.default_zero_codes`). A grid with an
+    offset reads the input widened by its block sums (:func:`~qwen_onnx.quantize.source_grid.widened_input`, built
+    by :func:`~qwen_onnx.quantize.source_grid.insert_block_sums`), ``K + grid.sum_rows`` inputs.
+    """
     k, n = grid.shape
+    if grid.exact:
+        codes = default_zero_codes(grid)
+        blocks = k // grid.block
+        return matmul_nbits_node(
+            node=node, weight_shape=(k, n), num_bits=grid.bits, group_size=grid.block, k_blocks=blocks,
+            q_weight=(grid.codes if codes is None else codes).reshape(n * blocks, grid.block),
+            scale=grid.scale.reshape(-1, 1), zero_point=grid.zero.reshape(-1) if codes is None else None,
+            accuracy_level=accuracy_level)
     codes, scale, zero = grid.remainder_blocks()
     all_codes = np.concatenate([grid.codes, codes], axis=1)
     blocks = all_codes.shape[1]
     new, tensors = matmul_nbits_node(
-        node=node, weight_shape=(k + grid.sum_rows, n), num_bits=4, group_size=GRID_BLOCK, k_blocks=blocks,
+        node=node, weight_shape=(k + grid.sum_rows, n), num_bits=grid.bits, group_size=GRID_BLOCK, k_blocks=blocks,
         q_weight=all_codes.reshape(n * blocks, GRID_BLOCK),
         scale=np.concatenate([grid.scale, scale], axis=1).reshape(-1, 1),
         zero_point=np.concatenate([grid.zero, zero], axis=1).reshape(-1), accuracy_level=accuracy_level)
@@ -329,17 +350,34 @@ def source_grid_node(grid: SourceGrid, node: onnx.NodeProto, accuracy_level: int
     return new, tensors
 
 
+def source_grid_builder(accuracy_level: int, cache: BlockCache | None = None) -> Callable:
+    """A :func:`replace_weight_matmuls` builder: one MatMul kept on its source grid (:func:`source_grid_node`),
+    whatever its bits and block.
+
+    Raises:
+        QwenOnnxError: the weight sits on no grid (a float weight; the precision map names an option it cannot take).
+    """
+
+    def build(node: onnx.NodeProto, tensor: onnx.TensorProto, load: Callable[[], np.ndarray]):
+        grid = cached_grid(node.name, load, cache)
+        if grid is None:
+            raise QwenOnnxError(f"{node.name}: its weight sits on no source grid, so it has no exact option; rerun "
+                                "the precision search on this graph")
+        return source_grid_node(grid, node, accuracy_level)
+
+    return build
+
+
 def kquant_int_builder(block_size: int, accuracy_level: int, importance: Mapping[str, np.ndarray] | None = None,
                        threads: int = 1, symmetric: bool = False, cache: BlockCache | None = None,
                        hessians: Hessians | None = None, source_grid: bool = True) -> Callable:
     """A :func:`replace_weight_matmuls` builder: one MatMul to 4-bit MatMulNBits at ``block_size`` by
-    :func:`quantize_weight` (arguments as :func:`kquant_int_pass`), or, with ``source_grid`` at block 32 with
-    zero points, kept exactly when its weight already sits on a 4-bit grid
-    (:mod:`qwen_onnx.quantize.source_grid`)."""
+    :func:`quantize_weight` (arguments as :func:`kquant_int_pass`), or, with ``source_grid``, kept exactly when its
+    weight already sits on a 4-bit grid at ``block_size`` (:mod:`qwen_onnx.quantize.source_grid`)."""
 
     def build(node: onnx.NodeProto, tensor: onnx.TensorProto, load: Callable[[], np.ndarray]):
         k, n = tensor.dims
-        if source_grid and (grid := cached_grid(node.name, load, cache, 4, block_size, symmetric)) is not None:
+        if source_grid and (grid := grid_at(cached_grid(node.name, load, cache), 4, block_size, symmetric)):
             return source_grid_node(grid, node, accuracy_level)
         # a cache hit reads no float weight: a 1.5B candidate built in 24 s instead of 37
         q, scale, zp = quantize_weight(node.name, load, 4, block_size, importance, threads, symmetric, cache, hessians)
@@ -377,7 +415,7 @@ def kquant_int_pass(
         symmetric: no zero points (:func:`quantize_blocks`).
         cache: each weight's blocks, reused and filled (:data:`BlockCache`, :func:`quantize_weight`).
         hessians: GPTQ's error compensation on the same grid (:func:`quantize_weight`), or None.
-        source_grid: weights already on a 4-bit grid of 32 inputs kept exactly at block 32
+        source_grid: weights already on a 4-bit grid at ``block_size`` kept exactly
             (:mod:`qwen_onnx.quantize.source_grid`).
 
     Returns:

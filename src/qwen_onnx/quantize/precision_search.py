@@ -30,6 +30,12 @@ they matter), on the options MatMulNBits offers a CPU (:data:`OPTIONS`):
    pass; that move's MatMul is left at its option and the search goes on along the rest of the
    path from where it stopped, a few times (``skips``).
 
+A weight a GGUF source stored on a grid ``MatMulNBits`` holds (:mod:`qwen_onnx.quantize.source_grid`) has one
+more option, its exact carry-over (8-bit at block 32 for Q5_0 and Q8_0, at block 16 for Q6_K, 4-bit at block 16
+for Q3_K), placed among the others by its bytes (:func:`matmul_options`); a 4-bit grid at block 32 (Q4_0, Q4_1,
+Q4_K) is the 4/32 option itself. The path starts from every MatMul at its widest option, so a GGUF source's
+path starts from its own weights, and each move off the exact option rounds that weight a second time.
+
 Bytes (:func:`bytes_per_weight`): MatMulNBits stores ``bits / 8`` bytes a weight, a float32 scale
 and a ``bits``-bit zero point per block; a decode step reads every weight MatMul once.
 """
@@ -48,7 +54,7 @@ from qwen_onnx.quantize.blockwise import blockwise_int8_weight, cached_int8_weig
 from qwen_onnx.quantize.gptq import Hessians
 from qwen_onnx.quantize.kquant import BlockCache, quantize_weight
 from qwen_onnx.quantize.matmuls import weight_matmuls
-from qwen_onnx.quantize.source_grid import GRID_BLOCK, cached_grid
+from qwen_onnx.quantize.source_grid import SourceGrid, cached_grid, grid_at
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +95,13 @@ def option_errors(model_dir: str | os.PathLike, importance: Mapping[str, np.ndar
         hessians: the 4-bit options with GPTQ's updates (:class:`qwen_onnx.quantize.gptq.Hessians`); their
             error is then the product's, ``trace((W - Ŵ)^T H (W - Ŵ))``, which GPTQ computes as it goes
             (the weight error alone would count its compensating updates as error).
-        source_grid: a weight on a 4-bit grid of 32 inputs is priced at 4/32 as the node that keeps it
-            (:mod:`qwen_onnx.quantize.source_grid`), as the int4 stage builds it.
+        source_grid: a weight on a source grid is priced at that grid's option as the node that keeps it
+            (:mod:`qwen_onnx.quantize.source_grid`), as the int4 stage builds it, and gets that option when
+            ``options`` lack it (:func:`matmul_options`); its grid goes to ``cache``.
 
     Returns:
-        ``{node name: {"bits/block": relative error}}``, dimensionless (0 is exact).
+        ``{node name: {"bits/block": relative error}}``, dimensionless (0 is exact), each MatMul's options as
+        :func:`matmul_options` gives them.
     """
     path = Path(model_dir) / "model.onnx"
     graph = onnx.load(str(path), load_external_data=False).graph
@@ -105,28 +113,38 @@ def option_errors(model_dir: str | os.PathLike, importance: Mapping[str, np.ndar
         k = weight.shape[0]
         imp = np.asarray(importance[node.name], dtype=np.float64)
         signal = _weighted_squares(imp, weight)
+        grid = cached_grid(node.name, lambda w=weight: w, cache) if source_grid else None
         out[node.name] = {}
-        for bits, block in options:
-            if bits == 8:
+        for key in matmul_options(grid, options):
+            bits, block = parse_option(key)
+            if (kept := grid_at(grid, bits, block, symmetric and bits == 4)) is not None:
+                restored = kept.restored()
+            elif bits == 8:
                 # blockwise_int8_node's entry: the candidates reuse it
                 packed, scales = cached_int8_weight(node.name, lambda w=weight: w, block, cache)
                 restored = _int8_restored(packed, scales, k)
-            elif source_grid and (grid := cached_grid(node.name, lambda w=weight: w, cache, bits, block,
-                                                      symmetric)) is not None:
-                restored = grid.restored()
             else:
                 q, scale, zero = quantize_weight(node.name, lambda w=weight: w, bits, block, importance, threads, symmetric,
                                                 cache, hessians)
                 product = None if hessians is None else hessians.errors.get((node.name, bits, block, symmetric))
                 if product is not None:
-                    out[node.name][option_key(bits, block)] = product / signal if signal > 0 else 0.0
+                    out[node.name][key] = product / signal if signal > 0 else 0.0
                     continue
                 restored = (scale * (q.astype(np.float32) - zero.astype(np.float32))).reshape(weight.shape[1], -1).T[:k]
             np.subtract(weight, restored, out=restored)
-            out[node.name][option_key(bits, block)] = _weighted_squares(imp, restored) / signal if signal > 0 else 0.0
+            out[node.name][key] = _weighted_squares(imp, restored) / signal if signal > 0 else 0.0
             del restored
         del weight
     return out
+
+
+def matmul_options(grid: SourceGrid | None, options: Sequence[tuple[int, int]] = OPTIONS) -> tuple[str, ...]:
+    """The option keys of one MatMul, widest first: ``options``, with the exact option of its source ``grid``
+    among them by :func:`bytes_per_weight` when that is not one of them already."""
+    found = {option_key(*o): bytes_per_weight(*o) for o in options}
+    if grid is not None:
+        found.setdefault(option_key(*grid.option), bytes_per_weight(*grid.option))
+    return tuple(sorted(found, key=lambda key: -found[key]))
 
 
 def _weighted_squares(importance: np.ndarray, matrix: np.ndarray) -> float:
@@ -206,19 +224,20 @@ def parse_option(key: str) -> tuple[int, int]:
     return int(bits), int(block)
 
 
-def option_weights(name: str, key: str, weights: Mapping[str, int], widened: Mapping[str, float] | None) -> float:
-    """Weights MatMul ``name`` stores at option ``key``: ``weights[name]`` (K x N), times ``widened[name]``
-    (``(K + rows) / K``) at 4/32 for a MatMul kept on its source grid with its block-sum rows
-    (:mod:`qwen_onnx.quantize.source_grid`)."""
-    if widened and name in widened and key == option_key(4, GRID_BLOCK):
-        return weights[name] * widened[name]
+def option_weights(name: str, key: str, weights: Mapping[str, int],
+                   widened: Mapping[str, tuple[str, float]] | None) -> float:
+    """Weights MatMul ``name`` stores at option ``key``: ``weights[name]`` (K x N), times the factor ``(K + rows) / K``
+    of ``widened[name] = (option key, factor)`` at that option, for a MatMul kept on its source grid with its
+    block-sum rows (:mod:`qwen_onnx.quantize.source_grid`)."""
+    if widened and name in widened and key == widened[name][0]:
+        return weights[name] * widened[name][1]
     return float(weights[name])
 
 
 def greedy_steps(errors: Mapping[str, Mapping[str, float]], weights: Mapping[str, int],
-                 options: Sequence[tuple[int, int]] = OPTIONS, widened: Mapping[str, float] | None = None
-                 ) -> list[tuple[str, str]]:
-    """The path from every MatMul at ``options[0]`` to every one at ``options[-1]``, one move at a time.
+                 options: Sequence[tuple[int, int]] | Mapping[str, Sequence[str]] = OPTIONS,
+                 widened: Mapping[str, tuple[str, float]] | None = None) -> list[tuple[str, str]]:
+    """The path from every MatMul at its widest option to every one at its narrowest, one move at a time.
 
     Each move takes one MatMul one option narrower; the next move is always the one with the least
     added error per byte saved (error from ``errors``, bytes ``weights[name] x`` the drop in
@@ -227,43 +246,47 @@ def greedy_steps(errors: Mapping[str, Mapping[str, float]], weights: Mapping[str
     Args:
         errors: from :func:`option_errors`.
         weights: ``{node name: number of weights (K x N)}``.
-        widened: ``{node name: (K + rows) / K}`` of the MatMuls kept on their source grid (:func:`option_weights`).
+        options: ``(bits, block)`` pairs widest first, the same for every MatMul, or ``{node name: option keys
+            widest first}`` (:func:`matmul_options`).
+        widened: ``{node name: (option key, (K + rows) / K)}`` of the MatMuls kept on their source grid with block
+            sums (:func:`option_weights`).
 
     Returns:
-        ``[(node name, option key after the move), ...]``, ``len(errors) x (len(options) - 1)`` moves.
+        ``[(node name, option key after the move), ...]``, one move per option past each MatMul's first.
     """
-    keys = [option_key(*o) for o in options]
-    sizes = [bytes_per_weight(*o) for o in options]
+    keys = ({name: list(options[name]) for name in errors} if isinstance(options, Mapping)
+            else dict.fromkeys(errors, [option_key(*o) for o in options]))
     level = dict.fromkeys(errors, 0)
     steps = []
 
     def price(name: str) -> float:
-        i = level[name]
-        saved = (option_weights(name, keys[i], weights, widened) * sizes[i]
-                 - option_weights(name, keys[i + 1], weights, widened) * sizes[i + 1])
-        added = errors[name][keys[i + 1]] - errors[name][keys[i]]
+        i, ladder = level[name], keys[name]
+        saved = (option_weights(name, ladder[i], weights, widened) * bytes_per_weight(*parse_option(ladder[i]))
+                 - option_weights(name, ladder[i + 1], weights, widened) * bytes_per_weight(*parse_option(ladder[i + 1])))
+        added = errors[name][ladder[i + 1]] - errors[name][ladder[i]]
         return added / saved if saved > 0 else float("-inf")
 
     while True:
-        movable = [n for n in errors if level[n] + 1 < len(options)]
+        movable = [n for n in errors if level[n] + 1 < len(keys[n])]
         if not movable:
             return steps
         name = min(movable, key=lambda n: (price(n), n))
         level[name] += 1
-        steps.append((name, keys[level[name]]))
+        steps.append((name, keys[name][level[name]]))
 
 
 def precision_after(steps: Sequence[tuple[str, str]], names: Sequence[str], taken: int,
-                    widest: tuple[int, int] = OPTIONS[0]) -> dict[str, str]:
-    """The precision map after the first ``taken`` moves of ``steps``: ``{node name: option key}``."""
-    precision = dict.fromkeys(names, option_key(*widest))
+                    widest: tuple[int, int] | Mapping[str, str] = OPTIONS[0]) -> dict[str, str]:
+    """The precision map after the first ``taken`` moves of ``steps``: ``{node name: option key}``, from ``widest``
+    (one option for every MatMul, or ``{node name: option key}``)."""
+    precision = (dict(widest) if isinstance(widest, Mapping) else dict.fromkeys(names, option_key(*widest)))
     for name, key in steps[:taken]:
         precision[name] = key
     return precision
 
 
 def weight_bytes(precision: Mapping[str, str], weights: Mapping[str, int],
-                 widened: Mapping[str, float] | None = None) -> float:
+                 widened: Mapping[str, tuple[str, float]] | None = None) -> float:
     """Bytes of the weight MatMuls under ``precision``: what one decode step reads of them (``widened`` as
     :func:`option_weights`)."""
     return float(sum(option_weights(n, k, weights, widened) * bytes_per_weight(*parse_option(k))

@@ -478,10 +478,13 @@ def precision_lines(models: Sequence[str], variants: Sequence[str] | Mapping[str
     """One line per int4 variant and per layer kind: its ``MatMulNBits`` options (bits/block, from the
     inspection's ``matmul_precision``); for a searched one (``quantize_int4.search``;
     :mod:`qwen_onnx.quantize.precision_search`) the options the search chose, the weight bytes read per
-    token against all 8-bit, and the chosen map's figures on calibration text against the gate."""
+    token against all 8-bit, and the chosen map's figures on calibration text against the gate; for an int4
+    that records them, where its weights come from (:func:`weight_origin_line`)."""
     lines = []
     for (model, variant), path in zip(variant_keys(models, variants), files["inspect"]):
         info = read_json(path)
+        if origin := info.get("weight_origin"):
+            lines.append(weight_origin_line(f"{model}/{variant}", origin))
         search = info.get("precision_search")
         if not search:
             if variant == "int4":
@@ -498,6 +501,16 @@ def precision_lines(models: Sequence[str], variants: Sequence[str] | Mapping[str
         lines += [f"{model}/{variant} {role}: " + ", ".join(f"{n} × {k}" for k, n in options.items())
                   for role, options in search["by_role"].items()]
     return lines
+
+
+def weight_origin_line(name: str, origin: Mapping[str, Any]) -> str:
+    """One line of where a variant's weight-MatMul weights come from
+    (:func:`qwen_onnx.quantize.source_grid.weight_origins`), in millions of weights."""
+    grids = ", ".join(f"{n / 1e6:.1f} M on {option}" for option, n in origin.get("by_grid", {}).items())
+    return (f"{name}: weights {origin['carried_over'] / 1e6:.1f} M carried over from the source's grid exactly, "
+            f"{origin['rounded_again'] / 1e6:.1f} M rounded a second time, {origin['rounded_from_float'] / 1e6:.1f} M "
+            f"rounded from float" + (f", {origin['float'] / 1e6:.1f} M kept float" if origin.get("float") else "")
+            + (f" (source grids: {grids})" if grids else ""))
 
 
 SENSITIVITY_COLUMNS = ("model", "role", "nodes", "sqnr_dynamic_db", "sqnr_static_db", "sqnr_blockwise_db",
