@@ -48,7 +48,7 @@ def run_dynamic(a):
         scheme=a.scheme, op_types=a.op_types, per_channel=a.per_channel, nodes_to_exclude=a.exclude,
         sensitive_max_nodes=a.sensitive_max_nodes, sensitive_below_sqnr_db=a.sensitive_below_sqnr_db,
         sensitive_max_fraction=a.sensitive_max_fraction, sensitive_scheme=a.sensitive_scheme, block_size=a.block_size, embedding=a.embedding,
-        embedding_bits=a.embedding_bits,
+        embedding_bits=a.embedding_bits, source_grid=a.source_grid,
     )
     return quantize_dynamic_variant(a.input, a.output, settings, sensitivity=a.sensitivity)
 

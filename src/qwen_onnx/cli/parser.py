@@ -117,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "quantize-dynamic":
             p.add_argument("--scheme", choices=["per_tensor", "blockwise"], default="blockwise",
                            help="blockwise (default): MatMulNBits 8-bit, accuracy_level 4, one scale per block; per_tensor: onnxruntime quantize_dynamic")
+            p.add_argument("--no-source-grid", dest="source_grid", action="store_false",
+                           help="blockwise: round a GGUF source's 8-bit-grid weights (Q5_0, Q8_0, Q6_K ...) again at "
+                                "--block-size instead of carrying them over exactly (docs/int4.md, \"Source grid\")")
         if name in ("quantize-static", "quantize-mixed"):
             p.add_argument("--calibration-text", default=str(shipped_text(CALIBRATION_TEXT)))
             p.add_argument("--method", choices=["MinMax", "Entropy", "Percentile", "Search"], default="Percentile",
@@ -194,8 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source-info", default=None, metavar="SOURCE_JSON",
                    help="the resolve stage's HF_DIR/source.json (its weight_types)")
     p.add_argument("--no-source-grid", dest="source_grid", action="store_false",
-                   help="re-quantize weights that already sit on a 4-bit grid of 32 inputs (a Q4_K GGUF source) "
-                        "instead of keeping them exactly (docs/int4.md, \"Source grid\")")
+                   help="re-quantize weights a GGUF source stored on a grid MatMulNBits holds (Q4_K, Q5_0, Q8_0, "
+                        "Q6_K ...) instead of keeping them exactly (docs/int4.md, \"Source grid\")")
     p.add_argument("--calibration-text", default=str(shipped_text(CALIBRATION_TEXT)),
                    help="calibration text of gptq and of k_quant_int's importance")
     p.add_argument("--samples", type=int, default=8, help="gptq calibration windows")

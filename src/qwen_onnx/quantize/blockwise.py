@@ -32,6 +32,7 @@ def blockwise_int8(graph_only: Path, names: Sequence[str], block_size: int, scra
 
     proto = onnx.load(str(graph_only), load_external_data=False)
     wanted = set(names)
+    before = sum(n.op_type == "MatMulNBits" for n in proto.graph.node)
     others = [n.name for n in proto.graph.node if n.op_type == "MatMul" and n.name not in wanted]
     # nodes_to_include only adds to op_types_to_quantize; nodes_to_exclude is what restricts
     quantizer = MatMulNBitsQuantizer(
@@ -46,7 +47,7 @@ def blockwise_int8(graph_only: Path, names: Sequence[str], block_size: int, scra
         quantizer.process()
     finally:
         quiet.setLevel(level)
-    converted = sum(n.op_type == "MatMulNBits" for n in quantizer.model.model.graph.node)
+    converted = sum(n.op_type == "MatMulNBits" for n in quantizer.model.model.graph.node) - before
     if converted != len(names):
         raise QwenOnnxError(f"MatMulNBits converted {converted} of the {len(names)} MatMuls asked for")
     output = scratch / "blockwise.onnx"

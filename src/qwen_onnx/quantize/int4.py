@@ -73,9 +73,9 @@ from qwen_onnx.quantize.kquant import (
     matmul_nbits_node,
     replace_weight_matmuls,
     source_grid_builder,
+    weight_origin_record,
 )
 from qwen_onnx.quantize.matmuls import ROLES, check_roles, node_role, weight_matmul_names, weight_matmuls
-from qwen_onnx.quantize.source_grid import cached_grid, weight_origins
 from qwen_onnx.quantize.source_precision import source_precise_nodes
 from qwen_onnx.settings.options import BLOCK_SIZES, check_option
 from qwen_onnx.source.gguf_file import gguf_weight_types
@@ -454,22 +454,6 @@ def precision_map_model(input_dir: Path, output: Path, eight: Sequence[str], blo
     return embedding
 
 
-def weight_origin_record(input_dir: Path, precision: Mapping[str, str], settings: Int4Settings,
-                         cache: BlockCache | None) -> dict[str, Any]:
-    """:func:`qwen_onnx.quantize.source_grid.weight_origins` of the variant built from ``input_dir`` at ``precision``
-    (``{MatMul name: "bits/block" or "float"}``): each weight's source grid from ``cache``, or found here (the
-    weights read one at a time and not kept)."""
-    path = model_path(input_dir)
-    graph = onnx.load(str(path), load_external_data=False).graph
-    grids, sizes = {}, {}
-    for node, tensor in weight_matmuls(graph):
-        sizes[node.name] = int(np.prod(tensor.dims))
-        grid = cached_grid(node.name, lambda t=tensor: onnx.numpy_helper.to_array(t, base_dir=str(path.parent)).astype(
-            np.float32), cache)
-        grids[node.name] = None if grid is None else grid.option
-    return weight_origins(precision, grids, sizes, kept=settings.source_grid)
-
-
 def importance_windows(input_dir: Path, settings: Int4Settings, calibration_text=None) -> np.ndarray:
     """The calibration windows of the activation importance and GPTQ's Hessians: the first
     ``settings.importance_samples`` windows of ``calibration_sequence_length`` tokens of ``calibration_text``
@@ -597,7 +581,7 @@ def quantize_int4_variant(
         built = dict(precision) if precision is not None else {
             n: "float" if n in float_names else f"8/{block8}" if n in eight else f"4/{settings.block_size}"
             for n in weights}
-        origins = weight_origin_record(input_dir, built, settings, block_cache)
+        origins = weight_origin_record(input_dir, built, settings.source_grid, block_cache)
         copy_side_files(input_dir, stage)
         write_genai_config(stage)  # onnxruntime-genai runs the folder
         info = {

@@ -54,6 +54,7 @@ from qwen_onnx.quantize.embeddings import (
 )
 from qwen_onnx.quantize.hadamard import DEFAULT_ROLES as HADAMARD_ROLES
 from qwen_onnx.quantize.hadamard import rotate_graph
+from qwen_onnx.quantize.kquant import carry_over_pass
 from qwen_onnx.quantize.matmuls import (
     activation_matmuls,
     weight_matmul_names,
@@ -61,6 +62,7 @@ from qwen_onnx.quantize.matmuls import (
 )
 from qwen_onnx.quantize.outlier_split import split_graph
 from qwen_onnx.quantize.smoothquant import smooth_graph
+from qwen_onnx.quantize.source_grid import weight_origins
 from qwen_onnx.source.text import load_tokenizer, token_windows
 from qwen_onnx.store.artifacts import (
     MODEL_FILE,
@@ -117,6 +119,9 @@ class DynamicSettings(SensitiveSettings):
             otherwise as ``quantized``), ``quantized`` (its own ``GatherBlockQuantized`` table at
             ``embedding_bits``) or ``float`` (:mod:`qwen_onnx.quantize.embeddings`).
         embedding_bits: bits of an own quantized table (4 or 8).
+        source_grid: ``blockwise`` scheme: a weight a GGUF source stored on an 8-bit grid (Q5_0, Q5_1, Q8_0 and
+            Q5_K at block 32, Q6_K at block 16) is carried over exactly at that block instead of being rounded
+            again at ``block_size`` (:mod:`qwen_onnx.quantize.source_grid`); no effect on float sources.
     """
     scheme: str = "blockwise"
     op_types: list[str] = field(default_factory=lambda: ["MatMul"])
@@ -125,6 +130,7 @@ class DynamicSettings(SensitiveSettings):
     nodes_to_exclude: list[str] = field(default_factory=list)
     embedding: str = "shared"
     embedding_bits: int = 8
+    source_grid: bool = True
 
 
 @dataclass
@@ -252,12 +258,25 @@ def quantize_dynamic_variant(
         raise QwenOnnxError(f"dynamic scheme {settings.scheme!r} unknown; use one of {', '.join(DYNAMIC_SCHEMES)}")
     plan = _embedding_plan(settings, input_dir)
     started = time.time()
+    origin = None
     with staged_dir(output_dir) as stage, lazy_quantization(input_dir) as (graph_only, scratch):
         if settings.scheme == "blockwise":
             float_names = set(settings.nodes_to_exclude) | (set(names) if settings.sensitive_scheme == "float" else set())
-            blockwise = [n for n in weight_matmul_names(graph_only) if n not in float_names]
-            graph_only = blockwise_int8(graph_only, blockwise, settings.block_size, scratch)
+            weights = weight_matmul_names(graph_only)
+            blockwise = [n for n in weights if n not in float_names]
+            found: dict[str, tuple[int, int] | None] = {}
+            if settings.source_grid:
+                graph_only, found = carry_over_pass(graph_only, blockwise, 8, scratch)
+            carried = {n: f"8/{o[1]}" for n, o in found.items() if o is not None and o[0] == 8}
+            rounded = [n for n in blockwise if n not in carried]
+            if rounded:
+                graph_only = blockwise_int8(graph_only, rounded, settings.block_size, scratch)
             shutil.copyfile(graph_only, stage / MODEL_FILE)
+            if settings.source_grid:
+                sizes = {node.name: int(np.prod(t.dims)) for node, t in weight_matmuls(
+                    onnx.load(str(source), load_external_data=False).graph)}
+                built = {n: "float" if n in float_names else carried.get(n, f"8/{settings.block_size}") for n in weights}
+                origin = weight_origins(built, found, sizes)
         else:
             if settings.sensitive_scheme == "blockwise" and names:
                 graph_only = blockwise_int8(graph_only, names, settings.block_size, scratch)
@@ -284,6 +303,7 @@ def quantize_dynamic_variant(
             "nodes_excluded": excluded,
             "sensitive_nodes": sensitive,
             "sensitive_scheme": settings.sensitive_scheme,
+            **({"weight_origin": origin} if origin is not None else {}),
             "seconds": round(time.time() - started, 1),
             "library_versions": library_versions(),
         }

@@ -44,6 +44,7 @@ from onnxruntime.quantization.neural_compressor.weight_only import (
 )
 
 from qwen_onnx.errors import QwenOnnxError
+from qwen_onnx.quantize.matmuls import weight_matmuls
 from qwen_onnx.quantize.sensitivity import capture_activations
 from qwen_onnx.quantize.source_grid import (
     GRID_BLOCK,
@@ -52,6 +53,8 @@ from qwen_onnx.quantize.source_grid import (
     default_zero_codes,
     grid_at,
     insert_block_sums,
+    weight_grid,
+    weight_origins,
     widened_input,
 )
 from qwen_onnx.store.external import ScratchFiles
@@ -435,6 +438,62 @@ def kquant_int_pass(
              ", symmetric" if symmetric else "", ", activation importance" if importance is not None else "",
              ", GPTQ updates" if hessians is not None else "")
     return output
+
+
+def carry_over_pass(graph_only: Path, names: Sequence[str], bits: int, scratch: ScratchFiles,
+                    accuracy_level: int = 4) -> tuple[Path, dict[str, tuple[int, int] | None]]:
+    """Keep every MatMul of ``names`` whose weight sits on a ``bits``-bit source grid exactly on that grid
+    (:func:`source_grid_node`); the others stay as they are, for the caller's own pass.
+
+    Runs inside :func:`qwen_onnx.quantize.common.lazy_quantization` as :func:`kquant_int_pass` does; each
+    weight is read once to look for its grid (:func:`~qwen_onnx.quantize.source_grid.weight_grid`).
+
+    Returns:
+        ``(graph, {name: (bits, block) of its grid, or None})`` for every MatMul of ``names``, whatever its grid's
+        bits (:func:`~qwen_onnx.quantize.source_grid.weight_origins` counts them); the graph is
+        ``scratch / "carried.onnx"``, or ``graph_only`` itself when no weight sits on a ``bits``-bit grid.
+    """
+    proto = onnx.load(str(graph_only), load_external_data=False)
+    base = str(graph_only.parent)
+    found: dict[str, tuple[int, int] | None] = {}
+    grids = {}
+    for node, tensor in weight_matmuls(proto.graph):
+        if node.name in set(names):
+            grid = weight_grid(onnx.numpy_helper.to_array(tensor, base_dir=base).astype(np.float32))
+            found[node.name] = None if grid is None else grid.option
+            if grid is not None and grid.bits == bits:
+                grids[node.name] = grid
+    if not grids:
+        return graph_only, found
+
+    def build(node: onnx.NodeProto, tensor: onnx.TensorProto, load: Callable[[], np.ndarray]):
+        return source_grid_node(grids.pop(node.name), node, accuracy_level)
+
+    replace_weight_matmuls(proto, dict.fromkeys(grids, build), base_dir=base)
+    output = scratch / "carried.onnx"
+    onnx.external_data_helper.convert_model_to_external_data(
+        proto, all_tensors_to_one_file=True, location=(scratch / "carried.data").name, size_threshold=1024,
+    )
+    onnx.save_model(proto, str(output))
+    log.info("source grids: %d MatMuls kept on their %d-bit grid", sum(o is not None and o[0] == bits
+                                                                       for o in found.values()), bits)
+    return output, found
+
+
+def weight_origin_record(input_dir: str | os.PathLike, precision: Mapping[str, str], kept: bool,
+                         cache: BlockCache | None = None) -> dict[str, Any]:
+    """:func:`qwen_onnx.quantize.source_grid.weight_origins` of the variant built from ``input_dir`` at ``precision``
+    (``{MatMul name: "bits/block" or "float"}``): each weight's source grid from ``cache``, or found here (the
+    weights read one at a time and not kept); ``kept`` as there."""
+    path = Path(input_dir) / "model.onnx"
+    graph = onnx.load(str(path), load_external_data=False).graph
+    grids, sizes = {}, {}
+    for node, tensor in weight_matmuls(graph):
+        sizes[node.name] = int(np.prod(tensor.dims))
+        grid = cached_grid(node.name, lambda t=tensor: onnx.numpy_helper.to_array(t, base_dir=str(path.parent)).astype(
+            np.float32), cache)
+        grids[node.name] = None if grid is None else grid.option
+    return weight_origins(precision, grids, sizes, kept=kept)
 
 
 def replace_weight_matmuls(proto: onnx.ModelProto, builders: Mapping[str, Callable], base_dir: str | os.PathLike
