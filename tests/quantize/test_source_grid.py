@@ -237,6 +237,21 @@ def test_weight_origins_count_each_weight_once():
         "rounded from float (source grids: 10.0 M on 8/32, 20.0 M on 4/32)")
 
 
+def test_the_report_names_each_variants_weight_origin_where_a_source_grid_was_found(tmp_path):
+    import json
+
+    from qwen_onnx.report.rows import precision_lines
+
+    grid = weight_origins({"a": "8/32"}, {"a": (8, 32)}, {"a": 2 * 10 ** 6})
+    float_source = weight_origins({"a": "8/128"}, {"a": None}, {"a": 2 * 10 ** 6})
+    for name, origin in (("gguf", grid), ("float", float_source)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"weight_origin": origin}))
+    lines = precision_lines(["gguf", "float"], ["int8-dynamic"],
+                            {"inspect": [tmp_path / "gguf.json", tmp_path / "float.json"]})
+    assert lines == ["gguf/int8-dynamic: weights 2.0 M carried over from the source's grid exactly, 0.0 M rounded a "
+                     "second time, 0.0 M rounded from float (source grids: 2.0 M on 8/32)"]
+
+
 def test_int4_stage_carries_a_gguf_mix_over_exactly(tiny_qwen2, tmp_path):
     """A tiny GGUF whose MatMul weights are Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, resolved, exported and built at each
     MatMul's exact option: every weight carried over, the anchored types without block sums, and the logits those

@@ -478,18 +478,20 @@ def precision_lines(models: Sequence[str], variants: Sequence[str] | Mapping[str
     """One line per int4 variant and per layer kind: its ``MatMulNBits`` options (bits/block, from the
     inspection's ``matmul_precision``); for a searched one (``quantize_int4.search``;
     :mod:`qwen_onnx.quantize.precision_search`) the options the search chose, the weight bytes read per
-    token against all 8-bit, and the chosen map's figures on calibration text against the gate; for an int4
-    that records them, where its weights come from (:func:`weight_origin_line`)."""
+    token against all 8-bit, and the chosen map's figures on calibration text against the gate; for a variant
+    with weights on a source grid, where its weights come from (:func:`weight_origin_line`)."""
     lines = []
     for (model, variant), path in zip(variant_keys(models, variants), files["inspect"]):
         info = read_json(path)
-        if origin := info.get("weight_origin"):
-            lines.append(weight_origin_line(f"{model}/{variant}", origin))
+        origin = info.get("weight_origin") or {}
+        # a float source's weights are all rounded from float: said only where a source grid was found
+        origin_line = [weight_origin_line(f"{model}/{variant}", origin)] if origin.get("by_grid") else []
         search = info.get("precision_search")
         if not search:
             if variant == "int4":
                 lines += [f"{model}/{variant} {role}: " + ", ".join(f"{n} × {k}" for k, n in options.items())
                           for role, options in (info.get("matmul_precision") or {}).items()]
+            lines += origin_line
             continue
         chosen, gate = search.get("chosen") or {}, search["gate"]
         lines.append(f"{model}/{variant}: {search['weight_bytes_per_token'] / 1e6:.0f} MB of weights read per token "
@@ -500,6 +502,7 @@ def precision_lines(models: Sequence[str], variants: Sequence[str] | Mapping[str
                      f"{chosen.get('top1_pct', float('nan')):.1f}% ({gate.get('top1_pct')})")
         lines += [f"{model}/{variant} {role}: " + ", ".join(f"{n} × {k}" for k, n in options.items())
                   for role, options in search["by_role"].items()]
+        lines += origin_line
     return lines
 
 
