@@ -5,7 +5,8 @@ A checkpoint resolved from a GGUF holds weights on that file's grids (:mod:`qwen
 a quantizer started there can land back on the grid it came from, and llama.cpp's own Q4_K_M did
 (docs/peers.md, "Same start"). Here every 2-D weight found on a grid gets Gaussian noise of standard
 deviation ``fraction x`` its block's step (:attr:`~qwen_onnx.quantize.source_grid.SourceGrid.scale`, one
-value per block of 16 or 32 inputs), from a fixed seed; other tensors (norms, biases, float weights) are
+value per block of 16 or 32 inputs; none on a block of one value, such as the zero rows of unused token ids),
+from a fixed seed; other tensors (norms, biases, float weights) are
 copied as they are. The folder is a Hugging Face checkpoint any stage reads (``source:`` in a config).
 """
 
@@ -55,7 +56,9 @@ def noised_start(hf_dir: str | Path, output: str | Path, fraction: float = FRACT
         if grid is None:
             kept.append(name)
             continue
-        step = np.repeat(grid.scale, grid.block, axis=1)  # [out, in]: each input's block step
+        # a block of one value has no step of its own (the grid's scale there is a placeholder): no noise
+        constant = grid.codes.min(-1) == grid.codes.max(-1)
+        step = np.repeat(np.where(constant, 0.0, grid.scale), grid.block, axis=1)  # [out, in]: each input's step
         tensors[name] = (value + rng.standard_normal(value.shape).astype(np.float32) * fraction * step).astype(
             value.dtype)
         noised[name] = f"{grid.bits}/{grid.block}"
