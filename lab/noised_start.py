@@ -5,8 +5,8 @@ A checkpoint resolved from a GGUF holds weights on that file's grids (:mod:`qwen
 a quantizer started there can land back on the grid it came from, and llama.cpp's own Q4_K_M did
 (docs/peers.md, "Same start"). Here every 2-D weight found on a grid gets Gaussian noise of standard
 deviation ``fraction x`` its block's step (:attr:`~qwen_onnx.quantize.source_grid.SourceGrid.scale`, one
-value per block of 16 or 32 inputs; none on a block of one value, such as the zero rows of unused token ids),
-from a fixed seed; other tensors (norms, biases, float weights) are
+value per block of 16 or 32 inputs, at most the tensor's 99th percentile of them; none on a block of one
+value), from a fixed seed; other tensors (norms, biases, float weights) are
 copied as they are. The folder is a Hugging Face checkpoint any stage reads (``source:`` in a config).
 """
 
@@ -56,9 +56,13 @@ def noised_start(hf_dir: str | Path, output: str | Path, fraction: float = FRACT
         if grid is None:
             kept.append(name)
             continue
-        # a block of one value has no step of its own (the grid's scale there is a placeholder): no noise
+        # a block of one value has no step of its own (the grid's scale there is a placeholder): no noise; a block of
+        # two or three levels far apart (zeros and one outlier) may show a gap of many steps as its step: capped at
+        # the tensor's 99th percentile of block steps
         constant = grid.codes.min(-1) == grid.codes.max(-1)
-        step = np.repeat(np.where(constant, 0.0, grid.scale), grid.block, axis=1)  # [out, in]: each input's step
+        cap = np.percentile(grid.scale[~constant], 99) if (~constant).any() else 0.0
+        block_step = np.where(constant, 0.0, np.minimum(grid.scale, cap))
+        step = np.repeat(block_step, grid.block, axis=1)  # [out, in]: each input's step
         tensors[name] = (value + rng.standard_normal(value.shape).astype(np.float32) * fraction * step).astype(
             value.dtype)
         noised[name] = f"{grid.bits}/{grid.block}"
