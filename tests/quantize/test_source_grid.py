@@ -290,13 +290,13 @@ def test_int4_stage_carries_a_gguf_mix_over_exactly(tiny_qwen2, tmp_path):
     reference = OnnxCausalLM(tmp_path / "float").forward(ids)[0]
     kept = OnnxCausalLM(tmp_path / "int4").forward(ids)[0]
     assert np.abs(kept - reference).max() < 1e-2 * np.abs(reference).max()
-    # int8-dynamic carries the 8-bit grids over (Q5_0, Q8_0, Q5_1) and rounds the 4-bit ones again at 8/128
+    # int8-dynamic with source_grid carries the 8-bit grids over (Q5_0, Q8_0, Q5_1) and rounds the 4-bit ones again
     from qwen_onnx.quantize.int8 import DynamicSettings, quantize_dynamic_variant
 
     sizes = {node.name: int(np.prod(t.dims)) for node, t in weight_matmuls(graph)}
     eight = {n for n, g in grids.items() if g.bits == 8}
-    origin = quantize_dynamic_variant(tmp_path / "float", tmp_path / "int8", DynamicSettings(embedding="float"))[
-        "weight_origin"]
+    origin = quantize_dynamic_variant(tmp_path / "float", tmp_path / "int8", DynamicSettings(
+        embedding="float", block_size=128, source_grid=True))["weight_origin"]
     assert origin["carried_over"] == sum(sizes[n] for n in eight)
     assert origin["rounded_again"] == sum(sizes.values()) - origin["carried_over"] > 0
     blocks = {n.name.rsplit("_Q", 1)[0]: {a.name: a.i for a in n.attribute}["block_size"]
@@ -304,7 +304,7 @@ def test_int4_stage_carries_a_gguf_mix_over_exactly(tiny_qwen2, tmp_path):
               if n.op_type == "MatMulNBits"}
     assert {blocks[n] for n in eight} == {32} and {b for n, b in blocks.items() if n not in eight} == {128}
     plain = quantize_dynamic_variant(tmp_path / "float", tmp_path / "int8-again",
-                                     DynamicSettings(embedding="float", source_grid=False))
+                                     DynamicSettings(embedding="float", block_size=128))
     assert "weight_origin" not in plain
     carried = np.abs(OnnxCausalLM(tmp_path / "int8").forward(ids)[0] - reference).max()
     assert carried < np.abs(OnnxCausalLM(tmp_path / "int8-again").forward(ids)[0] - reference).max()

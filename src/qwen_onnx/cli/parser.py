@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="only sensitive MatMuls whose simulated SQNR is under this (dB; default: %(default)s)")
         p.add_argument("--sensitive-scheme", choices=["float", "blockwise"], default="float",
                        help="float, or INT8 with per-block scales (MatMulNBits 8-bit, accuracy_level 4; default: %(default)s)")
-        p.add_argument("--block-size", type=int, default=128, help="block length of the blockwise scheme")
+        p.add_argument("--block-size", type=int, default=64 if name == "quantize-dynamic" else 128,
+                       help="block length of the blockwise scheme (default: %(default)s)")
         p.add_argument("--embedding", choices=["shared", "quantized", "float"], default="shared",
                        help="embedding table: shared with an INT8 MatMulNBits lm_head when tied, else its own "
                             "GatherBlockQuantized table (quantized), or float")
@@ -117,9 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "quantize-dynamic":
             p.add_argument("--scheme", choices=["per_tensor", "blockwise"], default="blockwise",
                            help="blockwise (default): MatMulNBits 8-bit, accuracy_level 4, one scale per block; per_tensor: onnxruntime quantize_dynamic")
-            p.add_argument("--no-source-grid", dest="source_grid", action="store_false",
-                           help="blockwise: round a GGUF source's 8-bit-grid weights (Q5_0, Q8_0, Q6_K ...) again at "
-                                "--block-size instead of carrying them over exactly (docs/int4.md, \"Source grid\")")
+            p.add_argument("--source-grid", action=argparse.BooleanOptionalAction, default=False,
+                           help="blockwise: carry a GGUF source's 8-bit-grid weights (Q5_0, Q8_0, Q6_K ...) over exactly "
+                                "at their own block instead of rounding them again at --block-size (docs/int8.md)")
         if name in ("quantize-static", "quantize-mixed"):
             p.add_argument("--calibration-text", default=str(shipped_text(CALIBRATION_TEXT)))
             p.add_argument("--method", choices=["MinMax", "Entropy", "Percentile", "Search"], default="Percentile",

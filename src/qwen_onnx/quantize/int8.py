@@ -111,9 +111,9 @@ class DynamicSettings(SensitiveSettings):
             ``blockwise`` (INT8 weights with one scale per ``block_size`` inputs, run as
             MatMulNBits 8-bit with ``accuracy_level=4``, which quantizes the activation per token
             and block at run time; onnxruntime contrib op MatMulNBits).
-        block_size: block length of the ``blockwise`` scheme (a power of 2, 16 to 256; 128 measured
-            best on Qwen2.5-Coder 0.5B for speed at +0.45% perplexity, docs/int8.md), and
-            of an own quantized embedding table.
+        block_size: block length of the ``blockwise`` scheme (a power of 2, 16 to 256; 64 by default, the
+            accuracy of 32 at the speed of 128 on the embedded models, docs/int8.md), and of an own
+            quantized embedding table.
         embedding: the embedding table: ``shared`` (tied models whose lm_head is MatMulNBits, at any
             ``block_size``: the embedding ``GatherBlockQuantized`` reads the lm_head's INT8 weight;
             otherwise as ``quantized``), ``quantized`` (its own ``GatherBlockQuantized`` table at
@@ -121,8 +121,11 @@ class DynamicSettings(SensitiveSettings):
         embedding_bits: bits of an own quantized table (4 or 8).
         source_grid: ``blockwise`` scheme: a weight a GGUF source stored on an 8-bit grid (Q5_0, Q5_1, Q8_0 and
             Q5_K at block 32, Q6_K at block 16) is carried over exactly at that block instead of being rounded
-            again at ``block_size`` (:mod:`qwen_onnx.quantize.source_grid`); no effect on float sources.
+            again at ``block_size`` (:mod:`qwen_onnx.quantize.source_grid`); no effect on float sources. Off by
+            default: rounding at block 32 scored the same KL as the exact weights, and onnxruntime's 8-bit
+            kernel at blocks of 32 and 16 decodes slower than at 64 (docs/int8.md).
     """
+    block_size: int = 64
     scheme: str = "blockwise"
     op_types: list[str] = field(default_factory=lambda: ["MatMul"])
     per_channel: bool = True
@@ -130,7 +133,7 @@ class DynamicSettings(SensitiveSettings):
     nodes_to_exclude: list[str] = field(default_factory=list)
     embedding: str = "shared"
     embedding_bits: int = 8
-    source_grid: bool = True
+    source_grid: bool = False
 
 
 @dataclass
