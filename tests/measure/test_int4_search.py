@@ -309,3 +309,19 @@ def test_a_weight_on_a_source_grid_has_its_exact_option_among_the_others_by_byte
     assert precision_after(steps, list(options), 0, start) == {"q5": "8/32", "f": "8/128"}
     assert precision_after(steps, list(options), 2, start) == {"q5": "8/128", "f": "4/32"}
     assert weight_bytes(start, {"q5": 1000, "f": 1000}) == pytest.approx(1000 * (1 + 5 / 32) + 1000 * (1 + 5 / 128))
+
+
+def test_the_search_takes_its_8bit_option_at_the_stages_block_size_8bit(pipeline, texts, tmp_path):
+    """block_size_8bit 32: the search's widest option is 8/32 (it was always 8/128, and a map of 8/128 was refused
+    by the stage at any other block_size_8bit), and the shipped 8-bit nodes have blocks of 32."""
+    settings = Int4Settings(importance_samples=2, calibration_sequence_length=32, embedding="float",
+                            gptq_updates=False, block_size_8bit=32)
+    gate = {"ppl_delta_pct": 5.0, "top1_pct": 80.0, "kl_mean": 0.05}
+    info = search_int4_variant(pipeline["optimized"], tmp_path / "int4", settings, gate,
+                               calibration_text=texts["calibration"], score_windows=3)
+    assert info["precision_search"]["options"] == ["8/32", "4/32", "4/64"]
+    graph = onnx.load(str(tmp_path / "int4" / "model.onnx"), load_external_data=False).graph
+    eight = [{a.name: helper.get_attribute_value(a) for a in n.attribute} for n in graph.node
+             if n.op_type == "MatMulNBits" and n.name.endswith("_Q8")]
+    assert eight and {a["block_size"] for a in eight} == {32}
+    assert set(info["precision"].values()) <= {"8/32", "4/32", "4/64"}

@@ -144,13 +144,15 @@ def search_int4_variant(
     del reference_model
     # every candidate draws its 4-bit weights from here: each weight's k-quant search runs once per option
     cache: BlockCache = {}
-    errors = option_errors(input_dir, importance, OPTIONS, threads=threads or len(os.sched_getaffinity(0)),
+    # the 8-bit option at the stage's block_size_8bit (OPTIONS' 128 by default)
+    ladder = ((8, settings.block_size_8bit), *(o for o in OPTIONS if o[0] != 8))
+    errors = option_errors(input_dir, importance, ladder, threads=threads or len(os.sched_getaffinity(0)),
                            cache=cache, symmetric=settings.symmetric_weights, hessians=hessians,
                            source_grid=settings.source_grid)
     if hessians is not None:
         hessians.release()  # every option of every weight is in the cache now
     log.info("precision search: %d MatMuls priced at %s in %.0f s since the start%s", len(errors),
-             ", ".join(option_key(*o) for o in OPTIONS), time.time() - started,
+             ", ".join(option_key(*o) for o in ladder), time.time() - started,
              " (GPTQ's updates on the 4-bit options)" if hessians is not None else "")
     names = list(sizes)
     scratch_root = Path(output_dir).resolve().parent
@@ -166,12 +168,12 @@ def search_int4_variant(
     # the weights' error to the model's: per layer kind, the KL of that kind alone at the probe option
     roles = {name: node_role(name)[1] for name in names}
     grids = {name: cache.get((name, "source_grid")) for name in names}
-    options = {name: matmul_options(grids[name]) for name in names}
+    options = {name: matmul_options(grids[name], ladder) for name in names}
     widened = {name: (option_key(*grid.option), 1 + grid.sum_rows / grid.shape[0]) for name, grid in grids.items()
                if grid is not None and grid.sum_rows}
     # a kind mostly kept exactly at the probe option is probed at its first lossy one
     probes = probe_options(roles, sizes, {n for n, g in grids.items() if g is not None and g.option == PROBE})
-    widest = option_key(*OPTIONS[0])
+    widest = option_key(*ladder[0])
     role_kl = {}
     for role in sorted(set(roles.values())):
         figures = build_and_score({n: probes[role] if roles[n] == role else widest for n in names})
@@ -211,9 +213,9 @@ def search_int4_variant(
     record = {
         "method": "greedy error-per-byte path from all 8-bit, longest prefix passing the int4 gate with margin "
                   "on calibration text, past up to `skips` failing moves (qwen_onnx.quantize.precision_search)",
-        "options": [option_key(*o) for o in OPTIONS],
+        "options": [option_key(*o) for o in ladder],
         "exact_options": dict(collections.Counter(options[n][0] for n in names if options[n][0] not in
-                                                  {option_key(*o) for o in OPTIONS})),
+                                                  {option_key(*o) for o in ladder})),
         "role_kl_at_probe": {"probe": option_key(*PROBE), **role_kl},
         "probe_by_role": probes,
         "source_grid_matmuls": sum(g is not None for g in grids.values()),
