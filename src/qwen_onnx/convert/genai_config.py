@@ -15,7 +15,7 @@ needs a whole builder instance, so :func:`genai_config` writes the same fields f
 - ``search``: greedy by default (``do_sample`` false unless ``generation_config.json`` says so),
   ``max_length`` = ``context_length`` = ``max_position_embeddings`` (times a static ``rope_scaling`` factor: :func:`qwen_onnx.settings.qwen_config.context_length`).
 
-Which variants onnxruntime-genai 0.13.2 runs (checked on the tiny Qwen2/Qwen3, ``tests/test_iobind.py``):
+Which variants onnxruntime-genai 0.13.2 runs (checked on the tiny Qwen2/Qwen3, ``tests/run/test_iobind.py``):
 fp32, preprocessed and the quantized graphs of optimum's export (standard attention, position_ids)
 and the builder's GroupQueryAttention graphs; model types ``qwen2`` (Qwen1.5/2/2.5) and ``qwen3``.
 """

@@ -2,7 +2,7 @@
 
 The library's keyword defaults and the CLI's argparse defaults read these tables;
 ``workflow/schemas/config.schema.yaml`` and ``config.yaml`` state the same values for the workflow
-(``tests/test_defaults.py`` parses both and checks every key here against them), so that
+(``tests/settings/test_defaults.py`` parses both and checks every key here against them), so that
 ``qwen-onnx accuracy`` with no options reproduces the report's figures.
 
 Keys are the workflow's config keys of the section of the same name.

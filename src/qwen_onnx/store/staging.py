@@ -118,7 +118,7 @@ def sweep_tree(root: str | os.PathLike) -> list[Path]:
     return removed
 
 
-#: Environment variables of the fault-injection hook (:func:`fault_point`), used by tests/test_faults.py.
+#: Environment variables of the fault-injection hook (:func:`fault_point`), used by tests/store/test_faults.py.
 PAUSE_AT_ENV = "QWEN_ONNX_TEST_PAUSE_AT"
 
 PAUSE_SIGNAL_ENV = "QWEN_ONNX_TEST_PAUSE_SIGNAL"
@@ -126,7 +126,7 @@ PAUSE_SIGNAL_ENV = "QWEN_ONNX_TEST_PAUSE_SIGNAL"
 
 def fault_point(name: str) -> None:
     """Test hook, the only one: pause a stage with its partial output on disk, so that a test can
-    SIGKILL it there (tests/test_faults.py).
+    SIGKILL it there (tests/store/test_faults.py).
 
     When the environment variable ``QWEN_ONNX_TEST_PAUSE_AT`` equals ``name`` (an output's file
     or folder name, e.g. ``fp32``, ``int8-static.accuracy.json``, ``report.md``), the process
