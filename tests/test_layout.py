@@ -144,3 +144,16 @@ def test_no_workflow_script_is_named_like_a_module_onnxruntime_imports_by_its_ba
     assert "float16" in shadowed  # the check sees the module a float16.py wrapper would replace
     scripts = {p.stem for p in (PACKAGE.parents[1] / "workflow" / "scripts").glob("*.py")}
     assert scripts & shadowed == set()
+
+
+def test_every_test_file_a_docstring_cites_exists():
+    """A module that names the test behind a statement (``tests/store/test_faults.py``) names a file that is there:
+    three citations still named files from before the tests moved into folders."""
+    import re
+
+    root = PACKAGE.resolve().parents[1]
+    cited = {(path.relative_to(root).as_posix(), name)
+             for path in PACKAGE.resolve().rglob("*.py")
+             for name in re.findall(r"tests/[\w/]+\.py", path.read_text(encoding="utf-8"))}
+    assert cited, "no citation found: the pattern no longer matches the docstrings"
+    assert [c for c in cited if not (root / c[1]).is_file()] == []
