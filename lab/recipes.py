@@ -49,6 +49,7 @@ from qwen_onnx.measure.reference import write_window_logits
 from qwen_onnx.quantize.hadamard import DEFAULT_ROLES as HADAMARD_ROLES
 from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
 from qwen_onnx.quantize.int8 import DynamicSettings, StaticSettings, quantize_dynamic_variant, quantize_static_variant
+from qwen_onnx.run.machine import vm_hwm_mib
 from qwen_onnx.source.text import CALIBRATION_TEXT, EVALUATION_TEXT, shipped_text, token_windows
 from qwen_onnx.store.artifacts import folder_bytes
 from qwen_onnx.store.provenance import library_versions
@@ -290,19 +291,6 @@ def peak_rss_reset() -> bool:
         return True
     except OSError:
         return False
-
-
-def peak_rss_mib() -> float | None:
-    """This process's peak RSS since start or the last :func:`peak_rss_reset` (``VmHWM``), MiB;
-    None where ``/proc/self/status`` is not available."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0  # kB
-    except OSError:
-        pass
-    return None
 
 
 def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -584,7 +572,7 @@ def run_recipes(
             info = _quantize(recipe, preprocessed_dir, variant, calibration_text, sensitivity)
             row.update({
                 "quantize_s": time.perf_counter() - started,
-                "quantize_peak_rss_mib": peak_rss_mib() if reset else None,
+                "quantize_peak_rss_mib": vm_hwm_mib() if reset else None,
                 "sensitive_nodes": len(info.get("sensitive_nodes", [])),
             })
             gc.collect()

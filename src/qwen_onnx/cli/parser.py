@@ -270,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("publish", help="the README's measured tables and a docs/measurements page, from a finished run")
     p.add_argument("results", help="the run's results/ folder (metrics.json, machine.json, report.md)")
-    p.add_argument("--page", required=True, help="measurement page to write, e.g. docs/measurements/2026-12-04-epyc.md")
+    p.add_argument("--page", required=True, help="measurement page to write, docs/measurements/DATE-CPU.md")
     p.add_argument("--readme", default=None, help="README whose measured block to rewrite (between its markers)")
     p.add_argument("--index", default=None, help="a second document with the same block, e.g. docs/measurements.md")
     p.add_argument("--commit", default=None, help="the run's commit (default: HEAD of the checkout holding RESULTS)")

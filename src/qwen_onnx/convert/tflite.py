@@ -71,9 +71,9 @@ def conversion_rss_gib(params_billion: float,
     """litert-torch's estimated peak resident set while converting a model, GiB.
 
     ``params_billion`` x ``rss_gib_per_billion_params``; the default constant, 26 GiB per billion
-    parameters, rounds up the peak measured converting Qwen2.5-Coder-0.5B (0.49 B parameters) with
-    litert-torch 0.10: 12,871 MiB RSS in 97 s (the workflow's tflite job, commit c20bf2a, 2026-12-02, getrusage; the model is held in fp32 by
-    litert-torch's own layers, exported by ``torch.export`` and lowered, with copies alive at once).
+    parameters, rounds up the peak measured converting Qwen2.5-Coder-0.5B with litert-torch (the model is
+    held in fp32 by litert-torch's own layers, exported by ``torch.export`` and lowered, with copies alive at
+    once; the measurement in docs/tflite.md).
     """
     return float(params_billion) * float(rss_gib_per_billion_params)
 

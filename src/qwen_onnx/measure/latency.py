@@ -116,9 +116,8 @@ def timing_protocol(
     ``decode_prompt_tokens`` of ``tokens``) is generated ``warmup`` times unmeasured (at most
     :data:`DECODE_WARMUP_TOKENS` tokens), then ``repeats`` times for ``new_tokens`` tokens. ``row``: the
     untimed decode runs first and is the row's only warm-up, so each length's first pass is the timed
-    one. On the 0.5B's sitting (AMD EPYC AVX-512 VNNI, 2026-12-05, ``python -m lab.warmup_scope``) ``row``
-    shortened a round by 17% but timed the 512-token prefill up to 1.65x slower (LiteRT, OpenVINO,
-    fp16): a runtime's first pass at a new shape pays for it, so ``length`` stays the protocol.
+    one. ``row`` shortens a round but times the 512-token prefill slower: a runtime's first pass at a new
+    shape pays for it, so ``length`` stays the protocol (docs/timing.md, ``python -m lab.warmup_scope``).
 
     Args:
         prefill: runs one prefill of token ids int64 [length].

@@ -22,6 +22,19 @@ import psutil
 from qwen_onnx.store.provenance import library_versions
 
 
+def vm_hwm_mib() -> float | None:
+    """This process's peak resident set size in MiB, ``VmHWM`` of ``/proc/self/status`` (since start, or since
+    the peak was last reset through ``/proc/self/clear_refs``); None where that file is not available."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0  # kB
+    except OSError:
+        pass
+    return None
+
+
 def peak_rss_mib() -> float:
     """Peak resident set size of this process in MiB: ``VmHWM`` of ``/proc/self/status`` on Linux, else
     ``getrusage``'s ``ru_maxrss`` (KiB on Linux, bytes on macOS).
@@ -31,13 +44,9 @@ def peak_rss_mib() -> float:
     reported at least its parent's peak: every row of a sitting read the sitting process's 1,484 MiB on
     the 0.5B. ``VmHWM`` belongs to the process's own address space, made anew by exec.
     """
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0  # kB
-    except OSError:
-        pass
+    peak = vm_hwm_mib()
+    if peak is not None:
+        return peak
     import resource
     import sys
 
