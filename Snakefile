@@ -31,6 +31,7 @@ localrules:
     latency_row,
     latency_row_pytorch,
     report,
+    task,
 
 
 rule all:

@@ -20,6 +20,7 @@ import yaml
 from part_packages import make_part_packages
 from timing_checks import assert_timed
 
+from qwen_onnx.measure.task_accuracy import unresolved_note
 from qwen_onnx.settings.variants import DIFFED
 from qwen_onnx.settings.variants import NAMES as VARIANTS
 
@@ -190,12 +191,14 @@ def test_full_run_writes_every_artifact(finished_run):
         task = json.loads((results / "tiny" / "reports" / f"{variant}.task.json").read_text())
         passed = sum(r["outcome"] == "passed" for r in task["records"])
         assert (task["problems"], task["passed"], task["pass_at_1_pct"]) == (2, passed, 50.0 * passed), variant
-        assert float(rows[variant]["pass_at_1_pct"]) == task["pass_at_1_pct"]
+        # two problems cannot tell a loss from chance: the row gives the set's size and why, not the figure
+        assert rows[variant]["pass_at_1_pct"] == "" and rows[variant]["task_problems"] == "2"
+        assert rows[variant]["task_gate_note"] == unresolved_note(2)
         assert rows[variant]["task_gate"] == task["gate"]
         if variant != "fp32":
             lost = [r["task_id"] for r, ref in zip(task["records"], fp32_task["records"])
                     if ref["outcome"] == "passed" and r["outcome"] != "passed"]
-            assert task["paired"]["lost_ids"] == lost and int(rows[variant]["task_lost"]) == len(lost), variant
+            assert task["paired"]["lost_ids"] == lost and rows[variant]["task_lost"] == "", variant
     tflite_task = json.loads((results / "tiny" / "reports" / "tflite.task.json").read_text())
     assert [r["reason"] for r in tflite_task["records"]] == [
         f"the prompt of {r['prompt_tokens']} tokens leaves no room in the litert model's 128 positions"
@@ -203,7 +206,8 @@ def test_full_run_writes_every_artifact(finished_run):
     assert not (results / "tiny-qwen3" / "reports" / "fp32.task.json").exists()
     assert not (results / "tiny" / "reports" / "fp16.task.json").exists()  # fp16 is opt-in (fp32's answers)
     assert rows["fp16"]["pass_at_1_pct"] == ""
-    assert rows["pytorch"]["pass_at_1_pct"] == "" and "## Task accuracy (HumanEval pass@1)" in (results / "report.md").read_text()
+    assert rows["pytorch"]["pass_at_1_pct"] == ""
+    assert f"## Task accuracy (HumanEval pass@1)\n\n{unresolved_note(2)}.\n" in (results / "report.md").read_text()
     machine = json.loads((results / "machine.json").read_text())
     assert machine["memory_bandwidth_gb_s"] > 0 and machine["logical_cores"] >= 1
     assert json.loads((results / "metrics.json").read_text())[2]["variant"] == "preprocessed"
@@ -328,21 +332,26 @@ def test_float16_settings_rerun_only_the_fp16_variant_and_the_exporter_reruns_al
 
 
 def test_task_settings_rerun_only_the_task_jobs(finished_run):
-    """Generation settings change every task result (fp32's first); the task gate only the paired ones."""
+    """Generation settings change every task result (fp32's first); the task gate only the paired ones. Only the
+    `task` target reruns them."""
     config = yaml.safe_load((finished_run / "config.yaml").read_text())
     original = yaml.safe_dump(config)
     try:
         config["task_accuracy"]["max_new_tokens"] = 6
         (finished_run / "config.yaml").write_text(yaml.safe_dump(config))
         tokens = planned_jobs(snakemake(finished_run, "-n"))
+        tokens_task = planned_jobs(snakemake(finished_run, "-n", "task"))
         config["task_accuracy"]["max_new_tokens"] = 8
         config["gates"] = {"task": {"pass_at_1_drop_points": 10.0}}
         (finished_run / "config.yaml").write_text(yaml.safe_dump(config))
         gate = planned_jobs(snakemake(finished_run, "-n"))
+        gate_task = planned_jobs(snakemake(finished_run, "-n", "task"))
     finally:
         (finished_run / "config.yaml").write_text(original)
-    assert tokens == {"task_accuracy": 5, "report": 1, "all": 1}  # fp32, int8-dynamic, int8-static, int4, tflite
-    assert gate == {"task_accuracy": 4, "report": 1, "all": 1}
+    # the default run never reruns HumanEval: its report leaves the out-of-date results out and names them
+    assert tokens == {"report": 1, "all": 1} and gate == {"report": 1, "all": 1}
+    assert tokens_task == {"task_accuracy": 5, "report": 1, "task": 1}  # fp32, int8-dynamic, int8-static, int4, tflite
+    assert gate_task == {"task_accuracy": 4, "report": 1, "task": 1}
 
 
 def test_adding_a_model_reruns_only_that_models_stages(finished_run, tiny_qwen2):
@@ -451,7 +460,7 @@ def planned_inputs(result: subprocess.CompletedProcess, rule: str) -> list[list[
 
 def test_the_default_build_leaves_opt_in_variants_out(tmp_path, tiny_qwen2, texts):
     """Without a `variants` section: no int8-mixed, and the sitting times the shipped variants, not
-    preprocessed (whose latency row only says why)."""
+    preprocessed nor fp16 (fp32's kernels; their latency rows only say why)."""
     write_config(tmp_path, str(tiny_qwen2), texts)
     config = yaml.safe_load((tmp_path / "config.yaml").read_text())
     del config["variants"], config["peers"]
@@ -462,9 +471,16 @@ def test_the_default_build_leaves_opt_in_variants_out(tmp_path, tiny_qwen2, text
     (sitting,) = planned_inputs(result, "sitting")
     folders = [Path(p).name for p in sitting if Path(p).parent.name == "tiny"]
     # and int4, int8-dynamic again: the folders run by OpenVINO too (peers.openvino_variants)
-    assert folders == ["hf", "fp32", "int8-dynamic", "int8-static", "int4", "optimized", "fp16", "tflite", "int4",
+    assert folders == ["hf", "fp32", "int8-dynamic", "int8-static", "int4", "optimized", "tflite", "int4",
                        "int8-dynamic"]
     assert planned_inputs(result, "accuracy") and "results/tiny/reports/preprocessed.accuracy.json" in result.stdout
+    # HumanEval is the `task` target, not the default run: tiny's fp32 and shipped variants, paired against fp32
+    assert "task_accuracy" not in planned_jobs(result)
+    task = snakemake(tmp_path, "-n", "task")
+    assert planned_jobs(task)["task_accuracy"] == 5 and planned_jobs(task)["report"] == 1
+    (report,) = planned_inputs(task, "report")
+    assert [Path(p).name for p in report if p.endswith(".task.json")] == [
+        f"{v}.task.json" for v in ("fp32", "int8-dynamic", "int8-static", "int4", "tflite")]
     # opting in: int8-mixed built and timed
     config["variants"] = {"built": list(VARIANTS), "timed": ["fp32", "int8-mixed"]}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))

@@ -234,6 +234,13 @@ def test_a_variant_left_out_of_the_sitting_gets_an_empty_speed_row_with_the_reas
                    plots={k: tmp_path / f"{k}.png" for k in ("ppl_vs_size", "decode_tok_s", "prefill_latency")})
     rows = {r["variant"]: r for r in build_report(["m"], variants, files, machine, prompt_lengths=(8,), **outputs)}
     assert rows["preprocessed"]["measured_by"] == "not timed" and rows["fp32"]["measured_by"] == "latency"
+    # fp16 is left out by default with its own reason: the CPU execution provider runs it on fp32's kernels
+    assert untimed_latency("fp16")["note"] == (
+        "not timed: onnxruntime's CPU execution provider has no float16 MatMul kernel and runs fp16 through casts "
+        "and fp32's kernels, so the fp32 row gives its speed (add fp16 to variants.timed to time it)")
+    from qwen_onnx.settings.variants import DEFAULT_TIMED
+
+    assert DEFAULT_TIMED == ("fp32", "int8-dynamic", "int8-static", "int4", "optimized", "tflite")
     assert rows["preprocessed"]["decode_tok_s"] is None and rows["preprocessed"]["decode_speedup_vs_pytorch"] is None
     assert rows["preprocessed"]["gate"] == "PASS" and rows["preprocessed"]["top1_pct"] == 99.0
     assert rows["fp32"]["decode_tok_s"] == 20.0

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
+import os
 
 import pytest
 
@@ -27,15 +29,18 @@ from qwen_onnx.measure.parity import NO_THINKING_MODE, NON_THINKING, chat_mode, 
 from qwen_onnx.measure.sandbox import run_program
 from qwen_onnx.measure.task_accuracy import (
     RECORD_KEYS,
+    detectable_drop_points,
     mcnemar_exact_p,
     paired_comparison,
     peer_task_accuracy,
     summarize,
     task_accuracy,
+    unresolved_note,
     wilson_interval,
 )
 from qwen_onnx.report.rows import task_columns
 from qwen_onnx.settings.gates import DEFAULT_TASK_GATE, check_task_gate
+from qwen_onnx.store.task_results import current_task_files, settings_record
 from qwen_onnx.source.text import evenly_spaced
 
 PROBLEMS = load_problems()
@@ -122,6 +127,18 @@ def test_wilson_interval_and_mcnemar_exact_p_have_their_textbook_values():
     assert mcnemar_exact_p(3, 3) == 1.0 and mcnemar_exact_p(0, 0) == 1.0
 
 
+def test_the_drop_a_set_of_problems_can_call_beyond_chance():
+    """McNemar's exact p <= 0.05 needs six problems lost and none gained (p 0.03125; five give 0.0625)."""
+    assert detectable_drop_points(164) == pytest.approx(100 * 6 / 164)  # 3.66 points
+    assert detectable_drop_points(16) == 37.5 and detectable_drop_points(120) == 5.0
+    assert detectable_drop_points(5) == math.inf
+    assert detectable_drop_points(164, p_limit=0.01) == pytest.approx(100 * 8 / 164)  # 2 x 0.5^8 = 0.0078
+    assert unresolved_note(164) is None and unresolved_note(120) is None
+    assert unresolved_note(119) == ("pass@1 not shown: on 119 HumanEval problems McNemar's test (p <= 0.05) can tell "
+                                    "only a drop of 5.0 points or more from chance; `snakemake --cores 4 task` "
+                                    "scores all 164")
+
+
 def _records(outcomes: dict[str, str]) -> list[dict]:
     return [{"task_id": t, "outcome": o, "tokens": 10, "generate_s": 1.0, "execute_s": 0.1}
             for t, o in outcomes.items()]
@@ -199,9 +216,17 @@ def test_a_variant_is_paired_against_the_reference_and_gated(pipeline, fp32_task
     status, failures, marginal = check_task_gate(-paired["pass_at_1_delta_points"], 2, paired["mcnemar_p"],
                                                  DEFAULT_TASK_GATE)
     assert (result["gate"], result["gate_failures"], result["gate_marginal"]) == (status, failures, marginal)
+    # two problems cannot tell any drop from chance: the report shows the set's size, its gate and why, no figure
     columns = task_columns(result)
-    assert (columns["task_problems"], columns["task_gained"], columns["task_lost"], columns["task_gate"]) == (
-        2, paired["gained"], paired["lost"], status)
+    assert columns == {"task_problems": 2, "task_gate": status, "task_tokens": result["tokens"],
+                       "task_s": result["seconds"],
+                       "task_gate_note": "pass@1 not shown: on 2 HumanEval problems McNemar's test (p <= 0.05) can "
+                                         "tell no drop from chance; `snakemake --cores 4 task` scores all 164"}
+    # the same result on all 164 problems is shown, paired columns included
+    full = {**result, "problems": 164}
+    columns = task_columns(full)
+    assert (columns["task_problems"], columns["pass_at_1_pct"], columns["task_gained"], columns["task_lost"],
+            columns["task_gate"]) == (164, result["pass_at_1_pct"], paired["gained"], paired["lost"], status)
 
 
 def test_a_reference_of_other_settings_is_refused_and_nothing_is_written(pipeline, fp32_task, tmp_path):
@@ -380,3 +405,37 @@ def test_a_reference_prompted_in_another_chat_mode_is_refused(pipeline, qwen3_ch
     result = task_accuracy(pipeline["fp32"], pipeline["hf"], reference=old, problems=TINY_PROBLEMS, max_new_tokens=8,
                            threads=1)
     assert result["chat_mode"] == NO_THINKING_MODE and (result["paired"]["gained"], result["paired"]["lost"]) == (0, 0)
+
+
+def test_an_earlier_task_runs_results_are_shown_only_while_current(pipeline, fp32_task, tmp_path):
+    """The default run shows the task results a `task` run left while they are current, and names the others."""
+    import qwen_onnx
+    from qwen_onnx.store.artifacts import write_json
+
+    reference, ref = fp32_task
+    reports = tmp_path / "tiny" / "reports"
+    reports.mkdir(parents=True)
+    settings = {"problems": TINY_PROBLEMS, "max_new_tokens": 8, "timeout_s": 10, "memory_mb": 1024}
+    assert ref["settings"] == settings_record(**settings)
+    gate = dict(DEFAULT_TASK_GATE)
+    paths = {}
+    for name, extra in (("fp32", {}), ("int4", {"gate_limits": gate})):
+        write_json(reports / f"{name}.accuracy.json", {})
+        paths[name] = reports / f"{name}.task.json"
+        write_json(paths[name], {**ref, "gate": "reference" if name == "fp32" else "PASS", **extra})
+    version = qwen_onnx.__version__
+    assert ref["library_versions"]["qwen-onnx"] == version
+
+    def check(settings=settings, gate=gate, version=version):
+        return current_task_files([str(p) for p in paths.values()], {"tiny": settings}, {"tiny": gate}, version)
+
+    assert check() == ([str(paths["fp32"]), str(paths["int4"])], [])
+    rerun = "`snakemake --cores 4 task` reruns it"
+    assert check(settings={**settings, "max_new_tokens": 16}) == ([], [
+        f"tiny/{n}: its HumanEval result was run with other task_accuracy settings; {rerun}" for n in ("fp32", "int4")])
+    assert check(gate={**gate, "mcnemar_p": 1.0}) == ([str(paths["fp32"])], [
+        f"tiny/int4: its HumanEval result was judged by another task gate; {rerun}"])
+    assert check(version="9.9.9")[1][0] == f"tiny/fp32: its HumanEval result was written by another qwen-onnx than 9.9.9; {rerun}"
+    later = paths["int4"].stat().st_mtime + 10
+    os.utime(reports / "int4.accuracy.json", (later, later))  # the variant rebuilt after its task result
+    assert check() == ([str(paths["fp32"])], [f"tiny/int4: its HumanEval result predates the variant; {rerun}"])

@@ -193,3 +193,20 @@ def test_each_model_alone_is_bounded_by_its_own_jobs(tmp_path):
     assert ("- small alone: at least 2.9 min (its own jobs' critical path 2.9 min, core bound 2.5 min; their wall "
             "times add up to 4.2 min)") in text
     assert pipeline_table(tmp_path, ["small"])["models"] == []  # one model: the run's own figures say it
+
+
+def test_the_first_variant_through_its_gate_is_timed_from_the_runs_start(tmp_path):
+    """Per model, the first accuracy job of the latest run whose verdict is PASS, from the run's first start."""
+    _job(tmp_path, "m", "accuracy.int4", 30.0, 900, 8, ended=100)  # an earlier run's
+    _job(tmp_path, "m", "resolve", 100.0, 900, 8, ended=10_100)  # the latest run starts at 10,000
+    _job(tmp_path, "m", "accuracy.int8-static", 200.0, 900, 8, ended=10_300)
+    _job(tmp_path, "m", "accuracy.int8-dynamic", 260.0, 900, 8, ended=10_360)
+    _job(tmp_path, "m", "accuracy.fp32", 400.0, 900, 8, ended=10_500)
+    reports = tmp_path / "m" / "reports"
+    reports.mkdir(parents=True)
+    for variant, gate in (("int4", "PASS"), ("int8-static", "FAIL"), ("int8-dynamic", "PASS"), ("fp32", "PASS")):
+        (reports / f"{variant}.accuracy.json").write_text(json.dumps({"gate": gate}))
+    table = pipeline_table(tmp_path, ["m", "other"])
+    assert table["first_gated"] == [{"model": "m", "variant": "int8-dynamic", "ready_s": 360.0}]
+    assert "- m: first variant through its accuracy gate, int8-dynamic, 6.0 min after the run started" in (
+        pipeline_markdown(table))

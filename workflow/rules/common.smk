@@ -1,4 +1,5 @@
 import copy
+import os
 import importlib.util
 import re
 import sys
@@ -11,6 +12,7 @@ from snakemake.utils import validate
 
 import qwen_onnx
 import qwen_onnx.store.staging
+from qwen_onnx.store.task_results import current_task_files
 import qwen_onnx.settings.options
 import qwen_onnx.settings.variants
 import qwen_onnx.convert.openvino_export
@@ -40,6 +42,10 @@ except qwen_onnx.settings.options.OptionError as exc:
 validate(config, schema="../schemas/config.schema.yaml")
 
 VERSION = qwen_onnx.__version__
+# The priority of the rules that build a variant and gate it (resolve to quantize, reference, accuracy): among
+# ready jobs Snakemake starts these before the measuring ones (the sitting, profiles, peers), so each model's
+# verified variants are on disk first (the report's pipeline section says when the first one was).
+BUILD_PRIORITY = 10
 RESULTS = config.get("results", "results")
 
 
@@ -601,10 +607,12 @@ def get_task_gate(wildcards):
     """
     if wildcards.get("variant") == "fp32":
         return {}
-    return {
-        **DEFAULT_TASK_GATE,
-        **get_settings(wildcards.model, "gates").get("task", {}),
-    }
+    return task_gate(wildcards.model)
+
+
+def task_gate(model):
+    """The task gate of a model's paired variants: gates.task over DEFAULT_TASK_GATE."""
+    return {**DEFAULT_TASK_GATE, **get_settings(model, "gates").get("task", {})}
 
 
 def get_task_inputs():
@@ -621,6 +629,33 @@ def get_task_inputs():
         ]
         out += [f"{RESULTS}/{model}/reports/{p}.task.json" for p in settings["peers"]]
     return out
+
+
+def task_requested():
+    """Whether this run names the `task` target (HumanEval is not part of the default run); known once the DAG
+    is built, so only input and params functions may ask."""
+    return "task" in getattr(workflow.dag_settings, "targets", ())
+
+
+def task_results_on_disk():
+    """Without the `task` target: the task results an earlier `task` run left, split into the current ones and a
+    note for each other (qwen_onnx.store.task_results.current_task_files), so a default run never reruns HumanEval.
+    """
+    paths = [path for path in get_task_inputs() if os.path.exists(path)]
+    settings = {m: get_task_settings(m) for m in get_models()}
+    gates = {m: task_gate(m) for m in get_models()}
+    return current_task_files(paths, settings, gates, VERSION)
+
+
+def get_report_task_inputs():
+    """The task results the report shows: all of them when the run names the `task` target, else the current
+    ones an earlier `task` run left."""
+    return get_task_inputs() if task_requested() else task_results_on_disk()[0]
+
+
+def get_report_task_notes():
+    """The report's line for each task result on disk that is no longer current (none with the `task` target)."""
+    return [] if task_requested() else task_results_on_disk()[1]
 
 
 def get_task_peer_genai_input(wildcards):

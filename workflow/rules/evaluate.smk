@@ -56,6 +56,7 @@ rule reference:
         f"{RESULTS}/logs/{{model}}/reference.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/reference.tsv"
+    priority: BUILD_PRIORITY
     conda:
         "../../envs/qwen-onnx.yaml"
     threads: 2
@@ -80,6 +81,7 @@ rule accuracy:
         f"{RESULTS}/logs/{{model}}/accuracy.{{variant}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/accuracy.{{variant}}.tsv"
+    priority: BUILD_PRIORITY
     conda:
         get_conda_env
     threads: 2

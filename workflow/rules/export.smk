@@ -8,6 +8,7 @@ rule export:
         f"{RESULTS}/logs/{{model}}/export.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/export.tsv"
+    priority: BUILD_PRIORITY
     conda:
         "../../envs/qwen-onnx.yaml"
     threads: 2
@@ -31,6 +32,7 @@ rule preprocess:
         f"{RESULTS}/logs/{{model}}/preprocess.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/preprocess.tsv"
+    priority: BUILD_PRIORITY
     conda:
         "../../envs/qwen-onnx.yaml"
     threads: 2

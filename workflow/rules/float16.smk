@@ -8,6 +8,7 @@ rule float16:
         f"{RESULTS}/logs/{{model}}/float16.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/float16.tsv"
+    priority: BUILD_PRIORITY
     conda:
         "../../envs/qwen-onnx.yaml"
     threads: 2

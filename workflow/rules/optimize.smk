@@ -8,6 +8,7 @@ rule optimize:
         f"{RESULTS}/logs/{{model}}/optimize.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/optimize.tsv"
+    priority: BUILD_PRIORITY
     conda:
         "../../envs/qwen-onnx.yaml"
     threads: 2

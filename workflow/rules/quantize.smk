@@ -10,6 +10,7 @@ rule sensitivity:
         f"{RESULTS}/logs/{{model}}/sensitivity.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/sensitivity.tsv"
+    priority: BUILD_PRIORITY
     conda:
         "../../envs/qwen-onnx.yaml"
     threads: 2
@@ -38,6 +39,7 @@ rule quantize_dynamic:
         f"{RESULTS}/logs/{{model}}/quantize_dynamic.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/quantize_dynamic.tsv"
+    priority: BUILD_PRIORITY
     conda:
         "../../envs/qwen-onnx.yaml"
     threads: 2
@@ -63,6 +65,7 @@ rule quantize_static:
         f"{RESULTS}/logs/{{model}}/quantize_static.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/quantize_static.tsv"
+    priority: BUILD_PRIORITY
     conda:
         "../../envs/qwen-onnx.yaml"
     threads: 2
@@ -88,6 +91,7 @@ rule quantize_mixed:
         f"{RESULTS}/logs/{{model}}/quantize_mixed.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/quantize_mixed.tsv"
+    priority: BUILD_PRIORITY
     conda:
         "../../envs/qwen-onnx.yaml"
     threads: 2
@@ -114,9 +118,7 @@ rule quantize_int4:
         f"{RESULTS}/logs/{{model}}/quantize_int4.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/quantize_int4.tsv"
-    # the longest build, on the critical path (resolve -> optimize -> quantize_int4 -> sitting): scheduled
-    # before the other ready jobs, it starts as soon as its graph exists
-    priority: 10
+    priority: BUILD_PRIORITY
     conda:
         "../../envs/qwen-onnx.yaml"
     threads: 2

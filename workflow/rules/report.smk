@@ -14,7 +14,7 @@ rule report:
         machine=f"{RESULTS}/machine.json",
         peers=get_peers_inputs(),
         peer_accuracy=get_peer_accuracy_inputs(),
-        task=get_task_inputs(),
+        task=lambda wc: get_report_task_inputs(),
     output:
         markdown=report(
             f"{RESULTS}/report.md", caption="../report/report.rst", category="Summary"
@@ -61,6 +61,7 @@ rule report:
         models=get_models(),
         variants={m: get_built_variants(m) for m in get_models()},
         tflite=lambda wc: {m: get_tflite_settings(m) for m in get_models()},
+        task_notes=lambda wc: get_report_task_notes(),
         prompt_lengths=config["latency"]["prompt_lengths"],
         version=VERSION,
     script:

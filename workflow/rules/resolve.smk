@@ -11,6 +11,7 @@ rule resolve:
         f"{RESULTS}/logs/{{model}}/resolve.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/resolve.tsv"
+    priority: BUILD_PRIORITY
     conda:
         "../../envs/resolve.yaml"
     threads: 2

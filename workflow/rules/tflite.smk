@@ -12,6 +12,7 @@ rule tflite:
         f"{RESULTS}/logs/{{model}}/tflite.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/tflite.tsv"
+    priority: BUILD_PRIORITY
     conda:
         "../../envs/tflite.yaml"
     threads: 2

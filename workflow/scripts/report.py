@@ -21,7 +21,8 @@ with logged(snakemake):
         },
         inp.machine,
         prompt_lengths=snakemake.params.prompt_lengths,
-        tflite=snakemake.params.tflite,  # which models have a tflite variant, and why not (qwen_onnx.convert.tflite.tflite_skip_reason)
+        tflite=snakemake.params.tflite,
+        task_notes=snakemake.params.task_notes,  # an earlier `task` run's results that are no longer current  # which models have a tflite variant, and why not (qwen_onnx.convert.tflite.tflite_skip_reason)
         results_dir=Path(out.json).parent,  # metrics.json is at the results folder's top
         pipeline_csv=out.pipeline,
         markdown=out.markdown,

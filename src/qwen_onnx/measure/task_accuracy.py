@@ -49,11 +49,12 @@ from qwen_onnx.measure.humaneval import (
 from qwen_onnx.measure.parity import NO_THINKING_MODE, NON_THINKING, chat_mode, chat_prompt_ids
 from qwen_onnx.measure.sandbox import Limits, network_isolation, run_program
 from qwen_onnx.run.machine import machine_isa
-from qwen_onnx.settings.defaults import TASK_ACCURACY, TASK_PEERS
+from qwen_onnx.settings.defaults import HUMANEVAL_SIZE, TASK_ACCURACY, TASK_PEERS
 from qwen_onnx.settings.gates import DEFAULT_TASK_GATE, check_task_gate
 from qwen_onnx.settings.options import check_options
 from qwen_onnx.source.resolve import eos_token_ids
 from qwen_onnx.store.artifacts import read_json, write_json
+from qwen_onnx.store.task_results import settings_record
 from qwen_onnx.store.provenance import library_versions, package_version
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,37 @@ def mcnemar_exact_p(gained: int, lost: int) -> float:
         return 1.0
     tail = sum(math.comb(n, k) for k in range(min(gained, lost) + 1)) / 2**n
     return min(1.0, 2 * tail)
+
+
+#: The largest pass@1 drop, percentage points, a set of problems must be able to call beyond chance for its
+#: pass@1 to be shown as a figure (:func:`detectable_drop_points`): all 164 HumanEval problems see 3.7 points,
+#: 120 or more see 5; 16 see only 37.5, and a figure from them reads as a loss or a gain that chance made.
+SHOWN_DROP_POINTS = 5.0
+
+
+def detectable_drop_points(problems: int, p_limit: float = DEFAULT_TASK_GATE["mcnemar_p"]) -> float:
+    """The smallest pass@1 drop, percentage points, that McNemar's exact test (:func:`mcnemar_exact_p`) can call
+    beyond chance on ``problems`` paired problems: ``k`` problems lost and none gained, the least ``k`` whose p is
+    at most ``p_limit``, as ``100 k / problems`` (p <= 0.05 needs k = 6: 3.7 points on 164 problems, 37.5 on 16).
+
+    Returns:
+        Percentage points; ``math.inf`` when no drop on so few problems reaches ``p_limit``.
+    """
+    for k in range(1, int(problems) + 1):
+        if mcnemar_exact_p(0, k) <= p_limit:
+            return 100.0 * k / problems
+    return math.inf
+
+
+def unresolved_note(problems: int, p_limit: float = DEFAULT_TASK_GATE["mcnemar_p"]) -> str | None:
+    """Why a task result on ``problems`` problems is not shown as a figure, or None when it is: the drop it could
+    call beyond chance (:func:`detectable_drop_points`) is over :data:`SHOWN_DROP_POINTS`."""
+    drop = detectable_drop_points(problems, p_limit)
+    if drop <= SHOWN_DROP_POINTS:
+        return None
+    seen = "no drop" if math.isinf(drop) else f"only a drop of {drop:.1f} points or more"
+    return (f"pass@1 not shown: on {problems} HumanEval problems McNemar's test (p <= {p_limit:g}) can tell "
+            f"{seen} from chance; `snakemake --cores 4 task` scores all {HUMANEVAL_SIZE}")
 
 
 def paired_comparison(records: Sequence[Mapping[str, Any]], reference: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -178,11 +210,6 @@ def _stop_at_closed_block(tokenizer, prefix: str):
     return stop
 
 
-def _settings(problems: Any, max_new_tokens: int, limits: Limits) -> dict[str, Any]:
-    return {"problems": problems if isinstance(problems, (int, str)) else list(problems),
-            "max_new_tokens": max_new_tokens, "timeout_s": limits.timeout_s, "memory_mb": limits.memory_mb}
-
-
 def task_accuracy(
     variant: str | os.PathLike,
     hf_dir: str | os.PathLike,
@@ -238,7 +265,7 @@ def task_accuracy(
     started = time.time()
     name = name or os.path.basename(os.path.normpath(os.fspath(variant)))
     chosen = select_problems(load_problems(), problems)
-    settings = _settings(problems, max_new_tokens, limits)
+    settings = settings_record(problems, max_new_tokens, limits.timeout_s, limits.memory_mb)
     eos = eos_token_ids(hf_dir)
     if not eos:
         raise ArtifactError(f"{hf_dir} names no end-of-sequence id (generation_config.json or config.json "

@@ -73,17 +73,25 @@ def _machine_lines(machine: Mapping) -> list[str]:
     ]
 
 
-def task_intro(task_rows: Sequence[Mapping[str, Any]]) -> str:
-    """The sentence above the task accuracy table: how many problems, how they were scored, what the interval buys."""
+def task_intro(task_rows: Sequence[Mapping[str, Any]], every: Sequence[Mapping[str, Any]] = ()) -> str:
+    """The sentence of the task accuracy section: with ``task_rows`` (rows with a pass@1 figure), how many problems,
+    how they were scored, what the interval buys; without them, why there are none: the task stage ran on too few
+    problems to tell a loss from chance (a row of ``every`` with ``task_problems`` and no figure), or it did not run
+    (it is the ``task`` target, not part of the default run)."""
     sizes = sorted({int(r["task_problems"]) for r in task_rows})
     if not sizes:
-        return ""
+        unresolved = list(dict.fromkeys(r["task_gate_note"] for r in every
+                                        if r.get("task_problems") and r.get("task_gate_note")))
+        if unresolved:
+            return "; ".join(unresolved) + "."
+        return (f"HumanEval pass@1 not measured in this run: `snakemake --cores 4 task` scores all {HUMANEVAL_SIZE} "
+                "problems for `task_accuracy.variants`, each paired against fp32 with McNemar's test "
+                "(its cost: docs/evaluation.md, \"Task accuracy\").")
     n = "/".join(map(str, sizes))
     half = max((r["pass_at_1_high_pct"] - r["pass_at_1_low_pct"]) / 2 for r in task_rows)
     full = sizes == [HUMANEVAL_SIZE]
     subset = ("all 164 HumanEval problems" if full else
-              f"{n} of the 164 HumanEval problems, spread evenly over the set (`task_accuracy.problems`; all 164 with "
-              "`--config task_accuracy='{problems: all}'`)")
+              f"{n} of the 164 HumanEval problems, spread evenly over the set (`task_accuracy.problems`)")
     return (f"pass@1 on {subset}: one chat turn per problem, greedy decoding, the answer's code and the problem's "
             f"tests run in a sandboxed process. The 95% interval is Wilson's, here up to ±{half:.0f} points wide, so "
             "compare variants by the paired columns: problems gained and lost against fp32 on the same problems, "
@@ -110,6 +118,7 @@ def write_report(
     peer_rows: Sequence[Mapping[str, Any]] | None = None,
     pipeline: Mapping[str, Any] | None = None,
     skipped: Sequence[str] | None = None,
+    task_notes: Sequence[str] = (),
 ) -> None:
     """Write the CSV, JSON, Markdown and HTML reports and the three plots.
 
@@ -134,6 +143,8 @@ def write_report(
         pipeline: from :func:`qwen_onnx.report.pipeline.pipeline_table` (the "Pipeline" section).
         skipped: one line per variant the workflow did not build, and why (:func:`built_variants`),
             listed under the gate verdict.
+        task_notes: task results on disk left out, and why (:func:`qwen_onnx.store.task_results.current_task_files`),
+            after the task section's sentence.
     """
     buffer = io.StringIO()
     docs = columns(prompt_lengths)
@@ -161,7 +172,7 @@ def write_report(
     if task_failing:
         verdict += (f" {len(task_failing)} FAIL the task gate (HumanEval pass@1 against fp32): "
                     + "; ".join(f"{r['model']}/{r['variant']}: {r['task_gate_note']}" for r in task_failing))
-    task_note = task_intro(task_rows)
+    task_note = " ".join([task_intro(task_rows, [*rows, *(peer_rows or [])]), *(f"{n}." for n in task_notes)])
     models = list(dict.fromkeys(r["model"] for r in rows))
     intro = (f"Models: {', '.join(models)}. Accuracy is against PyTorch fp32 (`pytorch`) on the evaluation text; "
              "latency is single-stream on the CPU, same thread count for every variant.")
@@ -182,8 +193,8 @@ def write_report(
            *[f"- {line}" for line in _machine_lines(machine)], "",
            "## Summary", "", markdown_table(rows, SUMMARY), "## Accuracy", "",
            markdown_table(rows, ACCURACY),
-           *(["## Task accuracy (HumanEval pass@1)", "", task_note, "", markdown_table(task_rows, TASK)] if task_rows
-             else []),
+           "## Task accuracy (HumanEval pass@1)", "", task_note, "",
+           *([markdown_table(task_rows, TASK)] if task_rows else []),
            "## Latency", "", markdown_table(rows, latency),
            "## Latency details and the decode roofline", "", markdown_table(rows, latency_details),
            "## Ratios to PyTorch", "", markdown_table(rows, RATIOS)]
@@ -236,8 +247,8 @@ def write_report(
         *[f"<figure><img alt='{name}' src='data:image/png;base64,{data}'>"
           f"<figcaption>{html.escape(CAPTIONS.get(name, ''))}</figcaption></figure>" for name, data in images.items()],
         "<h2>Accuracy</h2>", html_table(rows, ACCURACY, styles),
-        *([f"<h2>Task accuracy (HumanEval pass@1)</h2><p>{html.escape(task_note)}</p>", html_table(task_rows, TASK, styles)]
-          if task_rows else []),
+        f"<h2>Task accuracy (HumanEval pass@1)</h2><p>{html.escape(task_note)}</p>",
+        *([html_table(task_rows, TASK, styles)] if task_rows else []),
         "<h2>Latency</h2>", html_table(rows, latency, styles),
         "<h2>Latency details and the decode roofline</h2>", html_table(rows, latency_details, styles),
         "<h2>Ratios to PyTorch</h2>", html_table(rows, RATIOS, styles),
@@ -297,6 +308,7 @@ def build_report(
     results_dir: str | os.PathLike | None = None,
     pipeline_csv: str | os.PathLike | None = None,
     tflite: Mapping[str, Mapping[str, Any]] | None = None,
+    task_notes: Sequence[str] = (),
     **outputs: Any,
 ) -> list[dict[str, Any]]:
     """Read every report JSON (see :func:`collect_rows` for ``files``) and write the combined report.
@@ -306,7 +318,8 @@ def build_report(
     files and logs there (:mod:`qwen_onnx.report.pipeline`), also written to ``pipeline_csv``. With
     ``tflite`` (per model ``params_billion`` and its ``tflite`` settings), the models whose tflite
     variant the workflow did not build have no tflite files and get one line each
-    (:func:`built_variants`).
+    (:func:`built_variants`). ``task_notes``: task results an earlier ``task`` run left that are no longer current
+    (:func:`qwen_onnx.store.task_results.current_task_files`), one line each in the task section.
     """
     machine = read_json(machine_json)
     variants, skipped = built_variants(models, variants, tflite)
@@ -332,7 +345,7 @@ def build_report(
     write_report(rows, machine, profiles=profiles, generations=generations, prompt_lengths=prompt_lengths,
                  graphs=graphs, sensitivity=sensitivity, precision=precision_lines(models, variants, files),
                  peers=peer_tables(models, peer_paths, [*rows, *peer_rows]),
-                 peer_rows=peer_rows, pipeline=pipeline, skipped=skipped,
+                 peer_rows=peer_rows, pipeline=pipeline, skipped=skipped, task_notes=task_notes,
                  **outputs)
     return rows
 

@@ -225,17 +225,57 @@ def latest_run(rows: Iterable[Mapping[str, Any]], gap_s: float = RUN_GAP_S) -> t
     Returns:
         ``(seconds, jobs)``; ``(None, 0)`` when no row has an end time.
     """
+    start, end, count = _latest_run_bounds(rows, gap_s)
+    return (None, 0) if start is None else (end - start, count)
+
+
+def _latest_run_bounds(rows: Iterable[Mapping[str, Any]], gap_s: float = RUN_GAP_S
+                       ) -> tuple[float | None, float | None, int]:
+    """``(start, end, jobs)`` of the latest run (:func:`latest_run`), seconds since the epoch."""
     intervals = sorted((float(r["ended"]) - float(r["wall_s"]), float(r["ended"])) for r in rows
                        if r.get("ended") is not None)
     if not intervals:
-        return None, 0
+        return None, None, 0
     start, end, count = intervals[0][0], intervals[0][1], 0
     for begin, finish in intervals:
         if begin > end + gap_s:  # idle: a new run starts
             start, end, count = begin, finish, 0
         end = max(end, finish)
         count += 1
-    return end - start, count
+    return start, end, count
+
+
+def first_gated(results: str | os.PathLike, rows: Iterable[Mapping[str, Any]], models: Sequence[str],
+                gap_s: float = RUN_GAP_S) -> list[dict[str, Any]]:
+    """Per model, the first variant of the latest run to pass its accuracy gate, and when: the end of its
+    ``accuracy.{variant}`` job (the gate's verdict, ``reports/{variant}.accuracy.json``), seconds after the run's
+    first job started. The workflow gives building and gating priority over measuring (the rules' ``priority``),
+    so this is when a user of the model could take a verified variant.
+
+    Returns:
+        ``[{model, variant, ready_s}]`` in ``models`` order; a model without a gated variant in the latest run
+        is absent.
+    """
+    rows = list(rows)
+    start, _, _ = _latest_run_bounds(rows, gap_s)
+    if start is None:
+        return []
+    out = []
+    for model in models:
+        ready = []
+        for r in rows:
+            if r["model"] != model or not r["job"].startswith("accuracy.") or r.get("ended") is None:
+                continue
+            if float(r["ended"]) - float(r["wall_s"]) < start:
+                continue  # an earlier run's
+            variant = r["job"].split(".", 1)[1]
+            report = Path(results, model, "reports", f"{variant}.accuracy.json")
+            if report.is_file() and read_json(report).get("gate") == "PASS":
+                ready.append((float(r["ended"]) - start, variant))
+        if ready:
+            seconds, variant = min(ready)
+            out.append({"model": model, "variant": variant, "ready_s": round(seconds, 1)})
+    return out
 
 
 def pipeline_table(results: str | os.PathLike, models: Sequence[str],
@@ -255,7 +295,8 @@ def pipeline_table(results: str | os.PathLike, models: Sequence[str],
         ``core_bound_s`` (:func:`core_bound`; None without cores), ``peak_rss_mib`` (the largest job's);
         ``models``, when jobs of more than one model ran: per model, ``total_job_s``, ``critical_path_s``,
         ``core_bound_s`` of its own jobs and ``alone_at_least_s``, the larger two: no run of that model
-        alone on these cores is shorter (a lower bound from the jobs' figures in this run, not a run of it alone).
+        alone on these cores is shorter (a lower bound from the jobs' figures in this run, not a run of it alone);
+        ``first_gated``: per model, its first variant through the accuracy gate and when (:func:`first_gated`).
     """
     rows = collect_jobs(results, models)
     if cores is None and Path(results, "machine.json").is_file():
@@ -290,6 +331,7 @@ def pipeline_table(results: str | os.PathLike, models: Sequence[str],
         "core_bound_s": None if not cores else round(core_bound(rows, int(cores)), 1),
         "peak_rss_mib": max((r["peak_rss_mib"] or 0 for r in rows), default=0),
         "models": per_model,
+        "first_gated": first_gated(results, rows, models),
     }
 
 
@@ -314,6 +356,8 @@ def pipeline_markdown(table: Mapping[str, Any]) -> str:
           f"{m['critical_path_s'] / 60:.1f} min"
           + (f", core bound {m['core_bound_s'] / 60:.1f} min" if m["core_bound_s"] is not None else "")
           + f"; their wall times add up to {m['total_job_s'] / 60:.1f} min)" for m in table.get("models", [])],
+        *[f"- {g['model']}: first variant through its accuracy gate, {g['variant']}, {g['ready_s'] / 60:.1f} min "
+          "after the run started" for g in table.get("first_gated", [])],
         f"- largest job peak RSS: {table['peak_rss_mib']:.0f} MiB",
         "",
         "| model | job | wall s | CPU s | peak RSS MiB | critical path |",

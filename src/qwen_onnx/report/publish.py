@@ -127,10 +127,10 @@ def measured_tables(rows: Sequence[dict[str, Any]], machine: dict[str, Any], com
         run_time: :func:`run_time_clause` of the run, after "by the main command".
     """
     lines = [LEGEND]
-    problems = sorted({r["task_problems"] for r in rows if r.get("task_problems")})
+    problems = sorted({r["task_problems"] for r in rows if r.get("pass_at_1_pct") is not None})
     if problems:
         lines[0] += (f" pass@1: HumanEval, {' or '.join(map(str, problems))} problems, greedy, sandboxed "
-                     "([docs/evaluation.md](docs/evaluation.md)); – where the task stage did not run.")
+                     "([docs/evaluation.md](docs/evaluation.md)); – where the `task` target did not score it.")
     sections: dict[str, str] = {}
     old = _OLD_PROVENANCE.search(previous.split("**", 1)[0]) if previous else None
     heads = list(_SECTION.finditer(previous))

@@ -23,7 +23,8 @@ from qwen_onnx.measure.peers_table import (
     standing_notes,
 )
 from qwen_onnx.report.tables import COLUMNS, NOT_APPLICABLE, format_cell, label
-from qwen_onnx.settings.gates import gate_margins
+from qwen_onnx.measure.task_accuracy import unresolved_note
+from qwen_onnx.settings.gates import DEFAULT_TASK_GATE, gate_margins
 from qwen_onnx.settings.variants import BY_NAME
 from qwen_onnx.source.gguf_file import gguf_decode_weight_bytes
 from qwen_onnx.store.artifacts import read_json
@@ -62,9 +63,16 @@ def task_files(paths: Sequence[str | os.PathLike]) -> dict[tuple[str, str], Path
 
 def task_columns(task: Mapping[str, Any]) -> dict[str, Any]:
     """A row's task accuracy columns from its ``task.json`` (:func:`qwen_onnx.measure.task_accuracy.task_accuracy`):
-    pass@1 with its interval, the paired comparison with fp32, the task gate, tokens and time."""
+    pass@1 with its interval, the paired comparison with fp32, the task gate, tokens and time. A set of problems
+    too small to tell a loss from chance (:func:`qwen_onnx.measure.task_accuracy.unresolved_note`) gives no pass@1
+    or paired figure, only its size, the gate and the note why."""
     if task.get("skipped"):
         return {"task_gate_note": f"task accuracy not measured: {task['skipped']}"}
+    p_limit = (task.get("gate_limits") or {}).get("mcnemar_p", DEFAULT_TASK_GATE["mcnemar_p"])
+    unresolved = unresolved_note(int(task["problems"]), p_limit)
+    if unresolved:  # a subset that cannot tell a loss from chance gives no figure, only its size and why
+        return {"task_problems": task["problems"], "task_gate": task.get("gate"), "task_gate_note": unresolved,
+                "task_tokens": task.get("tokens"), "task_s": task.get("seconds")}
     paired = task.get("paired") or {}
     return {
         "task_problems": task["problems"], "pass_at_1_pct": task["pass_at_1_pct"],

@@ -73,18 +73,17 @@ LATENCY: Mapping[str, Any] = MappingProxyType({
     "profile": True,
 })
 
-#: ``task_accuracy:`` (HumanEval pass@1 of each variant against the fp32 ONNX variant, :mod:`qwen_onnx.measure.task_accuracy`).
-#: ``problems``: a count spread evenly over the 164 (:func:`qwen_onnx.measure.humaneval.subset_indices`), ``all``,
-#: or task ids; 16 keeps the five default variants of the 0.5B near 7 minutes of idle 2-core time (about 25 s per
-#: problem for the five, from their decode and prefill speeds in the d017d72 sitting and 104 generated tokens per
-#: answer; fp16, opt-in, would add 10.5 s) for a 95% interval of about ±22 points (docs/evaluation.md). ``max_new_tokens``: the int8-dynamic 0.5B's answers over all 164 problems took 104
-#: tokens on average, 231 at the 95th percentile and 305 at most but for one answer that never closed its block, so
-#: 384 cuts none that ends. ``timeout_s`` (wall time per program),
-#: ``memory_mb`` (its address space): the sandbox's limits (:mod:`qwen_onnx.measure.sandbox`). ``variants``: the
-#: shipped variants; ``peers`` (opt-in): ``llama.cpp`` on the source GGUF, ``genai-builder-int4``.
+#: ``task_accuracy:`` (HumanEval pass@1 of each variant against the fp32 ONNX variant, :mod:`qwen_onnx.measure.task_accuracy`;
+#: the workflow's ``task`` target, not its default run). ``enabled``: whether ``task`` scores this model.
+#: ``problems``: ``all`` (the 164), a count spread evenly over them (:func:`qwen_onnx.measure.humaneval.subset_indices`)
+#: or task ids; a set too small to tell a loss from chance is run but given no figure
+#: (:func:`qwen_onnx.measure.task_accuracy.unresolved_note`). ``max_new_tokens``: 384 cuts no answer that closes its
+#: code block (docs/evaluation.md). ``timeout_s`` (wall time per program), ``memory_mb`` (its address space): the
+#: sandbox's limits (:mod:`qwen_onnx.measure.sandbox`). ``variants``: the shipped variants; ``peers`` (opt-in):
+#: ``llama.cpp`` on the source GGUF, ``genai-builder-int4``.
 TASK_ACCURACY: Mapping[str, Any] = MappingProxyType({
     "enabled": True,
-    "problems": 16,
+    "problems": "all",
     "max_new_tokens": 384,
     "timeout_s": 10,
     "memory_mb": 1024,

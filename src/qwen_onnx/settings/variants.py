@@ -67,7 +67,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("int4", "quantize_int4", "int4", "optimized", "MatMulNBits 4-bit, accuracy_level 4"),
     Variant("optimized", "optimize", "float", "hf", "fused decoder graph (GroupQueryAttention)"),
     Variant("fp16", "float16", "float16", "fp32",
-            "onnxruntime's float16 conversion, float32 inputs, outputs and KV cache"),
+            "onnxruntime's float16 conversion, float32 inputs, outputs and KV cache", timed=False),
     Variant("tflite", "tflite", "tflite", "hf",
             "LiteRT (TFLite) via litert-torch, prefill and decode signatures, fixed KV cache", format="tflite"),
 )
