@@ -2,6 +2,8 @@
 with no import cycle."""
 
 import ast
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -157,3 +159,45 @@ def test_every_test_file_a_docstring_cites_exists():
              for name in re.findall(r"tests/[\w/]+\.py", path.read_text(encoding="utf-8"))}
     assert cited, "no citation found: the pattern no longer matches the docstrings"
     assert [c for c in cited if not (root / c[1]).is_file()] == []
+
+
+REPO = PACKAGE.parents[1]
+_DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
+_HEX = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,12}\b")
+
+
+def _code_and_config() -> list[Path]:
+    workflow = [p for p in (REPO / "workflow").rglob("*") if p.suffix in (".smk", ".py", ".yaml", ".rst")]
+    return [*sorted(PACKAGE.rglob("*.py")), *sorted(workflow), REPO / "Snakefile", REPO / "config.yaml"]
+
+
+def _commits(words: set[str]) -> set[str]:
+    """The ``words`` that name a commit of this repository (none where git or its history is missing)."""
+    if not words or not (REPO / ".git").exists():
+        return set()
+    out = subprocess.run(["git", "-C", str(REPO), "cat-file", "--batch-check"], input="".join(
+        f"{w}^{{commit}}\n" for w in sorted(words)), capture_output=True, text=True)
+    return {w for w, line in zip(sorted(words), out.stdout.splitlines()) if not line.endswith("missing")}
+
+
+def test_no_date_or_commit_in_code_comments_or_config():
+    """A figure's date and commit belong in docs/ and CHANGELOG.md, beside the figure; code says what and why."""
+    dates, words = [], {}
+    for path in _code_and_config():
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            where = f"{path.relative_to(REPO)}:{number}"
+            dates += [f"{where}: date {m}" for m in _DATE.findall(line)]
+            for word in _HEX.findall(line):
+                words.setdefault(word, []).append(where)
+    commits = [f"{where}: commit {c}" for c in sorted(_commits(set(words))) for where in words[c]]
+    found = dates + commits
+    assert not found, "move these to docs/ or CHANGELOG.md:\n" + "\n".join(found)
+
+
+def test_the_date_and_commit_check_finds_them(tmp_path):
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=7", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    if not head:
+        pytest.skip("no git history")
+    assert _DATE.findall("measured 2026-12-04 on") == ["2026-12-04"]
+    assert _commits(set(_HEX.findall(f"at {head}, block 0x7f, sha deadbeef"))) == {head}

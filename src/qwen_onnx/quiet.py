@@ -16,8 +16,8 @@ Each filtered kind is named once in the log, with why it is harmless.
 transformers also imports TensorFlow and JAX whenever they are installed (tensorflow-cpu comes with
 litert-torch), though nothing here runs a transformers TensorFlow or Flax model: ``USE_TF=0`` and
 ``USE_FLAX=0`` (transformers' own switches, ``transformers.utils.import_utils``) skip them. Importing
-transformers with a tokenizer and the Qwen2 model took 8.0 s of CPU with them and 4.1 s without
-(AMD EPYC, 2026-12-04), in every process that loads a tokenizer: the accuracy, task, reference,
+transformers with a tokenizer and the Qwen2 model took about twice the CPU time with them as without
+(docs/timing.md), in every process that loads a tokenizer: the accuracy, task, reference,
 quantization and timing jobs, and each PyTorch measurement of the sitting. litert-torch imports
 TensorFlow itself, unaffected.
 """

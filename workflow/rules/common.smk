@@ -12,6 +12,7 @@ from snakemake.utils import validate
 
 import qwen_onnx
 import qwen_onnx.store.staging
+import qwen_onnx.settings.resources as resources
 from qwen_onnx.store.task_results import current_task_files
 import qwen_onnx.settings.options
 import qwen_onnx.settings.variants
@@ -59,85 +60,6 @@ VARIANTS = list(
     qwen_onnx.settings.variants.NAMES
 )  # the variant registry, src/qwen_onnx/settings/variants.py
 
-# Declared memory: 1000 MB plus this many MB per MB of fp32 weights (4 bytes x params_billion).
-# Peak RSS measured (/usr/bin/time and the getrusage line at the end of each rule's log), 0.5B
-# (1.97 GB fp32) / 1.5B (6.17 GB fp32): resolve 3.8 / 8.3 GB, export 6.0 / 12.7 GB, preprocess
-# 2.8 / 7.3 GB, sensitivity 2.9 / 7.4 GB, quantize_dynamic 1.7 / 3.5 GB, quantize_static 3.4 /
-# 8.0 GB, optimize 2.7 / 7.1 GB, accuracy 5.2 / 9.6 GB, latency 2.8 / 7.2 GB, quantize_int4
-# 1.5 GB on the 0.5B (k_quant, /usr/bin/time; 1.5B not measured, declared like quantize_dynamic). Every declared
-# optimize (the model builder) 3.5 / 6.8 GB. With IO binding and the new session settings the fp32
-# and optimized latency jobs peaked at 5.2 GB on the 0.5B (int8/int4: 2.1 GB): latency and peers
-# (whose children load one variant at a time) declared 2.7 per fp32 GB; the fp16 variant's latency job
-# peaked at 6.9 GB on the 0.5B (probably float32 copies of the float16 weights made at load for the CPU
-# kernels), so latency declares 3.3 per fp32 GB (7.6 GB for the 0.5B). Every declared
-# value is above the measured peak for both sizes (by 15% or more); with the 23,622 MB (22 GiB) cap of the
-# workflow profile a 1.5B export runs alone.
-MEM_PER_FP32_GB = {  # GiB of peak RSS per GB of fp32 weights
-    "resolve": 2.2,
-    "export": 3.3,
-    "preprocess": 1.8,
-    "quantize_dynamic": 1.3,
-    "quantize_static": 2.2,
-    "quantize_mixed": 2.2,
-    # the precision search (the default) holds every weight's 4-bit blocks at two block sizes beside one
-    # candidate's session: 5.0 / 9.2 GiB measured on the 0.5B / 1.5B (/usr/bin/time, 2026-12-05, 492df53 and 9581a0f)
-    "quantize_int4": 2.5,
-    "sensitivity": 1.8,
-    "optimize": 1.8,
-    # fp32 graph and weights in memory, then their float16 copy and its serialisation: 6.5 GB measured
-    # on the 0.5B (/usr/bin/time), 7.4 GB declared
-    "float16": 3.3,
-    # PyTorch fp32 (eager) + one window's logits: 3.5 GB measured on the 0.5B (1.97 GB fp32), 4.6 GB declared
-    "reference": 1.8,
-    # one profiled session of the variant (the fp16 variant's is the largest)
-    "profile": 3.3,
-    # the timing sitting: its children load one variant at a time, the fp16 one the largest
-    # (15.2 GB on the 1.5B in a latency job, commit c64be30, 2026-12-02: 2.5 per fp32 GB), and the genai builder
-    "sitting": 3.3,
-    # the model builder again (as optimize: 3.5 / 6.8 GB), writing 4-bit MatMulNBits
-    "genai_builder": 1.8,
-    # optimum-intel's export in its own interpreter (torch's fp32 model, its OpenVINO conversion, NNCF): 3.4 GiB
-    # measured on the 0.5B (/usr/bin/time, 2026-12-04), 5.2 GB declared
-    "openvino_export": 2.0,
-    # llama.cpp's quantizer: the float32 GGUF written from the hf folder (gguf-py holds every tensor until it
-    # writes), then llama_model_quantize reading it memory-mapped
-    "llama_quantize": 1.6,
-}
-
-# Declared run time (Snakemake's `runtime` resource, minutes; a cluster executor's time limit,
-# SLURM's --time): 10 minutes plus 5x the wall time measured on the 2-core build machine per GB
-# of fp32 weights, the larger of the 0.5B and 1.5B figures (benchmarks/*.tsv of a run
-# before 2026-12-01): export 45 s (0.5B) / 401 s (1.5B), resolve 61 / 210 s, quantize_int4 56 / 250 s,
-# accuracy 143 / 135 s, peers 378 s (0.5B). Local runs ignore it.
-RUNTIME_MIN_PER_FP32_GB = {
-    "resolve": 0.6,
-    "export": 1.1,
-    "preprocess": 0.2,
-    "quantize_dynamic": 0.2,
-    "quantize_static": 0.3,
-    "quantize_mixed": 0.3,
-    "quantize_int4": 5.2,  # the precision search: 7.9 / 31.5 min on the 0.5B / 1.5B (Xeon, 2026-12-05)
-    "sensitivity": 0.4,
-    "optimize": 0.3,
-    "float16": 0.4,  # 44 s on the 0.5B
-    "reference": 2.0,  # 6.6 min on the 0.5B at load ~7 (3.3 per GB): PyTorch logits and greedy generation
-    "accuracy": 1.3,
-    "profile": 0.5,  # one profiled session: a prefill and 16 decode steps
-    # every variant, PyTorch and the peers, 3 rounds: 12 + 18 minutes (0.5B, 1.5B), commit c64be30, 2026-12-02,
-    # for 5 of the 8 variants
-    "sitting": 6.0,
-    "genai_builder": 0.5,  # the builder's INT4 graph: the model builder as optimize, plus 4-bit RTN
-    "openvino_export": 1.1,  # optimum-intel's export and NNCF's data-free INT4: 106 s on the 0.5B (busy machine)
-    "llama_quantize": 0.5,  # writing the float32 GGUF, then llama.cpp's k-quant search
-    "tflite": 0.9,  # 104 s for the 0.5B with litert-torch 0.10 (0.88 min per fp32 GB)
-}
-
-# The tflite conversion's memory is declared from its own measurement instead (get_tflite_mem_mb):
-# litert-torch's estimated peak, params_billion x tflite.rss_gib_per_billion_params (26 GiB: 12,871 MiB
-# measured on the 0.5B, commit c20bf2a, 2026-12-02), 15% headroom, and at least the 1.2 GiB measured converting the tiny test models
-# (the tensorflow and litert-torch imports).
-TFLITE_MIN_RSS_GIB = 1.2
-
 
 wildcard_constraints:
     model="|".join(re.escape(m) for m in config["models"]),
@@ -164,103 +86,47 @@ def get_reference_settings(model):
     }
 
 
-# Snakemake's mem_mb is in MB (10^6 bytes; it derives mem_mib from it); the peaks above are GiB
-# (peak RSS in MiB / 1024), so each declared value is converted.
-MB_PER_GIB = 2**30 / 10**6
-
-
-# accuracy and task_accuracy hold one variant's (or peer's) session, whose memory follows the weights it
-# runs: GiB per fp32 GB by that session's kind. Peak RSS of the main command at 3bb6b35 (2026-12-05, MiB,
-# 0.5B / 1.5B): accuracy fp16 4198 / 8797, fp32 3858 / 7858, tflite 6677 / -, our INT8 and int4 run by
-# OpenVINO 3493 / 6650, the other quantized variants and the peers at most 2674 / 3888; task_accuracy
-# fp32 3058 / 7207, tflite 6122 / -, INT8 and int4 at most 1411 / 2614 (fp16, opt-in: 3.6 GB on the
-# 0.5B). Each factor declares 15% or more above both. One factor for every session, as before, made
-# each 1.5B job declare 16.8 GB: two of them never ran beside each other under the 22 GiB cap.
-SESSION_MEM_PER_FP32_GB = {
-    "accuracy": {"float": 2.0, "tflite": 3.4, "quantized": 1.6},
-    "task_accuracy": {"float": 1.6, "tflite": 3.1, "quantized": 0.5},
-}
-FLOAT_SESSIONS = ("fp32", "preprocessed", "optimized", "fp16")
-
-
-def session_kind(wildcards):
-    """`float`, `tflite` or `quantized`: what a job's variant or peer holds in memory (a variant run
-    by OpenVINO, VARIANT-openvino, as the variant)."""
-    name = getattr(wildcards, "variant", None) or getattr(wildcards, "peer", "")
-    name = name.removesuffix("-openvino")
-    return (
-        "tflite"
-        if name == "tflite"
-        else "float" if name in FLOAT_SESSIONS else "quantized"
-    )
-
-
-# GPTQ's Hessians (quantize_int4.gptq_updates): float32 [K, K] per MatMul input, at most
-# qwen_onnx.quantize.gptq.BUDGET_BYTES (3 GiB) held at a time, plus the float64 arrays of the
-# inverse Cholesky factor of the widest input (1.8 GiB at the 1.5B's 8960), whatever the model's size.
-# Measured with them: 7,223 MiB on the 0.5B (one group), 13,178 MiB on the 1.5B (four), against about
-# 5.0 and 10.7 GiB without (the main command at 1173653, AMD EPYC AVX-512 VNNI, 2026-12-05).
-GPTQ_GIB = 3.5
-# ... and with gptq_roles: [lm_head] one hidden x hidden Hessian (9 MiB at the 1.5B's 1536) and its float64
-# factor: what the lm_head's GPTQ holds beside its weight is about what the block search holds instead.
-GPTQ_LM_HEAD_GIB = 0.5
-
-
-def gptq_gib(settings):
-    """GiB that GPTQ's Hessians add to a model's int4 job, from its quantize_int4 settings."""
-    if not (
-        settings.get("gptq_updates") and settings.get("algorithm") == "k_quant_int"
-    ):
-        return 0.0
-    roles = settings.get("gptq_roles")
-    return (
-        GPTQ_LM_HEAD_GIB
-        if roles is not None and set(roles) <= {"lm_head"}
-        else GPTQ_GIB
-    )
-
-
 def get_mem_mb(stage):
-    """Declared memory of a stage's job, in MB, from the model's parameter count (and, for the jobs
-    that hold one session, its kind: SESSION_MEM_PER_FP32_GB; for the int4 stage, GPTQ's Hessians).
+    """Declared memory of a stage's job, MB (qwen_onnx.settings.resources.mem_mb): from the model's
+    parameter count, the kind of session a job holds, and GPTQ's Hessians for the int4 stage.
     """
 
     def mem_mb(wildcards):
-        fp32_gb = 4.0 * float(config["models"][wildcards.model]["params_billion"])
-        per_gb = (
-            SESSION_MEM_PER_FP32_GB[stage][session_kind(wildcards)]
-            if stage in SESSION_MEM_PER_FP32_GB
-            else MEM_PER_FP32_GB[stage]
+        name = getattr(wildcards, "variant", None) or getattr(wildcards, "peer", "")
+        return resources.mem_mb(
+            stage,
+            config["models"][wildcards.model]["params_billion"],
+            session=name,
+            int4_settings=(
+                get_settings(wildcards.model, "quantize_int4")
+                if stage == "quantize_int4"
+                else None
+            ),
         )
-        int4 = (
-            get_settings(wildcards.model, "quantize_int4")
-            if stage == "quantize_int4"
-            else {}
-        )
-        hessians = gptq_gib(int4)
-        return int(1000 + MB_PER_GIB * (per_gb * fp32_gb + hessians))
 
     return mem_mb
 
 
 def get_runtime(stage):
-    """Declared run time of a stage's job, in minutes, from the model's parameter count."""
+    """Declared run time of a stage's job, minutes (qwen_onnx.settings.resources.runtime_min)."""
 
     def runtime(wildcards):
-        fp32_gb = 4.0 * float(config["models"][wildcards.model]["params_billion"])
-        return int(10 + 5 * RUNTIME_MIN_PER_FP32_GB[stage] * fp32_gb)
+        return resources.runtime_min(
+            stage, config["models"][wildcards.model]["params_billion"]
+        )
 
     return runtime
 
 
 def get_tflite_mem_mb(wildcards):
-    """Declared memory of a model's tflite job, in MB (see TFLITE_MIN_RSS_GIB above)."""
+    """Declared memory of a model's tflite job, MB, from litert-torch's estimated peak."""
     settings = get_settings(wildcards.model, "tflite")
-    gib = conversion_rss_gib(
-        config["models"][wildcards.model]["params_billion"],
-        settings["rss_gib_per_billion_params"],
+    return resources.tflite_mem_mb(
+        conversion_rss_gib(
+            config["models"][wildcards.model]["params_billion"],
+            settings["rss_gib_per_billion_params"],
+        )
     )
-    return int(MB_PER_GIB * 1.15 * max(gib, TFLITE_MIN_RSS_GIB))
 
 
 def get_tflite_settings(model):
@@ -579,19 +445,12 @@ def task_problem_count(problems):
     return int(problems)
 
 
-# Declared run time of a task_accuracy job: 10 minutes plus 5x the seconds per problem of the slowest shipped
-# variant per GB of fp32 weights: fp16 on the 0.5B (1.97 GB fp32), a 320-token prompt's prefill (1.85 s) and the
-# 104 tokens of an average answer at 12.6 tokens/s, 10.1 s or 5.1 s per GB (the 1.5B: 27 s, 4.4 s per GB); speeds
-# from the idle timing sitting of 2026-12-04 (docs/measurements), lengths from the int8-dynamic 0.5B's answers
-# to all 164 problems.
-TASK_SECONDS_PER_PROBLEM_PER_FP32_GB = 5.1
-
-
 def get_task_runtime(wildcards):
     """Declared run time of a task_accuracy job, minutes, from the problem count and the model's size."""
-    fp32_gb = 4.0 * float(config["models"][wildcards.model]["params_billion"])
-    problems = task_problem_count(get_task_settings(wildcards.model)["problems"])
-    return int(10 + 5 * problems * TASK_SECONDS_PER_PROBLEM_PER_FP32_GB * fp32_gb / 60)
+    return resources.task_runtime_min(
+        task_problem_count(get_task_settings(wildcards.model)["problems"]),
+        config["models"][wildcards.model]["params_billion"],
+    )
 
 
 def get_task_reference(wildcards):
@@ -718,7 +577,10 @@ def memory_over_cap():
         wildcards = types.SimpleNamespace(model=model, variant="fp32")
         over = {
             stage: get_mem_mb(stage)(wildcards)
-            for stage in [*MEM_PER_FP32_GB, *SESSION_MEM_PER_FP32_GB]
+            for stage in [
+                *resources.MEM_PER_FP32_GB,
+                *resources.SESSION_MEM_PER_FP32_GB,
+            ]
         }
         over = {stage: mb for stage, mb in over.items() if mb > cap}
         if over:

@@ -67,9 +67,8 @@ log = logging.getLogger(__name__)
 STEPS = 10
 #: Blocks searched at a time: each chunk's working arrays stay in the CPU's caches instead of streaming
 #: a whole weight through memory once per candidate, and are long enough that numpy's per-call cost
-#: (about 20 calls per candidate) does not dominate: on a 4864 x 3584 weight at block 16 with 2
-#: threads, 8192 took 0.55-0.65x the time of 2048 (AMD EPYC, 1 MB L2 per core, 2026-12-04); any count
-#: gives the same result.
+#: (about 20 calls per candidate) does not dominate (the measurement: docs/int4.md); any count gives the
+#: same result.
 CHUNK_BLOCKS = 8192
 
 

@@ -249,7 +249,7 @@ def describe_machine(threads: int = 2) -> dict[str, Any]:
 #: A measurement counts as taken beside other load ("busy") when processes outside the measuring
 #: process tree used more than this many cores on average while it ran, or the hypervisor stole
 #: more than :data:`BUSY_STEAL_PCT` percent of the CPU time. On the idle 2-core VM the system's own
-#: daemons used under 0.03 cores (qwen_onnx.run.machine.load_snapshot, 2026-12-04).
+#: daemons used under 0.03 cores (:func:`load_snapshot`; docs/timing.md).
 BUSY_OTHER_CORES = 0.15
 BUSY_STEAL_PCT = 5.0
 

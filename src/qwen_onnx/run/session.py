@@ -68,7 +68,7 @@ def session_options(
     Defaults: onnxruntime's own. Measured on Qwen2.5-Coder-0.5B (onnxruntime 1.32, 2 threads, 3
     interleaved rounds, each measurement in a fresh process, 128-token prompt then 64 greedy tokens,
     IO-bound loop, :func:`qwen_onnx.measure.compare_decode.compare_decode`), the best setting depends on whether
-    the cores are free. Idle 2-core VM (load average under 1.5; commit 447740e, 2026-12-01), decode tok/s with
+    the cores are free. Idle 2-core VM (load average under 1.5; docs/timing.md), decode tok/s with
     intra-op spinning on over off:
 
     ==========================================  ======
@@ -81,7 +81,7 @@ def session_options(
     fp32                                        1.01
     ==========================================  ======
 
-    On the same VM shared with other jobs (load average 6-13; before 2026-12-01), one factor at a time
+    On the same VM shared with other jobs (load average 6-13), one factor at a time
     against onnxruntime's defaults, intra-op spinning *off* was 1.70x faster on int8-dynamic (1.01x
     fp32), one intra-op thread 1.72x, inter-op spinning off 0.87x, ORT_ENABLE_BASIC 0.82x, the CPU
     arena off 0.88x, ``dynamic_block_base`` 4 0.87x: spinning threads take the CPU the working ones

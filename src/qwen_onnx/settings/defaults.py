@@ -102,8 +102,8 @@ TASK_PEERS: tuple[str, ...] = ("llama.cpp", "genai-builder-int4")
 #: dynamic-range int8 weights, litert-torch's default. The workflow builds the variant when ``enabled`` and
 #: litert-torch's estimated conversion peak, ``params_billion`` x ``rss_gib_per_billion_params`` GiB, is at most
 #: ``max_rss_gib`` (:func:`qwen_onnx.convert.tflite.tflite_skip_reason`): 26 GiB per billion parameters rounds up the
-#: 12,871 MiB peak RSS of the workflow's tflite job on the 0.5B (0.49 B parameters, litert-torch 0.10,
-#: commit c20bf2a, 2026-12-02; 25.7 GiB per billion), so the 0.5B (13 GiB) converts under 16 GiB and the 1.5B (40 GiB) does not.
+#: peak RSS of the workflow's tflite job on the 0.5B (docs/tflite.md), so the 0.5B (13 GiB) converts under 16 GiB
+#: and the 1.5B (40 GiB) does not.
 TFLITE: Mapping[str, Any] = MappingProxyType({
     "enabled": True,
     "prefill_length": 256,
