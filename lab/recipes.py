@@ -370,7 +370,7 @@ def reference_logits(
         del stored
     model = OnnxCausalLM(model_dir, threads=threads)
     partial = path.with_name(path.name + ".partial.npy")
-    shape = write_window_logits(partial, windows, lambda ids: model.forward(ids)[0])  # [1, window_tokens, vocab]
+    shape = write_window_logits(partial, windows, lambda ids: model.forward(ids)[0])  # [1, window_tokens, vocab]  # noqa: F821 (deleted after its last use)
     del model
     os.replace(partial, path)
     sidecar.write_text(json.dumps({**identity, "shape": shape}) + "\n", encoding="utf-8")

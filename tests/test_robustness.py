@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
-from part_packages import embedded_parts_installed
 import yaml
+from part_packages import embedded_parts_installed
 from timing_checks import assert_timed
 
 from qwen_onnx.cli import main

@@ -541,3 +541,10 @@ def test_workflow_passes_lint_and_format_checks():
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+
+
+def test_the_python_code_passes_the_linter():
+    """ruff with the project's rules (pyproject.toml): pyflakes, pycodestyle, import order."""
+    lint = subprocess.run([str(Path(sys.executable).with_name("ruff")), "check", "."], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert lint.returncode == 0, lint.stdout[-3000:] + lint.stderr

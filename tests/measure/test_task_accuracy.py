@@ -40,8 +40,8 @@ from qwen_onnx.measure.task_accuracy import (
 )
 from qwen_onnx.report.rows import task_columns
 from qwen_onnx.settings.gates import DEFAULT_TASK_GATE, check_task_gate
-from qwen_onnx.store.task_results import current_task_files, settings_record
 from qwen_onnx.source.text import evenly_spaced
+from qwen_onnx.store.task_results import current_task_files, settings_record
 
 PROBLEMS = load_problems()
 #: Problems whose chat prompt fits the tiny model's 512 positions with the tiny tokenizer (279 and 325 tokens).

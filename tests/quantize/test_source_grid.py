@@ -14,10 +14,10 @@ from qwen_onnx.quantize.kquant import matmul_nbits_node, quantize_weight, source
 from qwen_onnx.quantize.matmuls import weight_matmul_names, weight_matmuls
 from qwen_onnx.quantize.source_grid import (
     SUMS_SUFFIX,
-    weight_grid,
     input_width,
     insert_block_sums,
     sum_rows,
+    weight_grid,
     weight_origins,
 )
 

@@ -204,8 +204,8 @@ def test_the_first_variant_through_its_gate_is_timed_from_the_runs_start(tmp_pat
     _job(tmp_path, "m", "accuracy.fp32", 400.0, 900, 8, ended=10_500)
     reports = tmp_path / "m" / "reports"
     reports.mkdir(parents=True)
-    for variant, gate in (("int4", "PASS"), ("int8-static", "FAIL"), ("int8-dynamic", "PASS"), ("fp32", "PASS")):
-        (reports / f"{variant}.accuracy.json").write_text(json.dumps({"gate": gate}))
+    for name, gate in (("int4", "PASS"), ("int8-static", "FAIL"), ("int8-dynamic", "PASS"), ("fp32", "PASS")):
+        (reports / f"{name}.accuracy.json").write_text(json.dumps({"gate": gate}))
     table = pipeline_table(tmp_path, ["m", "other"])
     assert table["first_gated"] == [{"model": "m", "variant": "int8-dynamic", "ready_s": 360.0}]
     assert "- m: first variant through its accuracy gate, int8-dynamic, 6.0 min after the run started" in (

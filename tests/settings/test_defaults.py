@@ -224,12 +224,12 @@ def test_an_unknown_key_in_a_quantize_section_is_named():
 
 
 def test_the_variants_built_and_timed_by_default_are_the_registrys():
-    """int8-mixed is opt-in, and preprocessed (fp32's kernels) is built but not timed."""
+    """int8-mixed is opt-in, and preprocessed and fp16 (fp32's kernels) are built but not timed."""
     from qwen_onnx.settings.variants import DEFAULT_BUILT, DEFAULT_TIMED
 
     assert schema_defaults("variants") == {"built": list(DEFAULT_BUILT), "timed": list(DEFAULT_TIMED)}
     assert "int8-mixed" not in DEFAULT_BUILT and "preprocessed" in DEFAULT_BUILT
-    assert DEFAULT_TIMED == ("fp32", "int8-dynamic", "int8-static", "int4", "optimized", "fp16", "tflite")
+    assert DEFAULT_TIMED == ("fp32", "int8-dynamic", "int8-static", "int4", "optimized", "tflite")
 
 
 @pytest.mark.parametrize("variants, message", [

@@ -19,8 +19,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from other_user import NOBODY, nobody_runs_qwen_onnx
 from onnx import numpy_helper
+from other_user import NOBODY, nobody_runs_qwen_onnx
 
 from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE
 

@@ -257,13 +257,13 @@ def measure_latency_of_tokens(
     model = OnnxCausalLM(variant_dir, threads=threads, provider=provider, settings=settings)
 
     def generate(prompt, count, steps):
-        return model.greedy(prompt, count, timings=steps, loop=loop)[1]
+        return model.greedy(prompt, count, timings=steps, loop=loop)[1]  # noqa: F821 (deleted after its last use)
 
     result: dict[str, Any] = {"variant_dir": os.fspath(variant_dir), "runtime": "onnxruntime", "provider": provider,
                               "decode_loop": loop, "session_settings": resolved,
                               "kv_share_buffer": model.decoder.share_buffer if loop == "bound" else False,
                               "load_s": model.load_seconds}
-    result.update(timing_protocol(lambda ids: model.forward(ids.reshape(1, -1)), generate, tokens, prompt_lengths,
+    result.update(timing_protocol(lambda ids: model.forward(ids.reshape(1, -1)), generate, tokens, prompt_lengths,  # noqa: F821 (deleted after its last use)
                             decode_prompt_tokens, new_tokens, warmup, repeats, warmup_scope))
     del model
     if profile:
@@ -350,11 +350,11 @@ def measure_tflite_latency(
 
     def generate(prompt, count, steps):
         begin = time.perf_counter()
-        token = int(np.argmax(lm.prefill(prompt)[-1]))
+        token = int(np.argmax(lm.prefill(prompt)[-1]))  # noqa: F821 (deleted after its last use)
         ttft = time.perf_counter() - begin
         for _ in range(count - 1):
             step = time.perf_counter()
-            token = int(np.argmax(lm.decode(token)))
+            token = int(np.argmax(lm.decode(token)))  # noqa: F821 (deleted after its last use)
             steps.append(time.perf_counter() - step)
         return ttft
 

@@ -180,7 +180,7 @@ def write_reference(
         copied = copy_side_files(hf_dir, tmp / TOKENIZER_DIR)
         np.save(tmp / WINDOWS_FILE, windows)
         model = load_torch_model(hf_dir, threads)
-        shape = write_window_logits(tmp / LOGITS_FILE, windows, lambda ids: torch_logits(model, ids), dtype=dtype,
+        shape = write_window_logits(tmp / LOGITS_FILE, windows, lambda ids: torch_logits(model, ids), dtype=dtype,  # noqa: F821 (deleted after its last use)
                                     desc="PyTorch reference logits")
 
         outputs = [torch_generate(model, ids, generation_tokens, eos, pad_id)

@@ -22,8 +22,8 @@ from qwen_onnx.measure.peers_table import (
     peers_notes,
     standing_notes,
 )
-from qwen_onnx.report.tables import COLUMNS, NOT_APPLICABLE, format_cell, label
 from qwen_onnx.measure.task_accuracy import unresolved_note
+from qwen_onnx.report.tables import COLUMNS, NOT_APPLICABLE, format_cell, label
 from qwen_onnx.settings.gates import DEFAULT_TASK_GATE, gate_margins
 from qwen_onnx.settings.variants import BY_NAME
 from qwen_onnx.source.gguf_file import gguf_decode_weight_bytes
