@@ -11,12 +11,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from lab.command import run_command
-from qwen_onnx.measure.latency import median_decode_step, prompt_tokens
+from qwen_onnx.measure.latency import median_decode_step
 from qwen_onnx.measure.sitting import interleaved_rounds
 from qwen_onnx.run.runtime import LOOPS, OnnxCausalLM
 from qwen_onnx.run.session import resolve_settings
 from qwen_onnx.settings.options import check_options
-from qwen_onnx.source.text import EVALUATION_TEXT, shipped_text
+from qwen_onnx.source.text import EVALUATION_TEXT, prompt_tokens, shipped_text
 from qwen_onnx.store.artifacts import model_path, write_json
 from qwen_onnx.store.provenance import library_versions
 

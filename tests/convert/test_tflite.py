@@ -356,8 +356,8 @@ def test_tflite_latency_takes_the_sittings_token_ids(converted, texts):
     """The sitting tokenizes once and hands each tflite measurement the ids (no tokenizer in the child);
     too few ids are refused with the count needed."""
     from qwen_onnx.errors import TextError
-    from qwen_onnx.measure.latency import measure_tflite_latency, prompt_tokens
-    from qwen_onnx.source.text import load_tokenizer
+    from qwen_onnx.measure.latency import measure_tflite_latency
+    from qwen_onnx.source.text import load_tokenizer, prompt_tokens
 
     folder = converted["dynamic_int8"][0]
     tokens = prompt_tokens(load_tokenizer(folder), texts["evaluation"], 16)

@@ -12,7 +12,7 @@ from timing_checks import assert_timed
 from qwen_onnx.measure.inspect_graph import decode_weight_bytes, initializer_bytes
 from qwen_onnx.measure.latency import measure_latency, percentile
 from qwen_onnx.measure.latency_torch import measure_torch_latency
-from qwen_onnx.measure.profiling import summarise_trace
+from qwen_onnx.measure.profile import summarise_trace
 from qwen_onnx.report.build import build_report
 from qwen_onnx.report.tables import columns
 from qwen_onnx.run.machine import memory_bandwidth_gb_s

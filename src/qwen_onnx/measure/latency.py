@@ -17,7 +17,7 @@ Protocol (the same for every variant and for PyTorch, at the same thread count):
   result records ``decode_loop`` and the resolved ``session_settings``;
 - peak RSS of the measuring process (``getrusage``), MiB;
 - ONNX Runtime profiling (ONNX variants): a separate profiled session runs one prefill and 16
-  decode steps; kernel time is summed per op type (:mod:`qwen_onnx.measure.profiling`).
+  decode steps; kernel time is summed per op type (:mod:`qwen_onnx.measure.profile`).
 
 A tflite variant (:func:`measure_tflite_latency`) runs the same protocol with the LiteRT
 interpreter; its fixed-length prefill signature makes short prompts cost a full prefill call, and
@@ -42,14 +42,14 @@ import numpy as np
 from qwen_onnx.errors import ArtifactError, OptionError, TextError
 from qwen_onnx.measure.inspect_graph import decode_weight_bytes, load_graph
 from qwen_onnx.measure.inspect_tflite import tflite_weight_bytes_per_token
-from qwen_onnx.measure.profiling import profile_ops
+from qwen_onnx.measure.profile import profile_ops
 from qwen_onnx.run.machine import peak_rss_mib  # noqa: F401 (re-exported: peers and the tests read it here)
 from qwen_onnx.run.runtime import LOOPS, OnnxCausalLM
 from qwen_onnx.run.session import SHARED_CORES_SETTINGS, resolve_settings
 from qwen_onnx.run.tflite import TfliteCausalLM, read_tflite_info
 from qwen_onnx.settings import defaults
 from qwen_onnx.settings.options import check_options
-from qwen_onnx.source.text import load_tokenizer, read_text
+from qwen_onnx.source.text import load_tokenizer, prompt_tokens
 from qwen_onnx.store.artifacts import (
     MODEL_FILE,
     folder_bytes,
@@ -65,19 +65,6 @@ log = logging.getLogger(__name__)
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (0-100) with linear interpolation (numpy's default)."""
     return float(np.percentile(np.asarray(values, dtype=np.float64), q))
-
-
-def prompt_tokens(tokenizer, text_path: str | os.PathLike, length: int) -> np.ndarray:
-    """The first ``length`` tokens of the text: int64 [length].
-
-    Raises:
-        TextError: the text is shorter than ``length`` tokens (a ValueError too).
-    """
-    ids = tokenizer(read_text(text_path), add_special_tokens=False)["input_ids"]
-    if len(ids) < length:
-        raise TextError(f"{text_path} has {len(ids)} tokens, fewer than the {length} a prompt needs; "
-                        "use a longer text or shorter prompts")
-    return np.asarray(ids[:length], dtype=np.int64)
 
 
 #: Greedy tokens of each untimed decode warm-up run (at most ``new_tokens``).

@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from qwen_onnx.measure.latency import prompt_tokens, timing_protocol, timing_settings
+from qwen_onnx.measure.latency import timing_protocol, timing_settings
 from qwen_onnx.run.machine import peak_rss_mib
 from qwen_onnx.settings import defaults
 from qwen_onnx.settings.options import check_options
-from qwen_onnx.source.text import load_tokenizer
+from qwen_onnx.source.text import load_tokenizer, prompt_tokens
 from qwen_onnx.store.artifacts import require_hf_checkpoint, write_json
 from qwen_onnx.store.provenance import library_versions
 

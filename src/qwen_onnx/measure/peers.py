@@ -70,7 +70,6 @@ from qwen_onnx.errors import ArtifactError, QwenOnnxError
 from qwen_onnx.measure.latency import (
     measure_latency_of_tokens,
     measure_tflite_latency,
-    prompt_tokens,
     timing_protocol,
 )
 from qwen_onnx.measure.latency_torch import measure_torch_latency
@@ -98,7 +97,7 @@ from qwen_onnx.run.session import SHARED_CORES_SETTINGS
 from qwen_onnx.run.tflite import read_tflite_info
 from qwen_onnx.settings import defaults
 from qwen_onnx.source.resolve import source_gguf
-from qwen_onnx.source.text import load_tokenizer
+from qwen_onnx.source.text import load_tokenizer, prompt_tokens
 from qwen_onnx.store.artifacts import (
     folder_bytes,
     model_path,

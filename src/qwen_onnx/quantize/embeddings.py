@@ -85,7 +85,7 @@ class EmbeddingPlan:
             raise QwenOnnxError(f"embedding mode {self.mode!r} unknown; use one of {', '.join(EMBEDDING_MODES)}")
         if self.bits not in (4, 8):
             raise QwenOnnxError(f"embedding bits must be 4 or 8 (GatherBlockQuantized), got {self.bits}")
-        check_block_size(self.block_size)
+        check_option("block_size", self.block_size)
 
 
 def fitting_block_size(block_size: int, length: int) -> int:
@@ -94,14 +94,6 @@ def fitting_block_size(block_size: int, length: int) -> int:
     while length % block_size and block_size > 16:
         block_size //= 2
     return block_size
-
-
-def check_block_size(block_size: int) -> None:
-    """Raises OptionError unless ``block_size`` is a power of 2 from 16 to 256 (MatMulNBits and
-    GatherBlockQuantized accept powers of 2 of at least 16; onnxruntime's CPU kernels up to 256):
-    :func:`qwen_onnx.settings.options.check_option`, the one home of the allowed values."""
-
-    check_option("block_size", block_size)
 
 
 def find_embedding(graph: onnx.GraphProto) -> tuple[onnx.NodeProto, onnx.TensorProto] | None:

@@ -57,7 +57,6 @@ from qwen_onnx.quantize.common import (
 )
 from qwen_onnx.quantize.embeddings import (
     EmbeddingPlan,
-    check_block_size,
     embedding_tied,
     find_lm_head,
     fitting_block_size,
@@ -198,7 +197,7 @@ class Int4Settings(SensitiveSettings):
         accuracy level, lm_head or embedding bits, or embedding mode."""
         if self.algorithm not in ALGORITHMS:
             raise QwenOnnxError(f"int4 algorithm {self.algorithm!r} unknown; use one of {', '.join(ALGORITHMS)}")
-        check_block_size(self.block_size)
+        check_option("block_size", self.block_size)
         check_option("block_size_8bit", self.block_size_8bit)
         check_option("embedding_block_size", self.embedding_block_size)
         check_option("importance_samples", self.importance_samples)
@@ -366,7 +365,7 @@ def _precision_groups(precision: Mapping[str, str], weights: Sequence[str], sett
         elif bits == 8 and block in BLOCK_SIZES:
             groups["exact"].append(name)
         elif bits == 4:
-            check_block_size(block)
+            check_option("block_size", block)
             groups.setdefault(block, []).append(name)
         else:
             raise QwenOnnxError(f"precision {precision[name]!r} of {name} is not 8/BLOCK or 4/BLOCK; rerun the "

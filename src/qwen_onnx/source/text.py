@@ -96,3 +96,16 @@ def token_windows(tokenizer, path: str | os.PathLike, length: int, count: int | 
             "lower the sample count or sequence length, or use a longer text"
         )
     return np.asarray(ids[: wanted * length], dtype=np.int64).reshape(wanted, length)
+
+
+def prompt_tokens(tokenizer, text_path: str | os.PathLike, length: int) -> np.ndarray:
+    """The first ``length`` tokens of the text: int64 [length].
+
+    Raises:
+        TextError: the text is shorter than ``length`` tokens (a ValueError too).
+    """
+    ids = tokenizer(read_text(text_path), add_special_tokens=False)["input_ids"]
+    if len(ids) < length:
+        raise TextError(f"{text_path} has {len(ids)} tokens, fewer than the {length} a prompt needs; "
+                        "use a longer text or shorter prompts")
+    return np.asarray(ids[:length], dtype=np.int64)
