@@ -111,7 +111,7 @@ def test_full_run_writes_every_artifact(finished_run):
     assert json.loads((results / "tiny" / "reports" / "tflite.latency.json").read_text())["profile"] is None
     with open(results / "metrics.csv", newline="") as f:
         rows_read = list(csv.DictReader(f))
-    from qwen_onnx.report.rows import is_peer_row
+    from qwen_onnx.report.peer_rows import is_peer_row
 
     # every speed figure comes from each model's one timing sitting (the sitting stage)
     assert {r["measured_by"] for r in rows_read} == {"peers"}

@@ -223,7 +223,7 @@ def test_protocol_warms_decode_up_with_a_short_run_then_times_full_runs():
 
 
 def test_a_variant_left_out_of_the_sitting_gets_an_empty_speed_row_with_the_reason(tmp_path):
-    from qwen_onnx.measure.latency import NOT_TIMED, untimed_latency
+    from qwen_onnx.measure.latency_row import NOT_TIMED, untimed_latency
 
     variants = ["fp32", "preprocessed"]
     files, machine = fake_reports(tmp_path, variants)
@@ -254,14 +254,15 @@ def test_the_report_carries_task_accuracy_with_the_paired_comparison(tmp_path):
     files, machine = fake_reports(tmp_path, variants)
     reports = tmp_path / "m" / "reports"
     reports.mkdir(parents=True)
-    ids = [f"HumanEval/{i}" for i in range(16)]
-    fp32 = summarize([{"task_id": t, "outcome": "passed" if i < 10 else "failed", "tokens": 100} for i, t in enumerate(ids)])
+    ids = [f"HumanEval/{i}" for i in range(164)]
+    fp32 = summarize([{"task_id": t, "outcome": "passed" if i < 100 else "failed", "tokens": 100}
+                      for i, t in enumerate(ids)])
     fp32.update(gate="reference", gate_failures=[], gate_marginal=[], seconds=300.0)
-    # int8-static loses the first 6 problems fp32 passes (2 by timeout): 37.5 points, McNemar p 2 / 64
-    static = summarize([{"task_id": t, "outcome": "passed" if 6 <= i < 10 else "timeout" if i < 2 else "failed",
+    # int8-static loses the first 6 problems fp32 passes (2 by timeout): 3.7 points, McNemar p 2 / 64
+    static = summarize([{"task_id": t, "outcome": "passed" if 6 <= i < 100 else "timeout" if i < 2 else "failed",
                          "tokens": 90} for i, t in enumerate(ids)])
     paired = paired_comparison(static["records"], fp32["records"])
-    status, failures, marginal = check_task_gate(-paired["pass_at_1_delta_points"], 16, paired["mcnemar_p"],
+    status, failures, marginal = check_task_gate(-paired["pass_at_1_delta_points"], 164, paired["mcnemar_p"],
                                                  DEFAULT_TASK_GATE)
     static.update(paired=paired, gate=status, gate_failures=failures, gate_marginal=marginal, seconds=120.0)
     files["task"] = []
@@ -272,18 +273,19 @@ def test_the_report_carries_task_accuracy_with_the_paired_comparison(tmp_path):
                    csv_path=tmp_path / "metrics.csv", json_path=tmp_path / "metrics.json",
                    plots={k: tmp_path / f"{k}.png" for k in ("ppl_vs_size", "decode_tok_s", "prefill_latency")})
     rows = {r["variant"]: r for r in build_report(["m"], variants, files, machine, prompt_lengths=(8,), **outputs)}
-    assert (rows["fp32"]["pass_at_1_pct"], rows["fp32"]["task_gate"], rows["fp32"]["task_lost"]) == (62.5, "reference",
-                                                                                                     None)
+    assert (rows["fp32"]["pass_at_1_pct"], rows["fp32"]["task_gate"], rows["fp32"]["task_lost"]) == (
+        pytest.approx(100 * 100 / 164), "reference", None)
     static_row = rows["int8-static"]
-    assert (static_row["pass_at_1_pct"], static_row["task_gained"], static_row["task_lost"]) == (25.0, 0, 6)
-    assert (static_row["task_mcnemar_p"], static_row["task_gate"], static_row["task_tokens"]) == (0.03125, "FAIL", 1440)
-    assert static_row["task_gate_note"] == "pass_at_1_drop_points 37.5 > 3 (McNemar p 0.031 <= 0.05)"
+    assert (static_row["pass_at_1_pct"], static_row["task_gained"], static_row["task_lost"]) == (
+        pytest.approx(100 * 94 / 164), 0, 6)
+    assert (static_row["task_mcnemar_p"], static_row["task_gate"], static_row["task_tokens"]) == (0.03125, "FAIL", 14760)
+    assert static_row["task_gate_note"] == "pass_at_1_drop_points 3.66 > 3 (McNemar p 0.031 <= 0.05)"
     assert rows["pytorch"]["pass_at_1_pct"] is None
     md = (tmp_path / "report.md").read_text()
-    assert "## Task accuracy (HumanEval pass@1)" in md and "pass@1 on 16 of the 164 HumanEval problems" in md
-    assert "| m | int8-static | 16 | 25.00 | 10.18 | 49.50 | 0 | 6 | 0.0312 | FAIL |" in md
-    assert ("1 FAIL the task gate (HumanEval pass@1 against fp32): m/int8-static: pass_at_1_drop_points 37.5 > 3 "
+    assert "## Task accuracy (HumanEval pass@1)" in md and "pass@1 on all 164 HumanEval problems" in md
+    assert "| m | int8-static | 164 | 57.32 | 49.66 | 64.63 | 0 | 6 | 0.0312 | FAIL |" in md
+    assert ("1 FAIL the task gate (HumanEval pass@1 against fp32): m/int8-static: pass_at_1_drop_points 3.66 > 3 "
             "(McNemar p 0.031 <= 0.05)") in md
     with open(tmp_path / "metrics.csv", newline="") as f:
         by_variant = {r["variant"]: r for r in csv.DictReader(f)}
-    assert by_variant["int8-static"]["pass_at_1_low_pct"].startswith("10.18")
+    assert by_variant["int8-static"]["pass_at_1_low_pct"].startswith("49.6")

@@ -12,7 +12,7 @@ import pytest
 from qwen_onnx.measure.peer_accuracy import peer_accuracy
 from qwen_onnx.measure.peers_table import standing_notes
 from qwen_onnx.measure.reference import write_reference
-from qwen_onnx.report.rows import peer_metric_rows, peer_tables
+from qwen_onnx.report.peer_rows import peer_metric_rows, peer_tables
 from qwen_onnx.settings.gates import DEFAULT_GATES
 
 WINDOW = 32
@@ -151,7 +151,7 @@ def test_llama_cpp_reads_the_gguf_types_resolve_recorded(tmp_path):
     checkpoint's shapes, the embedding as one row; an ONNX peer folder is counted as our graphs are."""
     from safetensors.numpy import save_file
 
-    from qwen_onnx.report.rows import peer_weight_bytes_per_token
+    from qwen_onnx.report.peer_rows import peer_weight_bytes_per_token
 
     hf = tmp_path / "hf"
     hf.mkdir()

@@ -235,7 +235,8 @@ def test_peers_command_line(pipeline, texts, tmp_path, capsys, monkeypatch):
 def test_latency_reports_take_their_figures_from_the_sitting(peers_run, pipeline, texts, tmp_path):
     """A variant's latency report is its row of the sitting plus its profile; PyTorch's has no profile."""
     from qwen_onnx.errors import ArtifactError
-    from qwen_onnx.measure.latency import latency_from_sitting, percentile
+    from qwen_onnx.measure.latency import percentile
+    from qwen_onnx.measure.latency_row import latency_from_sitting
     from qwen_onnx.measure.profile import profile_variant
 
     result, work, _ = peers_run
@@ -272,7 +273,7 @@ def test_openvino_rows_are_timed_beside_the_same_variant(pipeline, texts, tmp_pa
     OpenVINO read back in the row's config, and the row in metrics.csv with its provider."""
     from timing_checks import assert_timed
 
-    from qwen_onnx.report.rows import peer_metric_rows
+    from qwen_onnx.report.peer_rows import peer_metric_rows
 
     result = run_peers(pipeline["hf"], [pipeline["int4"]], texts["evaluation"], pytorch=False, llama_cpp=False,
                        genai_builder=False, genai_builder_ort=False, openvino_dirs=[pipeline["int4"]], rounds=2,

@@ -8,6 +8,7 @@ import pytest
 from matplotlib.colors import to_rgba
 
 from qwen_onnx.report.build import write_report
+from qwen_onnx.report.peer_rows import PEER_VARIANTS
 from qwen_onnx.report.plots import (
     figure_accuracy_vs_speed,
     figure_decode_speed,
@@ -15,7 +16,7 @@ from qwen_onnx.report.plots import (
     figure_prefill,
     pareto_front,
 )
-from qwen_onnx.report.rows import PEER_VARIANTS, recommend
+from qwen_onnx.report.rows import recommend
 from qwen_onnx.report.styles import STYLES, variant_styles
 from qwen_onnx.report.tables import COLUMNS, label
 from qwen_onnx.settings.variants import NAMES

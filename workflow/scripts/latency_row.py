@@ -1,5 +1,5 @@
 """Snakemake wrapper: one variant's latency report from the timing sitting, with its profile."""
-from qwen_onnx.measure.latency import latency_from_sitting, untimed_latency
+from qwen_onnx.measure.latency_row import latency_from_sitting, untimed_latency
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):

@@ -67,11 +67,7 @@ import numpy as np
 
 from qwen_onnx.convert.genai_builder import build_genai_int4
 from qwen_onnx.errors import ArtifactError, QwenOnnxError
-from qwen_onnx.measure.latency import (
-    measure_latency_of_tokens,
-    measure_tflite_latency,
-    timing_protocol,
-)
+from qwen_onnx.measure.latency import measure_latency_of_tokens, measure_tflite_latency, timing_protocol
 from qwen_onnx.measure.latency_torch import measure_torch_latency
 from qwen_onnx.measure.peers_openvino import genai_row, variant_row
 from qwen_onnx.measure.peers_table import (

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from qwen_onnx.measure.humaneval import HUMANEVAL_SIZE
+from qwen_onnx.report.peer_rows import peer_metric_rows, peer_tables
 from qwen_onnx.report.pipeline import COLUMNS as PIPELINE_COLUMNS
 from qwen_onnx.report.pipeline import pipeline_markdown, pipeline_table
 from qwen_onnx.report.plots import (
@@ -37,8 +38,6 @@ from qwen_onnx.report.rows import (
     collect_rows,
     cross_model_rows,
     graph_rows,
-    peer_metric_rows,
-    peer_tables,
     precision_lines,
     recommend,
     sensitivity_rows,
