@@ -56,8 +56,6 @@ import importlib.util
 import json
 import logging
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -69,6 +67,7 @@ from qwen_onnx.convert.genai_builder import build_genai_int4
 from qwen_onnx.errors import ArtifactError, QwenOnnxError
 from qwen_onnx.measure.latency import measure_latency_of_tokens, measure_tflite_latency, timing_protocol
 from qwen_onnx.measure.latency_torch import measure_torch_latency
+from qwen_onnx.measure.peers_llama_cpp import llama_cpp_config, measure_llama_cpp
 from qwen_onnx.measure.peers_openvino import genai_row, variant_row
 from qwen_onnx.measure.peers_table import (
     GENAI,
@@ -81,9 +80,8 @@ from qwen_onnx.measure.peers_table import (
     peers_markdown,
     sitting_figures,
 )
-from qwen_onnx.measure.sitting import exit_cause, interleaved_rounds
+from qwen_onnx.measure.sitting import interleaved_rounds
 from qwen_onnx.run.machine import (
-    ggml_missing_features,
     int8_kernel,
     isa_name,
     measure_load,
@@ -107,9 +105,6 @@ from qwen_onnx.store.provenance import library_versions, package_version
 log = logging.getLogger(__name__)
 
 
-#: Where ``envs/setup.sh --peers`` records the CMAKE_ARGS it built llama-cpp-python with
-#: (:func:`qwen_onnx.run.machine.ggml_cmake_args` of the CPU at setup, or ``LLAMA_CMAKE_ARGS``).
-LLAMA_CPP_STAMP = "llama-cpp-cmake-args"
 INSTALL_HINT = "envs/setup.sh --peers"
 
 #: Figures per row (prefill_ms_{n} for each prompt length come in between).
@@ -151,44 +146,6 @@ def _measure_tflite(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
     """Our tflite variant with the LiteRT interpreter (:func:`qwen_onnx.measure.latency.measure_tflite_latency`)."""
 
     result = measure_tflite_latency(folder, None, tokens=tokens, **s)
-    return sitting_figures(result, s["prompt_lengths"])
-
-
-def _measure_llama_cpp(gguf: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
-    """llama-cpp-python on ``gguf``: prefill = ``Llama.eval`` of the prompt ids, decode = one
-    ``eval`` of the argmax token per step, both after a ``reset`` (the KV cache is cleared past
-    the kept tokens, so nothing is reused between runs)."""
-    import llama_cpp
-
-    n_ctx = max([*s["prompt_lengths"], s["decode_prompt_tokens"]]) + s["new_tokens"] + 16
-    started = time.perf_counter()
-    llm = llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_batch=512, n_threads=s["threads"],
-                          n_threads_batch=s["threads"], verbose=False)
-    load_s = time.perf_counter() - started
-
-    def last_argmax() -> int:
-        return int(np.argmax(llm.scores[llm.n_tokens - 1]))
-
-    def prefill(ids):
-        llm.reset()
-        llm.eval(ids.tolist())
-
-    def generate(prompt, count, steps):
-        llm.reset()
-        begin = time.perf_counter()
-        llm.eval(prompt.tolist())
-        token = last_argmax()
-        ttft = time.perf_counter() - begin
-        for _ in range(count - 1):
-            step = time.perf_counter()
-            llm.eval([token])
-            token = last_argmax()
-            steps.append(time.perf_counter() - step)
-        return ttft
-
-    result = timing_protocol(prefill, generate, tokens, s["prompt_lengths"], s["decode_prompt_tokens"], s["new_tokens"],
-                       s["warmup"], s["repeats"], s["warmup_scope"])
-    result["load_s"] = load_s
     return sitting_figures(result, s["prompt_lengths"])
 
 
@@ -256,25 +213,6 @@ def source_of(hf_dir: str | os.PathLike) -> Any:
     return read_json(path)["source"]
 
 
-def llama_cpp_config() -> dict[str, Any]:
-    """What the llama.cpp row runs: the package version and ggml's own CPU feature report
-    (``llama_print_system_info``), read in a child process so that a broken build cannot take this
-    one down; the CMAKE_ARGS ``envs/setup.sh --peers`` recorded; the features the build uses that
-    this CPU lacks (``missing_cpu_features``: such a build dies with SIGILL); the context settings."""
-    code = ("import llama_cpp, json; print(json.dumps({'version': llama_cpp.__version__, "
-            "'system_info': llama_cpp.llama_print_system_info().decode()}))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if done.returncode == 0 and done.stdout.strip():
-        info = json.loads(done.stdout.strip().splitlines()[-1])
-        info["missing_cpu_features"] = ggml_missing_features(info["system_info"])
-    else:
-        info = {"error": f"{exit_cause(done.returncode)}: {(done.stderr or '').strip()[-300:]}"}
-    stamp = Path(sys.prefix) / LLAMA_CPP_STAMP
-    return {**info, "setup_cmake_args": stamp.read_text(encoding="utf-8").strip() if stamp.is_file() else None,
-            "n_batch": 512, "mmap": True, "kv_cache": "llama.cpp default (f16)",
-            "sampling": "argmax of Llama.scores (greedy)"}
-
-
 # --- the stage ---------------------------------------------------------------------------------
 
 
@@ -293,7 +231,7 @@ def llama_cpp_recipe_row(folder: str | os.PathLike, tokens: np.ndarray, settings
     if broken:
         return {**base, "path": None, "bytes_on_disk": None, "skipped": broken, **config}
     return {**base, "path": os.fspath(gguf), "bytes_on_disk": gguf.stat().st_size,
-            "job": (_measure_llama_cpp, (os.fspath(gguf), tokens, settings)),
+            "job": (measure_llama_cpp, (os.fspath(gguf), tokens, settings)),
             **config, "n_ctx": n_ctx, "n_threads": settings["threads"], "n_threads_batch": settings["threads"]}
 
 
@@ -439,7 +377,7 @@ def run_peers(
                     add(LLAMA_CPP, "llama-cpp-python", None, None, skipped=broken, **config)
                 else:
                     add(LLAMA_CPP, "llama-cpp-python", os.fspath(gguf), gguf.stat().st_size,
-                        (_measure_llama_cpp, (os.fspath(gguf), tokens, settings)),
+                        (measure_llama_cpp, (os.fspath(gguf), tokens, settings)),
                         **config, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, weights="the source GGUF")
         for folder in llama_cpp_dirs:
             add(**llama_cpp_recipe_row(folder, tokens, settings, config, broken, n_ctx))

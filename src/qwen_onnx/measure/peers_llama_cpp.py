@@ -1,0 +1,79 @@
+"""The timing sitting's llama.cpp rows: llama-cpp-python's timing of a GGUF file (run in its own process by the
+sitting, :mod:`qwen_onnx.measure.peers`) and what its build runs (ggml's own system info)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qwen_onnx.measure.latency import timing_protocol
+from qwen_onnx.measure.peers_table import sitting_figures
+from qwen_onnx.measure.sitting import exit_cause
+from qwen_onnx.run.machine import ggml_missing_features
+
+#: Where ``envs/setup.sh --peers`` records the CMAKE_ARGS it built llama-cpp-python with
+#: (:func:`qwen_onnx.run.machine.ggml_cmake_args` of the CPU at setup, or ``LLAMA_CMAKE_ARGS``).
+LLAMA_CPP_STAMP = "llama-cpp-cmake-args"
+
+
+def measure_llama_cpp(gguf: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
+    """llama-cpp-python on ``gguf``: prefill = ``Llama.eval`` of the prompt ids, decode = one
+    ``eval`` of the argmax token per step, both after a ``reset`` (the KV cache is cleared past
+    the kept tokens, so nothing is reused between runs)."""
+    import llama_cpp
+
+    n_ctx = max([*s["prompt_lengths"], s["decode_prompt_tokens"]]) + s["new_tokens"] + 16
+    started = time.perf_counter()
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_batch=512, n_threads=s["threads"],
+                          n_threads_batch=s["threads"], verbose=False)
+    load_s = time.perf_counter() - started
+
+    def last_argmax() -> int:
+        return int(np.argmax(llm.scores[llm.n_tokens - 1]))
+
+    def prefill(ids):
+        llm.reset()
+        llm.eval(ids.tolist())
+
+    def generate(prompt, count, steps):
+        llm.reset()
+        begin = time.perf_counter()
+        llm.eval(prompt.tolist())
+        token = last_argmax()
+        ttft = time.perf_counter() - begin
+        for _ in range(count - 1):
+            step = time.perf_counter()
+            llm.eval([token])
+            token = last_argmax()
+            steps.append(time.perf_counter() - step)
+        return ttft
+
+    result = timing_protocol(prefill, generate, tokens, s["prompt_lengths"], s["decode_prompt_tokens"], s["new_tokens"],
+                       s["warmup"], s["repeats"], s["warmup_scope"])
+    result["load_s"] = load_s
+    return sitting_figures(result, s["prompt_lengths"])
+
+
+def llama_cpp_config() -> dict[str, Any]:
+    """What the llama.cpp row runs: the package version and ggml's own CPU feature report
+    (``llama_print_system_info``), read in a child process so that a broken build cannot take this
+    one down; the CMAKE_ARGS ``envs/setup.sh --peers`` recorded; the features the build uses that
+    this CPU lacks (``missing_cpu_features``: such a build dies with SIGILL); the context settings."""
+    code = ("import llama_cpp, json; print(json.dumps({'version': llama_cpp.__version__, "
+            "'system_info': llama_cpp.llama_print_system_info().decode()}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if done.returncode == 0 and done.stdout.strip():
+        info = json.loads(done.stdout.strip().splitlines()[-1])
+        info["missing_cpu_features"] = ggml_missing_features(info["system_info"])
+    else:
+        info = {"error": f"{exit_cause(done.returncode)}: {(done.stderr or '').strip()[-300:]}"}
+    stamp = Path(sys.prefix) / LLAMA_CPP_STAMP
+    return {**info, "setup_cmake_args": stamp.read_text(encoding="utf-8").strip() if stamp.is_file() else None,
+            "n_batch": 512, "mmap": True, "kv_cache": "llama.cpp default (f16)",
+            "sampling": "argmax of Llama.scores (greedy)"}
