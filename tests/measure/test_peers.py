@@ -6,6 +6,7 @@ import csv
 import importlib.util
 import json
 import statistics
+import subprocess
 
 import pytest
 
@@ -175,7 +176,7 @@ def test_a_failed_build_is_recorded_and_its_row_skipped(pipeline, texts, tmp_pat
     def no_second_build(*args, **kwargs):
         raise AssertionError("the recorded failure was built again")
 
-    monkeypatch.setattr(peers.subprocess, "run", no_second_build)
+    monkeypatch.setattr(subprocess, "run", no_second_build)
     with pytest.raises(peers.QwenOnnxError) as caught:
         build_genai_int4(hf, tmp_path / "work" / GENAI)
     assert str(caught.value) == record["error"]

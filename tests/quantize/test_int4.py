@@ -10,7 +10,7 @@ from tiny_models import build_tiny_qwen
 
 from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.measure.inspect_graph import inspect_model
-from qwen_onnx.quantize.embeddings import embedding_tied, find_embedding, find_lm_head, find_lookup
+from qwen_onnx.quantize.embedding_graph import embedding_tied, find_embedding, find_lm_head, find_lookup
 from qwen_onnx.quantize.int4 import Int4Settings, quantize_int4_variant
 from qwen_onnx.quantize.int8 import DynamicSettings, quantize_dynamic_variant
 from qwen_onnx.quantize.matmuls import weight_matmul_names

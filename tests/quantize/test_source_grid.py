@@ -10,7 +10,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from qwen_onnx.quantize.kquant import matmul_nbits_node, quantize_weight, source_grid_node
+from qwen_onnx.quantize.kquant import quantize_weight, source_grid_node
+from qwen_onnx.quantize.matmul_nbits import matmul_nbits_node
 from qwen_onnx.quantize.matmuls import weight_matmul_names, weight_matmuls
 from qwen_onnx.quantize.source_grid import (
     SUMS_SUFFIX,

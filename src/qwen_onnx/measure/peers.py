@@ -2,7 +2,7 @@
 
 In the workflow this stage (``peers``) is the one place where speed is measured: every variant of
 a model, PyTorch eager and the peers, in the same interleaved rounds. Each variant's latency report
-(:func:`qwen_onnx.measure.latency.latency_from_sitting`) takes its figures from here and adds the ONNX
+(:func:`qwen_onnx.measure.latency_row.latency_from_sitting`) takes its figures from here and adds the ONNX
 Runtime profile, so no variant is timed twice and every ratio in the report divides figures of
 one sitting.
 

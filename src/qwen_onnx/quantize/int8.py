@@ -47,11 +47,8 @@ from qwen_onnx.quantize.common import (
     lazy_quantization,
     sensitive_nodes,
 )
-from qwen_onnx.quantize.embeddings import (
-    EmbeddingPlan,
-    embedding_tied,
-    quantize_embedding,
-)
+from qwen_onnx.quantize.embedding_graph import embedding_tied
+from qwen_onnx.quantize.embeddings import EmbeddingPlan, quantize_embedding
 from qwen_onnx.quantize.hadamard import DEFAULT_ROLES as HADAMARD_ROLES
 from qwen_onnx.quantize.hadamard import rotate_graph
 from qwen_onnx.quantize.kquant import carry_over_pass
