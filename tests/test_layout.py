@@ -201,3 +201,10 @@ def test_the_date_and_commit_check_finds_them(tmp_path):
         pytest.skip("no git history")
     assert _DATE.findall("measured 2026-12-04 on") == ["2026-12-04"]
     assert _commits(set(_HEX.findall(f"at {head}, block 0x7f, sha deadbeef"))) == {head}
+
+
+def test_every_module_is_under_500_lines():
+    """A module a newcomer reads in one sitting; past that, split it by concern (docs/architecture.md)."""
+    long = {str(p.relative_to(REPO)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) >= 500}
+    assert not long, long

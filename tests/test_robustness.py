@@ -227,7 +227,8 @@ def test_every_folder_carries_the_eos_ids_the_evaluation_uses(tiny_qwen2, tmp_pa
     from transformers import GenerationConfig
 
     from qwen_onnx.convert.export import export_onnx
-    from qwen_onnx.source.resolve import eos_token_ids, resolve
+    from qwen_onnx.source.resolve import resolve
+    from qwen_onnx.source.tokenizer import eos_token_ids
 
     source = tmp_path / "source"
     shutil.copytree(tiny_qwen2, source)

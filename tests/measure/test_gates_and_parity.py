@@ -19,7 +19,7 @@ from qwen_onnx.measure.parity import (
 )
 from qwen_onnx.run.runtime import OnnxCausalLM
 from qwen_onnx.settings.gates import check_gate, variant_kind
-from qwen_onnx.source.resolve import eos_token_ids
+from qwen_onnx.source.tokenizer import eos_token_ids
 from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE
 from qwen_onnx.store.external import save_with_external_data
 

@@ -156,8 +156,8 @@ def test_the_embedded_coder_keeps_its_fim_and_tool_call_tokens(tmp_path):
     """About 40 s: the 0.5B's GGUF types 20 tokens CONTROL and 2 USER_DEFINED; transformers kept 3 whole."""
     from qwen_onnx.measure.tokens import check_tokenizer
     from qwen_onnx.source.gguf_file import EMBEDDED, concatenate_parts, gguf_parsed_once, gguf_tokenizer
-    from qwen_onnx.source.resolve import restore_gguf_tokens
     from qwen_onnx.source.text import load_tokenizer
+    from qwen_onnx.source.tokenizer import restore_gguf_tokens
 
     concatenate_parts(EMBEDDED["qwen2.5-coder-0.5b-instruct-q4_k_m"], tmp_path / "m.gguf")
     with gguf_parsed_once():

@@ -45,8 +45,8 @@ from qwen_onnx.measure.parity import chat_mode, chat_prompt_ids, shipped_prompts
 from qwen_onnx.measure.tokens import source_token_table
 from qwen_onnx.settings import defaults
 from qwen_onnx.settings.options import check_options
-from qwen_onnx.source.resolve import eos_token_ids
 from qwen_onnx.source.text import evenly_spaced, load_tokenizer, token_windows
+from qwen_onnx.source.tokenizer import eos_token_ids
 from qwen_onnx.store.artifacts import copy_side_files, require_hf_checkpoint, write_json
 from qwen_onnx.store.manifest import verify_manifest
 from qwen_onnx.store.provenance import library_versions

@@ -52,7 +52,7 @@ from qwen_onnx.run.machine import machine_isa
 from qwen_onnx.settings.defaults import HUMANEVAL_SIZE, TASK_ACCURACY, TASK_PEERS
 from qwen_onnx.settings.gates import DEFAULT_TASK_GATE, check_task_gate
 from qwen_onnx.settings.options import check_options
-from qwen_onnx.source.resolve import eos_token_ids
+from qwen_onnx.source.tokenizer import eos_token_ids
 from qwen_onnx.store.artifacts import read_json, write_json
 from qwen_onnx.store.provenance import library_versions, package_version
 from qwen_onnx.store.task_results import settings_record

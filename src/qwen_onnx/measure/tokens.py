@@ -33,13 +33,13 @@ SHOWN = 12
 
 def source_token_table(hf_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """The added tokens of the model's source: ``hf_dir/source.json``'s ``added_tokens`` when ``resolve`` wrote
-    them, else the folder's own tokenizer's (:func:`qwen_onnx.source.resolve.added_token_table`).
+    them, else the folder's own tokenizer's (:func:`qwen_onnx.source.tokenizer.added_token_table`).
 
     Returns:
         ``[{"id": int, "content": str, "type": "CONTROL" | "USER_DEFINED"}, ...]`` in id order.
     """
-    from qwen_onnx.source.resolve import added_token_table
     from qwen_onnx.source.text import load_tokenizer
+    from qwen_onnx.source.tokenizer import added_token_table
     from qwen_onnx.store.artifacts import read_json
 
     source = Path(hf_dir) / "source.json"

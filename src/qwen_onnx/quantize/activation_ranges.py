@@ -15,15 +15,17 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
 
 from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.quantize.calibration import TextCalibrationReader, capture_session
+from qwen_onnx.quantize.matmuls import weight_matmuls
 from qwen_onnx.quantize.sensitivity import fake_quant_activation, fake_quant_weight
 from qwen_onnx.quantize.smoothquant import column_subset, token_relative_error
+from qwen_onnx.store.external import ScratchFiles
 
 log = logging.getLogger(__name__)
 
@@ -202,3 +204,29 @@ def tensors_data(ranges: Mapping[str, tuple[float, float]]) -> Any:
         name: TensorData(lowest=np.array(low, dtype=np.float32), highest=np.array(high, dtype=np.float32))
         for name, (low, high) in ranges.items()
     })
+
+
+def weight_matmul_ranges(graph_only: Path, windows: np.ndarray, calibrator: StreamingCalibrator,
+                         excluded: set[str], scratch: ScratchFiles, outputs: bool = False
+                         ) -> dict[str, tuple[float, float]]:
+    """The ranges of the inputs of the weight MatMuls to quantize (all but ``excluded``; with ``outputs``, their
+    outputs too, as QOperator needs), streamed over ``windows`` (int64 [windows, tokens]) by ``calibrator``
+    (:func:`stream_ranges`; a ``Search`` calibrator sees each input's consumer weights).
+
+    Returns:
+        ``{tensor name: (low, high)}``.
+    """
+    graph = onnx.load(str(graph_only), load_external_data=False).graph
+    matmuls = [(node, weight) for node, weight in weight_matmuls(graph) if node.name not in excluded]
+    consumers: dict[str, list[onnx.TensorProto]] = {}
+    for node, weight in matmuls:
+        consumers.setdefault(node.input[0], []).append(weight)
+    names = list(consumers)
+    if outputs:
+        names += [node.output[0] for node, _ in matmuls]
+
+    def weights(tensor: str) -> Iterator[np.ndarray]:
+        for weight in consumers.get(tensor, []):
+            yield onnx.numpy_helper.to_array(weight).astype(np.float32, copy=False)
+
+    return stream_ranges(graph_only, windows, names, calibrator, scratch / "calibrate.onnx", weights=weights)

@@ -27,7 +27,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -38,8 +38,8 @@ from qwen_onnx.errors import QwenOnnxError
 from qwen_onnx.quantize.activation_ranges import (
     CALIBRATION_METHODS,
     StreamingCalibrator,
-    stream_ranges,
     tensors_data,
+    weight_matmul_ranges,
 )
 from qwen_onnx.quantize.blockwise import blockwise_int8
 from qwen_onnx.quantize.common import (
@@ -67,7 +67,6 @@ from qwen_onnx.store.artifacts import (
     model_path,
     write_json,
 )
-from qwen_onnx.store.external import ScratchFiles
 from qwen_onnx.store.hub_cache import reads_variant
 from qwen_onnx.store.provenance import library_versions
 from qwen_onnx.store.staging import staged_dir
@@ -430,7 +429,9 @@ def quantize_static_variant(
         # outputs); its ranges go to a calibration cache that quantize_static reads instead of
         # calibrating again.
         cache = scratch / "calibration.json"
-        ranges = _calibrate(graph_only, windows, settings, set(excluded), scratch)
+        ranges = weight_matmul_ranges(graph_only, windows, StreamingCalibrator(
+            settings.method, symmetric=settings.activation_symmetric, search_tokens=settings.search_tokens),
+            set(excluded), scratch, outputs=settings.quant_format == "QOperator")
         save_tensors_data(tensors_data(ranges), cache)
         gc.collect()
         if settings.sensitive_scheme == "blockwise" and names:
@@ -481,25 +482,3 @@ def quantize_static_variant(
         }
         write_json(stage / "quantize.json", info)
     return info
-
-
-def _calibrate(graph_only: Path, windows: np.ndarray, settings: StaticSettings, excluded: set[str],
-               scratch: ScratchFiles) -> dict[str, tuple[float, float]]:
-    """Ranges of the inputs of the weight MatMuls to quantize (and, for QOperator, their outputs),
-    streamed over ``windows`` with ``settings.method``."""
-    graph = onnx.load(str(graph_only), load_external_data=False).graph
-    matmuls = [(node, weight) for node, weight in weight_matmuls(graph) if node.name not in excluded]
-    consumers: dict[str, list[onnx.TensorProto]] = {}
-    for node, weight in matmuls:
-        consumers.setdefault(node.input[0], []).append(weight)
-    names = list(consumers)
-    if settings.quant_format == "QOperator":
-        names += [node.output[0] for node, _ in matmuls]
-
-    def weights(tensor: str) -> Iterator[np.ndarray]:
-        for weight in consumers.get(tensor, []):
-            yield onnx.numpy_helper.to_array(weight).astype(np.float32, copy=False)
-
-    calibrator = StreamingCalibrator(settings.method, symmetric=settings.activation_symmetric,
-                                     search_tokens=settings.search_tokens)
-    return stream_ranges(graph_only, windows, names, calibrator, scratch / "calibrate.onnx", weights=weights)

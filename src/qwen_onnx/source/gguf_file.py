@@ -352,7 +352,7 @@ def gguf_tokenizer(path: str | os.PathLike) -> GgufTokenizer:
     transformers' GGUF tokenizer converter (``GGUFQwen2Converter``, 4.57) registers a fixed list of
     three special tokens and reads neither the token types nor the roles: a Qwen2.5-Coder GGUF
     then splits ``<|fim_prefix|>`` into 7 pieces and names ``<|endoftext|>`` its end-of-sequence token.
-    :func:`qwen_onnx.source.resolve.restore_gguf_tokens` gives the tokenizer back what this returns.
+    :func:`qwen_onnx.source.tokenizer.restore_gguf_tokens` gives the tokenizer back what this returns.
 
     Raises:
         SourceError: the file has no ``tokenizer.ggml.tokens`` (a GGUF without a tokenizer).
