@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import onnx
 
@@ -25,17 +25,15 @@ from qwen_onnx.store.artifacts import (
 )
 from qwen_onnx.store.external import consolidate_external_data, lazy_model
 
-if TYPE_CHECKING:
-    from qwen_onnx.quantize.int4 import Int4Settings
-
 log = logging.getLogger(__name__)
 
 
-def precision_groups(precision: Mapping[str, str], weights: Sequence[str], settings: Int4Settings
+def precision_groups(precision: Mapping[str, str], weights: Sequence[str], settings: Any
                       ) -> dict[int | str, list[str]]:
     """A precision map as ``{8: [8-bit names], block: [4-bit names at that block], ..., "exact": [names kept on an
     8-bit source grid]}``: any other 8-bit option is the exact carry-over of a weight on that grid
-    (:func:`qwen_onnx.quantize.kquant.source_grid_builder` checks it as it builds).
+    (:func:`qwen_onnx.quantize.kquant.source_grid_builder` checks it as it builds). ``settings``: the stage's
+    :class:`qwen_onnx.quantize.int4.Int4Settings` (its ``algorithm`` and ``block_size_8bit``).
 
     Raises:
         QwenOnnxError: the map misses or names other MatMuls than the graph's weight MatMuls, gives an option
@@ -107,11 +105,11 @@ def _read_weight_types(info: Mapping[str, Any], num_layers: int, scratch_dir: Pa
 
 
 def precision_map_model(input_dir: Path, output: Path, eight: Sequence[str], blocks: Mapping[int, Sequence[str]],
-                        settings: Int4Settings, importance: Mapping[str, Any] | None, threads: int,
+                        settings: Any, importance: Mapping[str, Any] | None, threads: int,
                         cache: BlockCache | None, tied: bool, hessians: Hessians | None = None,
                         exact: Sequence[str] = ()) -> dict[str, Any]:
     """The int4 graph of a precision map, built in one pass and written once to ``output`` (its
-    weights to ``model.onnx_data`` beside it): ``eight`` 8-bit blockwise
+    weights to ``model.onnx_data`` beside it; ``settings``: the stage's ``Int4Settings``): ``eight`` 8-bit blockwise
     (:func:`qwen_onnx.quantize.blockwise.blockwise_int8_node`, the nodes :func:`blockwise_int8` makes),
     ``blocks`` ``{block size: names}`` 4-bit by ``k_quant_int`` (with GPTQ's updates when ``hessians`` are
     given), ``exact`` kept on their 8-bit source grid (:func:`qwen_onnx.quantize.kquant.source_grid_builder`),
