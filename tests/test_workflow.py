@@ -102,6 +102,13 @@ def test_full_run_writes_every_artifact(finished_run):
             assert (results / "tiny" / "reports" / f"{variant}.{kind}").is_file()
         if variant in DIFFED:
             assert json.loads((results / "tiny" / "reports" / f"{variant}.diff.json").read_text())["nodes"]["a"] > 0
+    # every variant folder carries its model card, written by the report stage from the run's figures
+    from huggingface_hub import ModelCard
+
+    int4_card = ModelCard.load(results / "tiny" / "int4" / "README.md")
+    assert int4_card.data.library_name == "onnxruntime" and "int4" in int4_card.data.tags
+    assert ModelCard.load(results / "tiny" / "tflite" / "README.md").data.library_name == "litert"
+    assert "## Accuracy against PyTorch fp32" in int4_card.text
     # the tflite variant: only where enabled (tiny), not diffed, its gate that of its quantization (none: float)
     assert not (results / "tiny-qwen3" / "tflite").exists() and not (results / "tiny" / "reports" / "tflite.diff.json").exists()
     tflite = json.loads((results / "tiny" / "reports" / "tflite.accuracy.json").read_text())

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from qwen_onnx.measure.humaneval import HUMANEVAL_SIZE
+from qwen_onnx.report.model_card import write_model_cards
 from qwen_onnx.report.peer_rows import peer_metric_rows, peer_tables
 from qwen_onnx.report.pipeline import COLUMNS as PIPELINE_COLUMNS
 from qwen_onnx.report.pipeline import pipeline_markdown, pipeline_table
@@ -313,7 +314,8 @@ def build_report(
     """Read every report JSON (see :func:`collect_rows` for ``files``) and write the combined report.
 
     ``outputs`` are :func:`write_report`'s ``markdown``, ``html_path``, ``csv_path``, ``json_path``
-    and ``plots``. With ``results_dir``, the report gets the pipeline table of the jobs' benchmark
+    and ``plots``. With ``results_dir``, every variant folder gets its model card
+    (:func:`qwen_onnx.report.model_card.write_model_cards`) and the report the pipeline table of the jobs' benchmark
     files and logs there (:mod:`qwen_onnx.report.pipeline`), also written to ``pipeline_csv``. With
     ``tflite`` (per model ``params_billion`` and its ``tflite`` settings), the models whose tflite
     variant the workflow did not build have no tflite files and get one line each
@@ -323,6 +325,8 @@ def build_report(
     machine = read_json(machine_json)
     variants, skipped = built_variants(models, variants, tflite)
     rows = collect_rows(models, variants, files, machine, prompt_lengths)
+    if results_dir is not None:
+        write_model_cards(results_dir, rows, machine)
     keys = variant_keys(models, variants)
     profiles, generations = {}, {}
     for key, latency_path, accuracy_path in zip(keys, files["latency"], files["accuracy"]):

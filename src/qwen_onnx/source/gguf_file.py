@@ -346,6 +346,31 @@ def _field_value(field: Any) -> Any:
     return part[0].item() if hasattr(part[0], "item") else part[0]
 
 
+#: The ``general.*`` keys of a GGUF that say what the model is and under which licence (llama.cpp's
+#: gguf-py ``Keys.General``; docs/sources.md): recorded by resolve for the variants' model cards.
+GENERAL_KEYS = ("name", "basename", "finetune", "size_label", "organization", "license", "license.name",
+                "license.link", "repo_url")
+
+
+def gguf_general(path: str | os.PathLike) -> dict[str, Any]:
+    """What a GGUF says about its model: the :data:`GENERAL_KEYS` it has (``general.`` dropped) and
+    ``base_models``, each ``general.base_model.N.*`` as ``{name, organization, repo_url}`` (those present).
+
+    Returns:
+        For example ``{"name": "Qwen2.5 Coder 0.5B Instruct AWQ", "basename": "Qwen2.5-Coder", ...,
+        "base_models": []}``.
+    """
+    import gguf
+
+    fields = gguf.GGUFReader(path).fields
+    out: dict[str, Any] = {k: _field_value(fields[f"general.{k}"]) for k in GENERAL_KEYS if f"general.{k}" in fields}
+    count = _field_value(fields["general.base_model.count"]) if "general.base_model.count" in fields else 0
+    out["base_models"] = [{k: _field_value(fields[f"general.base_model.{i}.{k}"])
+                           for k in ("name", "organization", "repo_url")
+                           if f"general.base_model.{i}.{k}" in fields} for i in range(int(count))]
+    return out
+
+
 def gguf_tokenizer(path: str | os.PathLike) -> GgufTokenizer:
     """The control and user-defined tokens and the token roles of the GGUF at ``path``.
 

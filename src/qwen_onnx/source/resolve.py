@@ -32,6 +32,7 @@ from qwen_onnx.source.gguf_file import (
     check_gguf,
     concatenate_parts,
     gguf_config_fields,
+    gguf_general,
     gguf_parsed_once,
     gguf_tokenizer,
     gguf_weight_types,
@@ -329,25 +330,45 @@ def resolve(source: str | Mapping[str, Any], output_dir: str | os.PathLike, *, r
             provenance["inputs"] = concatenate_parts(parsed.parts, gguf_path)
             provenance["added_tokens"] = _load_and_save(str(gguf_path.parent), stage, gguf_file=gguf_path.name)
             provenance["weight_types"] = _weight_types(gguf_path, stage)
+            provenance["model_card"] = {"gguf": gguf_general(gguf_path)}
         elif parsed.kind == "gguf":
             path = Path(parsed.value)
             check_gguf(path)
             provenance["inputs"] = {"path": str(path), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
             provenance["added_tokens"] = _load_and_save(str(path.parent), stage, gguf_file=path.name)
             provenance["weight_types"] = _weight_types(path, stage)
+            provenance["model_card"] = {"gguf": gguf_general(path)}
         elif parsed.kind == "local":
             folder = Path(parsed.value)
             provenance["inputs"] = _hash_folder(folder)
             provenance["added_tokens"] = _load_and_save(str(folder), stage)
+            provenance["model_card"] = source_card(folder)
         else:
             folder = _hub_snapshot(parsed.value, revision)
             provenance["inputs"] = {"hub_id": parsed.value, "snapshot": str(folder), **_hash_folder(folder)}
             provenance["added_tokens"] = _load_and_save(str(folder), stage)
+            provenance["model_card"] = {"base_model": parsed.value, **source_card(folder)}
         provenance["library_versions"] = library_versions()
         provenance["seconds"] = round(time.time() - started, 1)
         write_json(stage / "source.json", provenance)
     log.info("resolved %s to %s in %.1f s", parsed.value, output_dir, time.time() - started)
     return provenance
+
+
+def source_card(folder: Path) -> dict[str, Any]:
+    """What a Hugging Face folder's own model card (``README.md``) says the variants' cards need: its
+    ``license`` and ``base_model`` (huggingface_hub's ``ModelCard``); ``{}`` without a readable card."""
+    readme = folder / "README.md"
+    if not readme.is_file():
+        return {}
+    from huggingface_hub import ModelCard
+
+    try:
+        data = ModelCard.load(readme).data.to_dict()
+    except Exception as exc:  # a card with broken metadata: the variants' cards say less, resolve goes on
+        log.warning("%s: model card metadata not read (%s)", readme, exc)
+        return {}
+    return {k: data[k] for k in ("license", "base_model") if data.get(k)}
 
 
 def _weight_types(gguf_path: Path, hf_dir: Path) -> dict[str, str]:
