@@ -62,16 +62,24 @@ WARMUP_SCOPE_HELP = ("where the untimed runs go: before each prompt length's pre
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``qwen-onnx`` parser: one subcommand per stage and tool, each added by its own function below."""
     parser = argparse.ArgumentParser(prog="qwen-onnx", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_resolve, _add_export, _add_preprocess, _add_quantize_int8, _add_quantize_int4, _add_float16, _add_tflite, _add_sensitivity, _add_optimize, _add_inspect, _add_publish, _add_diff, _add_extract, _add_reference, _add_accuracy, _add_task_accuracy, _add_latency, _add_llama_quantize, _add_peers):
+        add(sub)
+    return parser
 
+
+def _add_resolve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("resolve", help="model source -> fp32 Hugging Face folder with source.json")
     p.add_argument("source", help="hub ID, local folder, .gguf file, or embedded:NAME")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--revision", default=None, help="hub revision (branch, tag, commit)")
     p.set_defaults(func=run_resolve)
 
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="Hugging Face folder -> fp32 ONNX with KV cache and external data")
     p.add_argument("hf_dir")
     p.add_argument("-o", "--output", required=True)
@@ -81,12 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "architectures optimum does not support yet); docs/export.md")
     p.set_defaults(func=run_export)
 
+
+def _add_preprocess(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("preprocess", help="quant_pre_process: symbolic shapes + ORT basic optimization")
     p.add_argument("input")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--skip-symbolic-shape", action="store_true")
     p.set_defaults(func=run_preprocess)
 
+
+def _add_quantize_int8(sub: argparse._SubParsersAction) -> None:
     for name, func, help_text in (
         ("quantize-dynamic", run_dynamic, "INT8 weights, activations quantized at run time (default: blockwise MatMulNBits 8-bit)"),
         ("quantize-static", run_static, "INT8 static QDQ quantization calibrated on text"),
@@ -158,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
             mixed = {k: list(v) if isinstance(v, tuple) else v for k, v in QUANTIZE_MIXED.items() if k != "sensitive"}
             p.set_defaults(**mixed, **{f"sensitive_{k}": v for k, v in QUANTIZE_MIXED["sensitive"].items()})
 
+
+def _add_quantize_int4(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("quantize-int4", help="weight-only 4-bit MatMulNBits (accuracy_level 4), quantized embedding")
     p.add_argument("input", help="float variant folder (pre-processed or fused)")
     p.add_argument("-o", "--output", required=True)
@@ -214,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sequence-length", type=int, default=128, help="gptq tokens per window")
     p.set_defaults(func=run_int4)
 
+
+def _add_float16(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("float16", help="fp16 variant: onnxruntime float16 conversion, float32 inputs, outputs and KV cache")
     p.add_argument("input", help="float32 variant folder (fp32)")
     p.add_argument("-o", "--output", required=True)
@@ -223,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="node names kept float32")
     p.set_defaults(func=run_float16)
 
+
+def _add_tflite(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tflite", help="Hugging Face folder -> LiteRT model.tflite (litert-torch): fixed prefill and decode signatures")
     p.add_argument("hf_dir")
     p.add_argument("-o", "--output", required=True)
@@ -239,6 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "activation quantization; none given: every role dynamic (default: %(default)s)")
     p.set_defaults(func=run_tflite)
 
+
+def _add_sensitivity(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sensitivity", help="per-MatMul INT8 error (SQNR) on calibration text, lowest first")
     p.add_argument("input", help="pre-processed variant folder")
     p.add_argument("-o", "--output", required=True, help="JSON report")
@@ -251,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2)
     p.set_defaults(func=run_sensitivity)
 
+
+def _add_optimize(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("optimize", help="fused decoder graph (GroupQueryAttention) or transformer fusions + ORT_ENABLE_ALL")
     p.add_argument("input", help="builder: the resolved Hugging Face folder; transformers: the fp32 variant folder")
     p.add_argument("-o", "--output", required=True)
@@ -262,12 +284,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--provider", default="CPUExecutionProvider", help="transformers only")
     p.set_defaults(func=run_optimize)
 
+
+def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="graph summary without loading weights")
     p.add_argument("model", help="model.onnx or its folder, or a tflite variant folder")
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", default=None)
     p.set_defaults(func=run_inspect)
 
+
+def _add_publish(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("publish", help="the README's measured tables and a docs/measurements page, from a finished run")
     p.add_argument("results", help="the run's results/ folder (metrics.json, machine.json, report.md)")
     p.add_argument("--page", required=True, help="measurement page to write, docs/measurements/DATE-CPU.md")
@@ -278,12 +304,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the command that made the run, named on the page (default: %(default)s)")
     p.set_defaults(func=run_publish)
 
+
+def _add_diff(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("diff", help="what changed between two variants: ops, nodes, bytes, fusions, quantization")
     p.add_argument("a", help="model.onnx or folder (for example fp32)")
     p.add_argument("b", help="model.onnx or folder (for example int8-static)")
     p.add_argument("--json", default=None)
     p.set_defaults(func=run_diff)
 
+
+def _add_extract(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("extract", help="one decoder layer as a standalone ONNX file plus a picture")
     p.add_argument("model", help="model.onnx or its folder")
     p.add_argument("--layer", type=int, required=True)
@@ -291,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--picture", choices=["svg", "png"], default="svg")
     p.set_defaults(func=run_extract)
 
+
+def _add_reference(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("reference", help="PyTorch fp32 logits, token ids and greedy outputs on the evaluation text, once")
     p.add_argument("hf_dir", help="the fp32 Hugging Face folder (results/MODEL/hf)")
     p.add_argument("-o", "--output", required=True, help="reference folder to write (results/MODEL/reference)")
@@ -304,6 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="logits.npy dtype (float16 moves logits by up to 1.3e-2 on the 0.5B; docs/evaluation.md)")
     p.set_defaults(func=run_reference)
 
+
+def _add_accuracy(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("accuracy", help="perplexity, KL, top-1 agreement, |Δlogit| against PyTorch fp32")
     p.add_argument("variant")
     p.add_argument("--reference", required=True,
@@ -332,6 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default=None)
     p.set_defaults(func=run_accuracy)
 
+
+def _add_task_accuracy(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("task-accuracy", help="HumanEval pass@1 (greedy, chat template, sandboxed tests), paired against a reference")
     p.add_argument("variant", help="an ONNX variant folder, a tflite folder or a .gguf file")
     p.add_argument("--hf", dest="hf_dir", required=True,
@@ -353,6 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default=None, help="task JSON")
     p.set_defaults(func=run_task_accuracy)
 
+
+def _add_latency(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("latency", help="load, prefill/TTFT and KV-cache decode tokens/s")
     p.add_argument("variant")
     p.add_argument("--text", default=str(shipped_text(EVALUATION_TEXT)))
@@ -371,6 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default=None)
     p.set_defaults(func=run_latency)
 
+
+def _add_llama_quantize(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("llama-quantize", help="the Hugging Face folder quantized by llama.cpp's own quantizer (a "
                                               "same-start peer): model.gguf and quantize.json")
     p.add_argument("hf_dir", help="the resolved Hugging Face folder (results/MODEL/hf)")
@@ -380,6 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="the quantizer's threads (default: all cores)")
     p.set_defaults(func=run_llama_quantize)
 
+
+def _add_peers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("peers", help="our variants against PyTorch, llama.cpp and onnxruntime-genai's INT4 builder")
     p.add_argument("hf_dir", help="the resolved Hugging Face folder (results/MODEL/hf)")
     p.add_argument("variants", nargs="*", help="our ONNX variant folders, and at most one tflite folder")
@@ -411,7 +453,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default=None, help="peers JSON")
     p.add_argument("--markdown", default=None, help="peers Markdown")
     p.set_defaults(func=run_peers)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
