@@ -1,7 +1,7 @@
 """Snakemake wrapper: diff of one variant against fp32 (JSON and Markdown)."""
+from qwen_onnx.store.artifacts import write_json, write_text
 from qwen_onnx.measure.inspect_graph import diff_markdown, diff_models
 from qwen_onnx.snakemake_support import logged
-from qwen_onnx.store.artifacts import write_json, write_text
 
 with logged(snakemake):
     diff = diff_models(snakemake.input.fp32, snakemake.input.model_dir)

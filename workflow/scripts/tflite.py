@@ -1,6 +1,6 @@
 """Snakemake wrapper: the tflite variant (LiteRT through litert-torch: prefill and decode signatures, fixed KV cache)."""
-from qwen_onnx.convert.tflite import convert_tflite
 from qwen_onnx.snakemake_support import logged
+from qwen_onnx.convert.tflite import convert_tflite
 
 with logged(snakemake):
     settings = snakemake.params.settings
