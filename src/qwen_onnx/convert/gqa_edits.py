@@ -1,6 +1,5 @@
 """Graph edits on onnxruntime-genai's GroupQueryAttention graph that make it exact for every Qwen config:
-left-padded rows, each layer's own sliding window, and the rotary caches of a static ``rope_scaling``; and the
-``position_ids`` input optimum expects of a Qwen decoder.
+left-padded rows, each layer's own sliding window, and the rotary caches of a static ``rope_scaling``.
 """
 
 from __future__ import annotations
@@ -231,33 +230,3 @@ def set_rotary_caches(model: onnx.ModelProto, config: dict, data_file: Path) -> 
                 entry = tensor.external_data.add()
                 entry.key, entry.value = key, value
     return length
-
-
-#: The input optimum's ``ORTModelForCausalLM`` expects of a Qwen decoder (``MODEL_TYPES_REQUIRING_POSITION_IDS``):
-#: without it, it loads the graph as a "legacy" model whose support it announces it will remove.
-POSITION_IDS = "position_ids"
-
-
-def add_position_ids_input(model: onnx.ModelProto) -> bool:
-    """Give the graph the ``position_ids`` input, int64 [batch_size, sequence_length] (``input_ids``' axes), that
-    optimum's ``ORTModelForCausalLM``, onnxruntime-genai (``genai_config.json``'s ``decoder.inputs``) and our
-    runtime feed when a graph declares it. ``GroupQueryAttention`` derives each token's position from the
-    attention mask's lengths (``seqlens_k``), so no node reads it and any values give the same logits.
-
-    Returns:
-        Whether it was added (False: the graph has it already).
-
-    Raises:
-        ArtifactError: the graph has no ``input_ids`` to take the axes from.
-    """
-    graph = model.graph
-    if any(i.name == POSITION_IDS for i in graph.input):
-        return False
-    ids = next((i for i in graph.input if i.name == "input_ids"), None)
-    if ids is None:
-        raise ArtifactError("the builder's graph has no input_ids input; rebuild the optimized variant")
-    dims = [d.dim_param or d.dim_value for d in ids.type.tensor_type.shape.dim]
-    names = [i.name for i in graph.input]
-    position = names.index("attention_mask" if "attention_mask" in names else "input_ids") + 1  # optimum's order
-    graph.input.insert(position, helper.make_tensor_value_info(POSITION_IDS, TensorProto.INT64, dims))
-    return True

@@ -47,13 +47,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto
 
-from qwen_onnx.convert.gqa_edits import (
-    POSITION_IDS,
-    add_position_ids_input,
-    left_padding_support,
-    set_layer_windows,
-    set_rotary_caches,
-)
+from qwen_onnx.convert.gqa_edits import left_padding_support, set_layer_windows, set_rotary_caches
 from qwen_onnx.convert.tied import store_tied_once
 from qwen_onnx.errors import ArtifactError
 from qwen_onnx.settings.qwen_config import check_config, layer_windows
@@ -155,14 +149,12 @@ def _builder_optimize(hf_dir: Path, output_dir: Path, *, left_padding: bool) -> 
         data_name = locations.pop()
         rotary_positions = set_rotary_caches(proto, config, built / data_name)
         rewritten = left_padding_support(proto) if left_padding else 0
-        position_ids = add_position_ids_input(proto)
         _relocate_external_data(proto, DATA_FILE)
         os.replace(built / data_name, stage / DATA_FILE)
         onnx.save_model(proto, str(stage / MODEL_FILE))
         genai = json.loads((built / "genai_config.json").read_text())
         if rotary_positions:  # the builder's context is max_position_embeddings
             genai["model"]["context_length"] = genai["search"]["max_length"] = rotary_positions
-        genai["model"]["decoder"]["inputs"][POSITION_IDS] = POSITION_IDS  # onnxruntime-genai feeds what it names
         write_json(stage / "genai_config.json", genai)
         copy_side_files(hf_dir, stage)
         model_path(stage)
@@ -174,7 +166,6 @@ def _builder_optimize(hf_dir: Path, output_dir: Path, *, left_padding: bool) -> 
             "op_types": dict(sorted(collections.Counter(n.op_type for n in proto.graph.node).items())),
             "nodes_after": len(proto.graph.node),
             "left_padding_rewrite": rewritten,
-            "position_ids_input": "added, read by no node" if position_ids else "present",
             "local_window_size": windows,
             "rotary_cache_positions": rotary_positions,
             "builder": {"precision": "fp32", "execution_provider": "cpu", "extra_options": {"hf_remote": False}},

@@ -9,9 +9,8 @@ builder graph (names read from the session's own ``get_inputs()``/``get_outputs(
 - outputs: ``logits`` float [batch, sequence, vocab] and ``present.{i}.key`` / ``.value``
   [batch, kv_heads, past + sequence, head_dim].
 
-The builder's graphs (``GroupQueryAttention``) declare ``position_ids`` for optimum's sake but read it in no node
-(the operator derives positions from ``attention_mask``; :func:`qwen_onnx.convert.gqa_edits.add_position_ids_input`)
-and can share one past/present buffer: see :class:`BoundDecoder`.
+The builder's graphs (``GroupQueryAttention``) have no ``position_ids`` input (the operator derives
+positions from ``attention_mask``) and can share one past/present buffer: see :class:`BoundDecoder`.
 
 Two decode loops give the same tokens:
 
