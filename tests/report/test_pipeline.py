@@ -202,9 +202,11 @@ def test_the_first_variant_through_its_gate_is_timed_from_the_runs_start(tmp_pat
     _job(tmp_path, "m", "accuracy.int8-static", 200.0, 900, 8, ended=10_300)
     _job(tmp_path, "m", "accuracy.int8-dynamic", 260.0, 900, 8, ended=10_360)
     _job(tmp_path, "m", "accuracy.fp32", 400.0, 900, 8, ended=10_500)
+    _job(tmp_path, "m", "accuracy.llama.cpp", 100.0, 900, 8, ended=10_200)  # a peer: not a variant
     reports = tmp_path / "m" / "reports"
     reports.mkdir(parents=True)
-    for name, gate in (("int4", "PASS"), ("int8-static", "FAIL"), ("int8-dynamic", "PASS"), ("fp32", "PASS")):
+    for name, gate in (("int4", "PASS"), ("int8-static", "FAIL"), ("int8-dynamic", "PASS"), ("fp32", "PASS"),
+                       ("llama.cpp", "PASS")):
         (reports / f"{name}.accuracy.json").write_text(json.dumps({"gate": gate}))
     table = pipeline_table(tmp_path, ["m", "other"])
     assert table["first_gated"] == [{"model": "m", "variant": "int8-dynamic", "ready_s": 360.0}]

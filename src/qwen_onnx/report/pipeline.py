@@ -40,6 +40,7 @@ _PEAK = re.compile(r"peak RSS of rule \S+: (\d+) MiB \(largest child process: (\
 PRODUCER = {"hf": "resolve", **{v.name: v.stage for v in VARIANTS}}
 #: Jobs run once per variant (``{rule}.{variant}``).
 PER_VARIANT = ("inspect", "accuracy", "latency_row", "diff")
+_VARIANT_NAMES = frozenset(v.name for v in VARIANTS)
 COLUMNS = ("model", "job", "wall_s", "cpu_s", "peak_rss_mib", "critical")
 #: Idle seconds between jobs that separate two runs (Snakemake starts the next job within seconds).
 RUN_GAP_S = 120.0
@@ -269,6 +270,8 @@ def first_gated(results: str | os.PathLike, rows: Iterable[Mapping[str, Any]], m
             if float(r["ended"]) - float(r["wall_s"]) < start:
                 continue  # an earlier run's
             variant = r["job"].split(".", 1)[1]
+            if variant not in _VARIANT_NAMES:  # a peer's accuracy: not a variant a user of the model takes
+                continue
             report = Path(results, model, "reports", f"{variant}.accuracy.json")
             if report.is_file() and read_json(report).get("gate") == "PASS":
                 ready.append((float(r["ended"]) - start, variant))

@@ -34,25 +34,32 @@ def current_task_files(paths: Sequence[str | os.PathLike], settings: Mapping[str
     (older: the variant was rebuilt since). ``snakemake --cores 4 task`` brings the others up to date.
 
     Returns:
-        ``(current, notes)``: the paths to show (as given), and notes such as ``"tiny/int4: its HumanEval result
-        predates the variant; `snakemake --cores 4 task` reruns it"``.
+        ``(current, notes)``: the paths to show (as given), and one note per reason, such as ``"HumanEval results
+        of an earlier `task` run not shown, as they predate their variant (tiny: int4); `snakemake --cores 4
+        task` reruns them"``.
     """
-    current, notes = [], []
+    current: list[str] = []
+    notes: list[str] = []
+    stale: dict[str, dict[str, list[str]]] = {}
     for given in paths:
         path = Path(given)
         model, name = path.parents[1].name, path.name.removesuffix(".task.json")
         task = read_json(path)
         accuracy = path.with_name(f"{name}.accuracy.json")
         if model in settings and task.get("settings") != settings_record(**settings[model]):
-            why = "was run with other task_accuracy settings"
+            why = "were run with other task_accuracy settings"
         elif task.get("gate") != "reference" and model in gates and task.get("gate_limits") != dict(gates[model]):
-            why = "was judged by another task gate"
+            why = "were judged by another task gate"
         elif (task.get("library_versions") or {}).get("qwen-onnx") != version:
-            why = f"was written by another qwen-onnx than {version}"
+            why = f"were written by another qwen-onnx than {version}"
         elif accuracy.is_file() and accuracy.stat().st_mtime > path.stat().st_mtime:
-            why = "predates the variant"
+            why = "predate their variant"
         else:
             current.append(os.fspath(given))
             continue
-        notes.append(f"{model}/{name}: its HumanEval result {why}; `snakemake --cores 4 task` reruns it")
+        stale.setdefault(why, {}).setdefault(model, []).append(name)
+    for why, models in stale.items():
+        names = "; ".join(f"{model}: {', '.join(found)}" for model, found in models.items())
+        notes.append(f"HumanEval results of an earlier `task` run not shown, as they {why} ({names}); "
+                     "`snakemake --cores 4 task` reruns them")
     return current, notes
