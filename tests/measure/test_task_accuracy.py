@@ -432,15 +432,15 @@ def test_an_earlier_task_runs_results_are_shown_only_while_current(pipeline, fp3
     assert check() == ([str(paths["fp32"]), str(paths["int4"])], [])
     rerun = "`snakemake --cores 4 task` reruns them"
     assert check(settings={**settings, "max_new_tokens": 16}) == ([], [
-        f"HumanEval results of an earlier `task` run not shown, as they were run with other task_accuracy settings "
+        f"HumanEval results on disk not shown, as they were run with other task_accuracy settings "
         f"(tiny: fp32, int4); {rerun}"])
     assert check(gate={**gate, "mcnemar_p": 1.0}) == ([str(paths["fp32"])], [
-        f"HumanEval results of an earlier `task` run not shown, as they were judged by another task gate (tiny: int4); "
+        f"HumanEval results on disk not shown, as they were judged by another task gate (tiny: int4); "
         f"{rerun}"])
     assert check(version="9.9.9")[1] == [
-        f"HumanEval results of an earlier `task` run not shown, as they were written by another qwen-onnx than 9.9.9 "
+        f"HumanEval results on disk not shown, as they were written by another qwen-onnx than 9.9.9 "
         f"(tiny: fp32, int4); {rerun}"]
     later = paths["int4"].stat().st_mtime + 10
     os.utime(reports / "int4.accuracy.json", (later, later))  # the variant rebuilt after its task result
     assert check() == ([str(paths["fp32"])], [
-        f"HumanEval results of an earlier `task` run not shown, as they predate their variant (tiny: int4); {rerun}"])
+        f"HumanEval results on disk not shown, as they predate their variant (tiny: int4); {rerun}"])

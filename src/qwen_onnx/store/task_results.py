@@ -60,6 +60,6 @@ def current_task_files(paths: Sequence[str | os.PathLike], settings: Mapping[str
         stale.setdefault(why, {}).setdefault(model, []).append(name)
     for why, models in stale.items():
         names = "; ".join(f"{model}: {', '.join(found)}" for model, found in models.items())
-        notes.append(f"HumanEval results of an earlier `task` run not shown, as they {why} ({names}); "
+        notes.append(f"HumanEval results on disk not shown, as they {why} ({names}); "
                      "`snakemake --cores 4 task` reruns them")
     return current, notes
