@@ -131,6 +131,9 @@ def measured_tables(rows: Sequence[dict[str, Any]], machine: dict[str, Any], com
     if problems:
         lines[0] += (f" pass@1: HumanEval, {' or '.join(map(str, problems))} problems, greedy, sandboxed "
                      "([docs/evaluation.md](docs/evaluation.md)); – where the `task` target did not score it.")
+    else:
+        lines[0] += (" pass@1: – as the run did not score HumanEval (the `task` target: "
+                     "[docs/evaluation.md](docs/evaluation.md)).")
     sections: dict[str, str] = {}
     old = _OLD_PROVENANCE.search(previous.split("**", 1)[0]) if previous else None
     heads = list(_SECTION.finditer(previous))
