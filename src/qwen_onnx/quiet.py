@@ -11,7 +11,8 @@ time what they will not use here:
   instructions ... rebuild TensorFlow with the appropriate compiler flags", oneDNN notices): INFO and
   WARNING of TensorFlow's own logging, silenced with ``TF_CPP_MIN_LOG_LEVEL=2`` (errors still print).
 
-Each filtered kind is named once in the log, with why it is harmless.
+Each filtered kind is named once in the log at DEBUG (``qwen-onnx -v``), with why it is harmless, so that a
+stage's one-line refusal is the only line a user reads.
 
 transformers also imports TensorFlow and JAX whenever they are installed (tensorflow-cpu comes with
 litert-torch), though nothing here runs a transformers TensorFlow or Flax model: ``USE_TF=0`` and
@@ -33,6 +34,9 @@ NOISE: tuple[tuple[str, str, str], ...] = (
     ("torchao", r"^Failed to load .*torchao/_C_", "torchao's CUDA kernels (MX-FP8, CUTLASS), unused on the CPU"),
     ("torch.utils._pytree", r"is an Enum subclass and is now natively supported by torch\.compile",
      "torchao registering an enum with torch.compile, a deprecation notice"),
+    ("torchao.kernel.intmm", r"Detected no triton", "torchao's Triton kernels, unused on the CPU"),
+    ("transformers.modeling_utils", r"were not initialized from the model checkpoint|You should probably TRAIN",
+     "transformers' notice of weights a checkpoint lacks, which resolve refuses by name (check_complete)"),
 )
 
 
@@ -47,9 +51,9 @@ class _NoiseFilter(logging.Filter):
         if not self.pattern.search(record.getMessage()):
             return True
         self.dropped += 1
-        if self.dropped == 1:
-            logging.getLogger("qwen_onnx").info("filtered %s notices (%s): %s", record.name, self.why,
-                                                 record.getMessage()[:120])
+        if self.dropped == 1:  # at DEBUG: a refusal stays the last and only line a user reads (-v shows these)
+            logging.getLogger("qwen_onnx").debug("filtered %s notices (%s): %s", record.name, self.why,
+                                                  record.getMessage()[:120])
         return False
 
 

@@ -2,7 +2,9 @@
 
 import hashlib
 import json
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from part_packages import make_part_packages
@@ -185,3 +187,8 @@ def test_a_checkpoint_missing_a_weight_is_refused_in_one_line(tmp_path, tied, de
     assert f"the checkpoint has no {deleted}, which Qwen2ForCausalLM needs (transformers would fill it at random)" in message
     assert "\n" not in message
     assert not (tmp_path / "hf").exists()
+    # on the command line the refusal is the only line: the libraries' notices (torchao's CUDA and Triton
+    # kernels, transformers' "newly initialized" weights) are filtered before it (qwen_onnx.quiet)
+    done = subprocess.run([str(Path(sys.executable).with_name("qwen-onnx")), "resolve", str(source), "-o",
+                           str(tmp_path / "hf")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.splitlines() == [f"qwen-onnx resolve: {message}"], done.stderr
