@@ -38,3 +38,10 @@ rule all:
     default_target: True
     input:
         get_final_targets(),
+
+
+rule task:
+    """HumanEval pass@1 of `task_accuracy.variants` (all 164 problems by default), each paired against fp32, and the report with their rows: `snakemake --cores 4 task`."""
+    input:
+        get_task_inputs(),
+        get_final_targets(),

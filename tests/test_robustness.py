@@ -310,7 +310,9 @@ def test_our_folders_load_their_tokenizer_without_the_mistral_regex_alarm(pipeli
 
 def test_every_stage_loads_tokenizers_through_load_tokenizer():
     sources = {p.name: p.read_text(encoding="utf-8") for p in (REPO / "src/qwen_onnx").rglob("*.py")}
-    assert [name for name, text in sources.items() if "AutoTokenizer.from_pretrained(" in text] == ["text.py"]
+    # model_card.py writes it only into the card's usage text, for the user who loads the folder
+    assert [name for name, text in sources.items() if "AutoTokenizer.from_pretrained(" in text
+            and name != "model_card.py"] == ["text.py"]
 
 
 @pytest.mark.skipif(not embedded_parts_installed(),

@@ -1,10 +1,3 @@
-rule task:
-    """HumanEval pass@1 of `task_accuracy.variants` (all 164 problems by default), each paired against fp32, and the report with their rows: `snakemake --cores 4 task`."""
-    input:
-        get_task_inputs(),
-        get_final_targets(),
-
-
 rule task_accuracy:
     """HumanEval pass@1 of one variant (greedy, chat template, tests run sandboxed), paired against the fp32 variant's on the same problems, and the task gate."""
     input:
