@@ -13,15 +13,15 @@ from qwen_onnx.quantize.matmuls import precision_by_role
 from qwen_onnx.quantize.precision_search import (
     bytes_per_weight,
     calibrate_errors,
-    galloping_prefix,
     greedy_steps,
-    longest_passing_prefix,
     precision_after,
-    skip_move,
+    predicted_kl,
+    predicted_kl_path,
+    predicted_prefix,
     weight_bytes,
 )
 from qwen_onnx.run.runtime import OnnxCausalLM
-from qwen_onnx.settings.gates import check_gate
+from qwen_onnx.settings.gates import check_gate, gate_load
 from qwen_onnx.source.text import load_tokenizer, token_windows
 
 
@@ -43,39 +43,68 @@ def test_the_greedy_path_takes_the_cheapest_error_per_byte_first():
     assert saved == pytest.approx(200 * (bytes_per_weight(8, 128) - bytes_per_weight(4, 32)))
 
 
-@pytest.mark.parametrize("last_pass", [0, 1, 5, 9, 10])
-def test_the_binary_search_finds_the_last_passing_prefix(last_pass):
-    calls = []
+def _edge_search(predicted, load_of, ratio, path_bytes=None, resolution=0.0):
+    """predicted_prefix with candidates that pass when their true load ``load_of(t)`` is at most 1."""
+    tries = []
 
-    def passes(t):
-        calls.append(t)
-        return t <= last_pass
+    def try_at(t):
+        tries.append(t)
+        return load_of(t) <= 1.0, load_of(t)
 
-    assert longest_passing_prefix(10, passes) == last_pass
-    assert 0 not in calls and len(calls) <= 4
-
-
-@pytest.mark.parametrize("last_pass", [3, 4, 5, 8, 12, 20])
-def test_the_galloping_search_finds_the_last_passing_prefix_past_low_with_few_calls_near_it(last_pass):
-    calls = []
-
-    def passes(t):
-        calls.append(t)
-        return t <= last_pass
-
-    assert galloping_prefix(3, 20, passes) == last_pass
-    assert 3 not in calls and all(t > 3 for t in calls)
-    if last_pass == 3:  # the next move fails: one call
-        assert calls == [4]
-    if last_pass == 4:
-        assert calls == [4, 6, 5]
+    return predicted_prefix(np.asarray(predicted, dtype=float), try_at, ratio, path_bytes, resolution), tries
 
 
-def test_skipping_a_move_leaves_its_matmul_at_its_option_and_keeps_the_others_in_order():
-    steps = [("a", "4/32"), ("b", "4/32"), ("c", "4/32"), ("b", "4/64"), ("a", "4/64"), ("c", "4/64")]
-    rest = skip_move(steps, 1)
-    assert rest == [("a", "4/32"), ("c", "4/32"), ("a", "4/64"), ("c", "4/64")]
-    assert precision_after(rest, ["a", "b", "c"], 4, (8, 128)) == {"a": "4/64", "b": "8/128", "c": "4/64"}
+def test_the_predicted_kl_path_adds_each_moves_calibrated_error_and_never_goes_down():
+    scaled = {"a": {"8/128": 0.001, "4/32": 0.010, "4/64": 0.020}, "b": {"8/128": 0.002, "4/32": 0.001}}
+    start = {"a": "8/128", "b": "8/128"}
+    assert predicted_kl(start, scaled) == pytest.approx(0.003)
+    path = predicted_kl_path([("b", "4/32"), ("a", "4/32"), ("a", "4/64")], scaled, start)
+    # b's move lowers its error (0.002 -> 0.001): the path holds at 0.003 instead of dipping to 0.002
+    assert path == pytest.approx([0.003, 0.003, 0.011, 0.021])
+
+
+@pytest.mark.parametrize("true_ratio", [0.5, 0.8, 1.0, 1.3, 2.0, 7.0])
+def test_the_edge_search_finds_the_last_passing_move_in_a_few_tries_when_the_prediction_is_off(true_ratio):
+    predicted = np.linspace(0.0, 1.0, 352)  # 351 moves, as on the 0.5B
+    edge = max(t for t in range(352) if true_ratio * predicted[t] <= 1.0)
+    taken, tries = _edge_search(predicted, lambda t: true_ratio * predicted[t], ratio=1.0)
+    assert taken == edge
+    assert 0 not in tries and len(tries) <= 4  # a binary search over 351 moves takes 9
+
+
+@pytest.mark.parametrize("power", [0.5, 2.0])
+def test_the_edge_search_brackets_and_halves_when_the_load_is_not_proportional_to_the_kl(power):
+    predicted = np.linspace(0.0, 1.0, 101)
+    load = lambda t: 1.6 * predicted[t] ** power  # noqa: E731
+    edge = max(t for t in range(101) if load(t) <= 1.0)
+    taken, tries = _edge_search(predicted, load, ratio=1.0)
+    assert taken == edge and len(tries) <= 6
+
+
+def test_the_edge_search_stops_when_the_moves_left_save_less_than_its_resolution():
+    predicted = np.linspace(0.0, 1.0, 101)
+    path_bytes = np.linspace(1000.0, 500.0, 101)  # 5 bytes a move: 0.5% of 1000 is one move
+    taken, tries = _edge_search(predicted, lambda t: 1.3 * predicted[t], 1.0, path_bytes, resolution=0.011)
+    edge = 76  # 1.3 x 0.76 <= 1 < 1.3 x 0.77
+    assert edge - 2 <= taken <= edge and path_bytes[taken] - path_bytes[edge] <= 0.011 * path_bytes[taken]
+    assert len(tries) <= 3
+
+
+def test_the_edge_search_keeps_every_matmul_at_its_widest_when_the_first_move_fails():
+    taken, tries = _edge_search(np.linspace(0.0, 1.0, 11), lambda t: 5.0, ratio=1.0)
+    assert taken == 0 and tries[-1] == 1
+
+
+def test_the_gate_load_is_one_at_the_edge_of_the_margin_and_names_the_closest_figure():
+    gate = {"ppl_delta_pct": 3.0, "top1_pct": 90.0, "kl_mean": 0.1}
+    # the margin: ppl 2.7 (10% of 3), top-1 91 (1 point), KL 0.09
+    assert gate_load({"ppl_delta_pct": 2.7, "top1_pct": 95.5, "kl_mean": 0.0}, gate) == pytest.approx(1.0)
+    assert gate_load({"ppl_delta_pct": 0.0, "top1_pct": 95.5, "kl_mean": 0.045}, gate) == pytest.approx(0.5)
+    assert gate_load({"ppl_delta_pct": -1.0, "top1_pct": 91.0, "kl_mean": 0.0}, gate) == pytest.approx(1.0)
+    assert gate_load({"ppl_delta_pct": 0.0, "top1_pct": 100.0, "kl_mean": 0.0}, gate) == 0.0
+    assert gate_load({"ppl_delta_pct": float("nan"), "top1_pct": 99.0, "kl_mean": 0.0}, gate) == float("inf")
+    with pytest.raises(KeyError):
+        gate_load({"ppl_delta_pct": 1.0}, gate)
 
 
 def test_the_precision_map_is_summarised_per_layer_kind():
@@ -100,14 +129,15 @@ def test_the_search_on_the_tiny_model_saves_bytes_and_its_choice_passes_on_calib
     assert 0 < record["moves"] < record["of_moves"] == 11 * 2  # 2 layers x (qkv, o, gate, up, down) + lm_head, 2 moves each
     assert record["weight_bytes_per_token"] < record["weight_bytes_per_token_all_8bit"]
     assert record["chosen"]["gate"] == "PASS" and record["chosen"]["marginal"] == []
-    # the next move would not have passed (or there is none): the search stopped where it had to, and
-    # each move it stepped past had failed
-    last_round = len(record["skipped_moves"])
-    later = [c for c in record["candidates"] if c["round"] == last_round and c["moves"] == record["moves"] + 1]
-    assert all(c["gate"] == "FAIL" or c["marginal"] for c in later)
-    for skip in record["skipped_moves"]:
-        assert skip["figures"]["gate"] == "FAIL" or skip["figures"]["marginal"]
-        assert info["precision"][skip["matmul"]] != skip["option"]
+    # the next move did not pass (or there is none): the search stopped at the edge, in fewer candidates than
+    # a binary search over the path; the first aimed where the probes' ratio of gate load to predicted KL put it
+    later = [c for c in record["candidates"] if c["moves"] == record["moves"] + 1]
+    assert record["moves"] == record["of_moves"] or [c["gate"] == "FAIL" or c["marginal"] != [] for c in later] == [True]
+    assert len(record["candidates"]) <= 5
+    assert [p["role"] for p in record["probes"]] == sorted(record["by_role"])
+    ratio = float(np.median([p["gate_load"] / p["predicted_kl"] for p in record["probes"]]))
+    first = record["candidates"][0]
+    assert first["predicted_kl"] * ratio <= 1.0 or first["moves"] == 1
     # the shipped graph is the map: each MatMulNBits at its bits and block
     graph = onnx.load(str(tmp_path / "int4" / "model.onnx"), load_external_data=False).graph
     built = {n.name: {a.name: helper.get_attribute_value(a) for a in n.attribute}

@@ -28,20 +28,21 @@ from qwen_onnx.quantize.matmuls import node_role, precision_by_role, weight_matm
 from qwen_onnx.quantize.precision_search import (
     OPTIONS,
     PROBE,
+    RESOLUTION,
     calibrate_errors,
-    galloping_prefix,
     greedy_steps,
-    longest_passing_prefix,
     matmul_options,
     option_errors,
     option_key,
     precision_after,
+    predicted_kl,
+    predicted_kl_path,
+    predicted_prefix,
     probe_options,
-    skip_move,
     weight_bytes,
 )
 from qwen_onnx.run.runtime import OnnxCausalLM
-from qwen_onnx.settings.gates import check_gate, gate_margins
+from qwen_onnx.settings.gates import check_gate, gate_load, gate_margins
 from qwen_onnx.source.text import CALIBRATION_TEXT, evenly_spaced, load_tokenizer, shipped_text, token_windows
 from qwen_onnx.store.artifacts import model_path
 
@@ -82,7 +83,6 @@ def search_int4_variant(
     source_info: str | os.PathLike | Mapping[str, Any] | None = None,
     score_windows: int = 8,
     threads: int | None = None,
-    skips: int = 2,
 ) -> dict[str, Any]:
     """The int4 variant of the float graph at ``input_dir`` with the precision map that reads the
     fewest weight bytes per token and still passes ``gate`` with margin on calibration text.
@@ -93,15 +93,13 @@ def search_int4_variant(
     ``settings.importance_samples`` of the others give the activation importance and, with
     ``settings.gptq_updates``, GPTQ's Hessians. The search
     (module docstring of :mod:`qwen_onnx.quantize.precision_search`) builds one candidate per layer kind to calibrate the
-    weight errors, then about ``log2(3 x MatMuls)`` along the path.
+    weight errors, then a few along the path, aimed at the gate's edge by the predicted KL.
 
     Args:
         gate: the int4 gate's limits (``ppl_delta_pct``, ``top1_pct``, ``kl_mean``); a candidate
             passes when :func:`~qwen_onnx.settings.gates.check_gate` passes and
             :func:`~qwen_onnx.settings.gates.gate_margins` finds no figure within the margin.
         score_windows: calibration windows that score each candidate.
-        skips: how many times a failing move is left out and the search goes on along the rest of
-            the path (:func:`~qwen_onnx.quantize.precision_search.skip_move`); 0: stop at the first.
 
     Returns:
         The variant's ``quantize.json`` record, whose ``precision_search`` holds the precision per
@@ -174,45 +172,51 @@ def search_int4_variant(
     # a kind mostly kept exactly at the probe option is probed at its first lossy one
     probes = probe_options(roles, sizes, {n for n, g in grids.items() if g is not None and g.option == PROBE})
     widest = option_key(*ladder[0])
-    role_kl = {}
+    role_kl, probe_maps, probe_figures = {}, {}, []
     for role in sorted(set(roles.values())):
-        figures = build_and_score({n: probes[role] if roles[n] == role else widest for n in names})
+        probe_maps[role] = {n: probes[role] if roles[n] == role else widest for n in names}
+        figures = build_and_score(probe_maps[role])
         role_kl[role] = figures["kl_mean"]
+        probe_figures.append({"role": role, "gate_load": gate_load(figures, gate),
+                              **{k: figures[k] for k in ("ppl_delta_pct", "kl_mean", "top1_pct")}})
         log.info("precision search: %s alone at %s: KL %.4f, top-1 %.2f%%", role, probes[role], figures["kl_mean"],
                  figures["top1_pct"])
     scaled = calibrate_errors(errors, roles, role_kl, probes)
+    for figures in probe_figures:
+        figures["predicted_kl"] = predicted_kl(probe_maps[figures["role"]], scaled)
     start = {name: options[name][0] for name in names}  # a GGUF source's own weights where MatMulNBits holds them
     steps = greedy_steps(scaled, sizes, options, widened)
     candidates: list[dict[str, Any]] = []
+    predicted = predicted_kl_path(steps, scaled, start)
+    path_bytes = np.asarray([weight_bytes(precision_after(steps, names, t, start), sizes, widened)
+                             for t in range(len(steps) + 1)])
 
-    def passes(taken: int) -> bool:
+    def try_at(taken: int) -> tuple[bool, float]:
         precision = precision_after(steps, names, taken, start)
         figures = build_and_score(precision)
         verdict, failures = check_gate(figures, gate)
         marginal = gate_margins(figures, gate) if verdict == "PASS" else []
-        candidates.append({"round": len(skipped), "moves": taken, "weight_bytes_per_token": weight_bytes(precision, sizes, widened),
+        load = gate_load(figures, gate)
+        candidates.append({"moves": taken, "weight_bytes_per_token": float(path_bytes[taken]),
                            **{k: figures[k] for k in ("ppl_delta_pct", "kl_mean", "top1_pct")},
+                           "predicted_kl": float(predicted[taken]), "gate_load": load,
                            "gate": verdict, "failures": failures, "marginal": marginal})
-        log.info("precision search: %d of %d moves, %.1f MB a token: %s", taken, len(steps),
-                 candidates[-1]["weight_bytes_per_token"] / 1e6, verdict if not marginal else "marginal")
-        return verdict == "PASS" and not marginal
+        log.info("precision search: %d of %d moves, %.1f MB a token, predicted KL %.4f: %s (gate load %.2f)", taken,
+                 len(steps), path_bytes[taken] / 1e6, predicted[taken], verdict if not marginal else "marginal", load)
+        return verdict == "PASS" and not marginal, load
 
-    skipped: list[dict[str, Any]] = []
-    path_moves = len(steps)
-    taken = longest_passing_prefix(len(steps), passes)
-    while len(skipped) < skips and taken < len(steps):
-        failed = next((c for c in candidates if c["round"] == len(skipped) and c["moves"] == taken + 1), None)
-        skipped.append({"matmul": steps[taken][0], "option": steps[taken][1], "after_moves": taken,
-                        "figures": failed})
-        steps = skip_move(steps, taken)
-        taken = galloping_prefix(taken, len(steps), passes)
+    # the probes' load per nat of predicted KL: where the first candidate aims
+    ratios = [p["gate_load"] / p["predicted_kl"] for p in probe_figures if p["predicted_kl"] > 0]
+    ratio = float(np.median(ratios)) if ratios else 0.0
+    taken = predicted_prefix(predicted, try_at, ratio, path_bytes, RESOLUTION)
     precision = precision_after(steps, names, taken, start)
-    # the searches only move past a candidate that passed: the last one to pass is the map chosen
-    chosen = next((c for c in reversed(candidates) if c["gate"] == "PASS" and not c["marginal"]), None)
+    # the search only moves past a candidate that passed: the last one to pass is the map chosen
+    chosen = next((c for c in reversed(candidates) if c["moves"] == taken and c["gate"] == "PASS"
+                   and not c["marginal"]), None)
     all_8bit = dict.fromkeys(names, widest)
     record = {
-        "method": "greedy error-per-byte path from all 8-bit, longest prefix passing the int4 gate with margin "
-                  "on calibration text, past up to `skips` failing moves (qwen_onnx.quantize.precision_search)",
+        "method": "greedy error-per-byte path from all 8-bit; the most moves passing the int4 gate with margin on "
+                  "calibration text, aimed at by the predicted KL (qwen_onnx.quantize.precision_search)",
         "options": [option_key(*o) for o in ladder],
         "exact_options": dict(collections.Counter(options[n][0] for n in names if options[n][0] not in
                                                   {option_key(*o) for o in ladder})),
@@ -221,8 +225,8 @@ def search_int4_variant(
         "source_grid_matmuls": sum(g is not None for g in grids.values()),
         "weight_bytes_per_token_start": weight_bytes(start, sizes, widened),
         "moves": taken,
-        "of_moves": path_moves,
-        "skipped_moves": skipped,
+        "of_moves": len(steps),
+        "probes": probe_figures,
         "weight_bytes_per_token": weight_bytes(precision, sizes, widened),
         "weight_bytes_per_token_all_8bit": weight_bytes(all_8bit, sizes, widened),
         "by_role": precision_by_role(precision),

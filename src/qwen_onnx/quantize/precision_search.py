@@ -20,15 +20,15 @@ they matter), on the options MatMulNBits offers a CPU (:data:`OPTIONS`):
 2. **One path from all-8-bit to all-narrowest** (:func:`greedy_steps`): from every MatMul at the
    widest option, the next step is always the one move (one MatMul one option narrower) that adds
    the least error per byte saved.
-3. **The longest prefix of that path that passes** (:func:`longest_passing_prefix`): a binary
-   search over the number of steps taken, each candidate built as the shipped variant is and
-   scored on calibration windows against the float graph (never on the evaluation windows the
-   report scores); it passes when it clears every limit of the int4 gate with the margin the
-   report calls non-marginal (:func:`qwen_onnx.settings.gates.gate_margins`).
-4. **Past a move that fails** (:func:`skip_move`, :func:`galloping_prefix`): one large move (on the
-   0.5B, the lm_head to 4 bits, a tenth of the bytes) can fail where the small moves after it would
-   pass; that move's MatMul is left at its option and the search goes on along the rest of the
-   path from where it stopped, a few times (``skips``).
+3. **The edge of the gate along that path, aimed at** (:func:`predicted_prefix`): the calibrated errors add up
+   to a predicted KL after every move (:func:`predicted_kl_path`), and the gate's load
+   (:func:`qwen_onnx.settings.gates.gate_load`, 1 at the edge of the margin the report calls non-marginal) is
+   taken to grow with it, at the ratio the probes measured. The first candidate is the most moves predicted
+   to pass; each candidate is built as the shipped variant is, scored on calibration windows against the
+   float graph (never on the evaluation windows the report scores), and its measured load corrects the
+   ratio for the next (a secant, then regula falsi with bisection once the edge is bracketed). The search
+   stops when the moves between the last pass and the first fail save less than :data:`RESOLUTION` of
+   the bytes: a few candidates, where a binary search over the path takes ``log2(moves)``.
 
 A weight a GGUF source stored on a grid ``MatMulNBits`` holds (:mod:`qwen_onnx.quantize.source_grid`) has one
 more option, its exact carry-over (8-bit at block 32 for Q5_0 and Q8_0, at block 16 for Q6_K, 4-bit at block 16
@@ -43,6 +43,7 @@ and a ``bits``-bit zero point per block; a decode step reads every weight MatMul
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -293,41 +294,79 @@ def weight_bytes(precision: Mapping[str, str], weights: Mapping[str, int],
                      for n, k in precision.items()))
 
 
-def longest_passing_prefix(total: int, passes: Callable[[int], bool], low: int = 0) -> int:
-    """The most moves ``t`` in ``[low, total]`` with ``passes(t)``, by binary search (``passes`` is
-    taken to be monotone: true up to some ``t``, false after). ``low`` when no longer prefix passes;
-    ``passes(low)`` is assumed (all 8-bit for ``low`` 0) and never called.
+#: The search along the path stops once the moves between the last candidate that passed and the first that
+#: failed would save at most this fraction of the bytes (:func:`predicted_prefix`).
+RESOLUTION = 0.005
+
+
+def predicted_kl(precision: Mapping[str, str], scaled: Mapping[str, Mapping[str, float]]) -> float:
+    """The predicted KL divergence (nats) of a precision map ``{node name: option key}``: the sum of its MatMuls'
+    calibrated errors (:func:`calibrate_errors`), taken to add up as independent noise does."""
+    return float(sum(scaled[name][key] for name, key in precision.items()))
+
+
+def predicted_kl_path(steps: Sequence[tuple[str, str]], scaled: Mapping[str, Mapping[str, float]],
+                      start: Mapping[str, str]) -> np.ndarray:
+    """The predicted KL divergence after each prefix of ``steps``: float64 [moves + 1], nats, entry ``t`` the sum of
+    the calibrated errors (:func:`calibrate_errors`' ``scaled``) of every MatMul at its option after ``t`` moves from
+    ``start``, made nondecreasing (a move whose error goes down comes first on the path and is never the edge)."""
+    kl = [predicted_kl(start, scaled)]
+    level = dict(start)
+    for name, key in steps:
+        kl.append(kl[-1] + scaled[name][key] - scaled[name][level[name]])
+        level[name] = key
+    return np.maximum.accumulate(np.asarray(kl, dtype=np.float64))
+
+
+def predicted_prefix(predicted: np.ndarray, try_at: Callable[[int], tuple[bool, float]], ratio: float,
+                     path_bytes: np.ndarray | None = None, resolution: float = 0.0, max_tries: int = 6) -> int:
+    """The most moves along the path that pass, found by aiming at the gate's edge with the predicted KL.
+
+    The gate's load (:func:`qwen_onnx.settings.gates.gate_load`: 1 at the edge of the margin) is taken to grow with
+    the predicted KL. Until a candidate has failed, the load is taken as proportional to it, ``ratio x
+    predicted[t]``, with the ratio of the latest candidate (the first from the probes): each try aims at the most
+    moves predicted to stay at load 1. Once a candidate fails, it and the last pass (or the start, at load 0)
+    bracket the edge, and each try aims where the load
+    interpolated linearly in predicted KL between them reaches 1: regula falsi, with the Illinois algorithm's
+    halving of the end kept twice (Dowell and Jarratt, BIT 11, 1971), so that a curved load does not make it creep.
+
+    Args:
+        predicted: float [moves + 1] nondecreasing, :func:`predicted_kl_path`.
+        try_at: builds and scores the candidate with ``t`` moves: ``(passes with margin, gate load)``.
+        ratio: the first estimate of load per nat of predicted KL (from the layer kinds' probes).
+        path_bytes: float [moves + 1], the weight bytes after ``t`` moves (:func:`weight_bytes`), for
+        resolution: stop once the moves left between the last pass and the first fail save at most this fraction
+            of the last pass's bytes.
+        max_tries: the most candidates built.
 
     Returns:
-        ``t``; ``passes`` is called about ``log2(total - low)`` times.
+        ``t``, 0 when no try passed (0 moves, every MatMul at its widest option, is taken to pass and never tried).
     """
-    high = total  # passes(low) holds; the answer is in [low, high]
-    while low < high:
-        mid = (low + high + 1) // 2
-        if passes(mid):
-            low = mid
+    end = len(predicted)
+    low, high = 0, end  # passes(low) holds; high: the fewest moves known to fail (none: past the end)
+    low_load, high_load = -1.0, None  # their loads less 1, as regula falsi uses them (the start's taken as 0)
+    kept = 0  # +n: the low end kept n tries running, -n: the high end
+    for _ in range(max_tries):
+        if high - low <= 1:
+            break
+        if path_bytes is not None and high < end and path_bytes[low] - path_bytes[high - 1] <= resolution * path_bytes[low]:
+            break
+        if high < end:
+            x_low, x_high = predicted[low], predicted[high]
+            target = x_low + (x_high - x_low) * -low_load / (high_load - low_load) if high_load > low_load else x_low
         else:
-            high = mid - 1
+            target = 1.0 / ratio if ratio > 0 else predicted[high - 1]
+        aim = min(max(int(np.searchsorted(predicted, target, side="right")) - 1, low + 1), high - 1)
+        passed, load = try_at(aim)
+        shifted = (load - 1.0) if math.isfinite(load) else 1.0
+        if passed:
+            low, low_load, kept = aim, min(shifted, 0.0), max(kept, 0) + 1
+            if kept >= 2 and high_load is not None:
+                high_load /= 2
+        else:
+            high, high_load, kept = aim, max(shifted, 1e-9), min(kept, 0) - 1
+            if kept <= -2:
+                low_load /= 2
+        if predicted[aim] > 0 and math.isfinite(load) and load > 0:
+            ratio = load / predicted[aim]
     return low
-
-
-def galloping_prefix(low: int, total: int, passes: Callable[[int], bool]) -> int:
-    """:func:`longest_passing_prefix` from ``low`` by exponential search first (``low + 1``,
-    ``low + 2``, ``low + 4``, ...), then binary search inside the last doubling: about
-    ``2 log2(t - low)`` calls, fewer than a binary search over ``[low, total]`` when the answer ``t`` is
-    near ``low`` (Bentley and Yao, "An almost optimal algorithm for unbounded searching", 1976).
-    ``passes(low)`` is assumed and never called."""
-    step = 1
-    while low < total:
-        probe = min(low + step, total)
-        if not passes(probe):
-            return longest_passing_prefix(probe - 1, passes, low)
-        low, step = probe, step * 2
-    return low
-
-
-def skip_move(steps: Sequence[tuple[str, str]], taken: int) -> list[tuple[str, str]]:
-    """The path with its move ``taken`` (0-based: the first not taken) left out, and every later move
-    of the same MatMul: that MatMul stays at its option, and the path goes on with the others."""
-    name = steps[taken][0]
-    return [*steps[:taken], *(s for s in steps[taken + 1:] if s[0] != name)]

@@ -163,6 +163,28 @@ def gate_margins(metrics: Mapping[str, Any], limits: Mapping[str, float]) -> lis
     return marginal
 
 
+def gate_load(metrics: Mapping[str, Any], limits: Mapping[str, float]) -> float:
+    """How much of the room to its margin the closest figure of ``metrics`` uses: the largest, over ``limits``, of
+    ``value / (limit - margin)`` for a figure that must stay low and ``(100 - value) / (100 - limit - margin)`` for
+    a percentage that must stay high (:data:`HIGHER_IS_BETTER`), with :func:`gate_margins`' margins. 0 for the
+    reference itself, 1 at the edge of the margin, above 1 marginal or failing; dimensionless.
+
+    Raises:
+        KeyError: a limit names a figure that ``metrics`` lacks.
+    """
+    load = 0.0
+    for figure, limit in limits.items():
+        value = float(metrics[figure])
+        if figure in HIGHER_IS_BETTER:
+            room = 100.0 - limit - min(MARGIN_POINTS, MARGIN_FRACTION * (100.0 - limit))
+            used = (100.0 - value) / room if room > 0 else float("inf")
+        else:
+            room = limit * (1 - MARGIN_FRACTION)
+            used = value / room if room > 0 else float("inf")
+        load = max(load, used if math.isfinite(used) else float("inf"))
+    return load
+
+
 def check_gate(metrics: Mapping[str, Any], limits: Mapping[str, float]) -> tuple[str, list[str]]:
     """Compare ``metrics`` with ``limits``.
 
