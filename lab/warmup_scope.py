@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -11,10 +12,9 @@ from typing import Any, Sequence
 
 from lab.command import run_command
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.measure.latency import WARMUP_SCOPES
 from qwen_onnx.measure.peers import run_peers
 from qwen_onnx.run.machine import isa_name
-from qwen_onnx.settings import defaults
+from qwen_onnx.settings.timing import WARMUP_SCOPES, TimingSettings
 from qwen_onnx.source.text import EVALUATION_TEXT, shipped_text
 from qwen_onnx.store.artifacts import write_json
 from qwen_onnx.store.provenance import library_versions
@@ -60,6 +60,7 @@ def compare_warmup_scopes(
     hf_dir: str | os.PathLike,
     variant_dirs: Sequence[str | os.PathLike],
     text_path: str | os.PathLike,
+    timing: TimingSettings = TimingSettings(),
     *,
     alternations: int = 3,
     output: str | os.PathLike | None = None,
@@ -70,6 +71,7 @@ def compare_warmup_scopes(
     row-length, length-row, ... so that a drift of the machine falls on both alike.
 
     Args:
+        timing: the sittings' settings; ``rounds`` and ``warmup_scope`` are set here (one round, each scope).
         sitting: :func:`run_peers`'s other arguments (``tflite_dir``, ``openvino_dirs``, ``work_dir``...).
 
     Returns:
@@ -81,16 +83,16 @@ def compare_warmup_scopes(
     """
     if alternations < 1:
         raise QwenOnnxError(f"alternations must be at least 1, got {alternations}")
-    lengths = sitting.get("prompt_lengths", defaults.LATENCY["prompt_lengths"])
     sittings = []
     for k in range(alternations):
         for scope in WARMUP_SCOPES if k % 2 == 0 else WARMUP_SCOPES[::-1]:
             started = time.perf_counter()
-            result = run_peers(hf_dir, variant_dirs, text_path, rounds=1, warmup_scope=scope, **sitting)
+            one = dataclasses.replace(timing, rounds=1, warmup_scope=scope)
+            result = run_peers(hf_dir, variant_dirs, text_path, one, **sitting)
             sittings.append({"scope": scope, "seconds": time.perf_counter() - started, "rows": result["rows"],
                              "busy_rows": result["busy_rows"]})
     summary = {
-        "rows": summarize(sittings, lengths),
+        "rows": summarize(sittings, timing.prompt_lengths),
         "seconds": {scope: statistics.median(s["seconds"] for s in sittings if s["scope"] == scope)
                     for scope in WARMUP_SCOPES},
         "busy_rows": sorted({peer for s in sittings for peer in s["busy_rows"]}),

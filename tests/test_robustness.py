@@ -378,6 +378,7 @@ def test_every_stage_reads_a_variant_in_the_hub_cache_layout(pipeline, hub_layou
         quantize_static_variant,
     )
     from qwen_onnx.quantize.sensitivity import analyse_sensitivity
+    from qwen_onnx.settings.timing import TimingSettings
     from qwen_onnx.store.artifacts import MODEL_FILE, model_path
 
     fp32, pre = hub_layout["fp32"], hub_layout["preprocessed"]
@@ -399,8 +400,8 @@ def test_every_stage_reads_a_variant_in_the_hub_cache_layout(pipeline, hub_layou
     accuracy = evaluate_accuracy(pre, pipeline["hf"], texts["evaluation"], window=32, max_windows=1,
                                  kv_decode_steps=2, generation_tokens=2)
     assert accuracy["max_abs_logit_diff"] < 1e-3
-    latency = measure_latency(fp32, texts["evaluation"], prompt_lengths=[8], decode_prompt_tokens=8, new_tokens=2,
-                              warmup=0, repeats=1, profile=False, threads=1)
+    latency = measure_latency(fp32, texts["evaluation"], TimingSettings(
+        prompt_lengths=[8], decode_prompt_tokens=8, new_tokens=2, warmup=0, repeats=1, profile=False, threads=1))
     assert_timed(latency, (8,))
     assert not [p for p in out.iterdir() if p.name.startswith(".qwen-onnx-linked-")]  # copies removed
 

@@ -6,12 +6,15 @@ import math
 import pytest
 
 
-def assert_timed(result, prompt_lengths=(), decode=True):
-    """Check a latency result (measure_latency, measure_torch_latency, a sitting row) for the figures above.
+def assert_timed(result, prompt_lengths=(), decode=True, timing=None):
+    """Check a latency result (measure_latency, measure_torch_latency, a sitting row) for the figures above; with
+    ``timing`` (a TimingSettings), also that the result records those settings (``TimingSettings.record``).
 
     Raises:
         AssertionError: naming the figure that is missing, not finite, or inconsistent.
     """
+    if timing is not None:
+        assert {k: result.get(k) for k in timing.record()} == timing.record()
     for n in prompt_lengths:
         if f"prefill_ms_{n}" in result:  # a row of the sitting: the median over its rounds
             assert math.isfinite(result[f"prefill_ms_{n}"]), (n, result[f"prefill_ms_{n}"])

@@ -322,9 +322,10 @@ def test_windows_longer_than_the_kv_cache_are_refused_in_one_line(converted, tin
 @pytest.fixture(scope="module")
 def latency(converted, texts):
     from qwen_onnx.measure.latency import measure_tflite_latency
+    from qwen_onnx.settings.timing import TimingSettings
 
-    return measure_tflite_latency(converted["dynamic_int8"][0], texts["evaluation"], prompt_lengths=(4, 8, 16),
-                                  decode_prompt_tokens=16, new_tokens=5, threads=1, warmup=0, repeats=2)
+    return measure_tflite_latency(converted["dynamic_int8"][0], texts["evaluation"], TimingSettings(
+        prompt_lengths=(4, 8, 16), decode_prompt_tokens=16, new_tokens=5, threads=1, warmup=0, repeats=2))
 
 
 def test_tflite_latency_follows_the_protocol(latency, converted):
@@ -346,10 +347,11 @@ def test_tflite_latency_follows_the_protocol(latency, converted):
 
 def test_tflite_latency_refuses_prompts_past_the_cache(converted, texts):
     from qwen_onnx.measure.latency import measure_tflite_latency
+    from qwen_onnx.settings.timing import TimingSettings
 
     with pytest.raises(OptionError, match=rf"needs {KV + 1} positions .* KV cache of {KV}"):
-        measure_tflite_latency(converted["none"][0], texts["evaluation"], prompt_lengths=(8,),
-                               decode_prompt_tokens=KV - 4, new_tokens=5, threads=1)
+        measure_tflite_latency(converted["none"][0], texts["evaluation"], TimingSettings(
+            prompt_lengths=(8,), decode_prompt_tokens=KV - 4, new_tokens=5, threads=1))
 
 
 def test_tflite_latency_takes_the_sittings_token_ids(converted, texts):
@@ -357,15 +359,17 @@ def test_tflite_latency_takes_the_sittings_token_ids(converted, texts):
     too few ids are refused with the count needed."""
     from qwen_onnx.errors import TextError
     from qwen_onnx.measure.latency import measure_tflite_latency
+    from qwen_onnx.settings.timing import TimingSettings
     from qwen_onnx.source.text import load_tokenizer, prompt_tokens
 
     folder = converted["dynamic_int8"][0]
     tokens = prompt_tokens(load_tokenizer(folder), texts["evaluation"], 16)
-    timing = dict(prompt_lengths=(4, 8, 16), decode_prompt_tokens=16, new_tokens=3, threads=1, warmup=0, repeats=1)
-    result = measure_tflite_latency(folder, None, tokens=tokens, **timing)
+    timing = TimingSettings(prompt_lengths=(4, 8, 16), decode_prompt_tokens=16, new_tokens=3, threads=1, warmup=0,
+                            repeats=1)
+    result = measure_tflite_latency(folder, None, timing, tokens=tokens)
     assert_timed(result, (4, 8, 16))
     with pytest.raises(TextError, match="^15 prompt tokens given; the protocol needs 16$"):
-        measure_tflite_latency(folder, None, tokens=tokens[:15], **timing)
+        measure_tflite_latency(folder, None, timing, tokens=tokens[:15])
 
 
 def test_inspect_names_the_signatures_ops_and_quantized_weights(converted):
@@ -408,9 +412,11 @@ def test_cli_inspect_reads_a_tflite_folder_as_the_workflow_does(converted, tmp_p
 
 def test_peers_measure_the_tflite_variant(converted, tiny_qwen2, texts, tmp_path):
     from qwen_onnx.measure.peers import run_peers
+    from qwen_onnx.settings.timing import TimingSettings
 
-    result = run_peers(tiny_qwen2, [], texts["evaluation"], tflite_dir=converted["dynamic_int8"][0], rounds=1,
-                       prompt_lengths=(8,), decode_prompt_tokens=8, new_tokens=3, threads=1, warmup=0, repeats=1,
+    timing = TimingSettings(rounds=1, prompt_lengths=(8,), decode_prompt_tokens=8, new_tokens=3, threads=1, warmup=0,
+                            repeats=1)
+    result = run_peers(tiny_qwen2, [], texts["evaluation"], timing, tflite_dir=converted["dynamic_int8"][0],
                        pytorch=False, llama_cpp=False, genai_builder=False, genai_builder_ort=False,
                        output=tmp_path / "peers.json", markdown=tmp_path / "peers.md")
     [row] = result["rows"]

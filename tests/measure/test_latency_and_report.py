@@ -16,9 +16,10 @@ from qwen_onnx.measure.profile import summarise_trace
 from qwen_onnx.report.build import build_report
 from qwen_onnx.report.tables import columns
 from qwen_onnx.run.machine import memory_bandwidth_gb_s
+from qwen_onnx.settings.timing import TimingSettings
 
 VOCAB, HIDDEN = 384, 64
-SMALL = dict(prompt_lengths=(8, 16), decode_prompt_tokens=16, new_tokens=5, threads=1, warmup=0, repeats=3)
+SMALL = TimingSettings(prompt_lengths=(8, 16), decode_prompt_tokens=16, new_tokens=5, threads=1, warmup=0, repeats=3)
 
 
 def test_percentile_interpolates_like_numpy():
@@ -79,8 +80,8 @@ def test_bandwidth_of_this_machine_is_a_dram_figure():
 
 @pytest.mark.parametrize("variant", ["fp32", "int8-dynamic"])
 def test_latency_protocol_reports_every_figure(pipeline, texts, variant, tmp_path):
-    result = measure_latency(pipeline[variant], texts["evaluation"], output=tmp_path / "l.json", **SMALL)
-    assert_timed(result, (8, 16))
+    result = measure_latency(pipeline[variant], texts["evaluation"], SMALL, output=tmp_path / "l.json")
+    assert_timed(result, (8, 16), timing=SMALL)
     assert result["peak_rss_mib"] > 50
     ops = result["profile"]["ops"]
     assert sum(o["pct"] for o in ops) == pytest.approx(100.0)
@@ -103,7 +104,8 @@ def test_latency_command_line_passes_the_protocol(pipeline, texts, tmp_path):
     assert main(argv) == 0
     result = json.loads(out.read_text())
     assert result["prompt_lengths"] == [8, 12] and result["threads"] == 1
-    assert_timed(result, (8, 12))
+    timing = TimingSettings(prompt_lengths=(8, 12), decode_prompt_tokens=8, new_tokens=3, threads=1, warmup=0, repeats=1)
+    assert_timed(result, (8, 12), timing=timing)
     assert "profile" not in result and result["decode_loop"] == "unbound"
 
 
@@ -134,20 +136,13 @@ def test_the_timing_protocol_computes_its_figures_from_the_measured_times(monkey
         steps.extend([0.010] * (count - 1))
         return next(ttfts)
 
-    result = latency.timing_protocol(prefill, generate, np.arange(64), [8, 32], 16, 5, warmup=1, repeats=3,
-                                     warmup_scope=scope)
+    timing = TimingSettings(prompt_lengths=[8, 32], decode_prompt_tokens=16, new_tokens=5, warmup=1, repeats=3,
+                            warmup_scope=scope)
+    result = latency.timing_protocol(prefill, generate, np.arange(64), timing)
     assert called == calls
     assert result["prefill_ms_p50_8"] == pytest.approx(8.0) and result["prefill_ms_p90_32"] == pytest.approx(32.0)
     assert result["ttft_ms"] == pytest.approx(60.0) and result["ttft_ms_p90"] == pytest.approx(68.0)
     assert result["decode_tok_s"] == pytest.approx(100.0) and result["decode_ms_per_token"] == pytest.approx(10.0)
-
-
-def test_an_unknown_warmup_scope_is_named():
-    from qwen_onnx.measure import latency
-
-    with pytest.raises(ValueError, match="warmup_scope must be one of \\('length', 'row'\\), got 'prompt'"):
-        latency.timing_protocol(lambda ids: None, lambda p, c, s: 0.0, np.arange(64), [8], 16, 5, warmup=1, repeats=1,
-                                warmup_scope="prompt")
 
 
 def test_a_missing_folder_is_named_before_anything_loads(texts, tmp_path):
@@ -162,9 +157,9 @@ def test_a_missing_folder_is_named_before_anything_loads(texts, tmp_path):
 
 
 def test_pytorch_latency_uses_the_same_protocol(pipeline, texts):
-    result = measure_torch_latency(pipeline["hf"], texts["evaluation"], **SMALL)
+    result = measure_torch_latency(pipeline["hf"], texts["evaluation"], SMALL)
     assert result["runtime"] == "pytorch"
-    assert_timed(result, (16,))
+    assert_timed(result, (16,), timing=SMALL)
     from transformers import AutoModelForCausalLM
 
     parameters = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(pipeline["hf"]).parameters())
@@ -211,14 +206,16 @@ def test_protocol_warms_decode_up_with_a_short_run_then_times_full_runs():
         steps.extend([0.01] * (count - 1))  # 100 tok/s
         return 0.05
 
-    result = timing_protocol(prefill, generate, np.arange(64), [8, 32], 32, 40, 2, 3)
+    timing = TimingSettings(prompt_lengths=(8, 32), decode_prompt_tokens=32, new_tokens=40, warmup=2, repeats=3)
+    result = timing_protocol(prefill, generate, np.arange(64), timing)
     assert DECODE_WARMUP_TOKENS == 16
     # the default scope (length): two untimed passes before each length's timed ones and before the decode
     assert calls == [("prefill", 8)] * 5 + [("prefill", 32)] * 5 + [("generate", 32, 16)] * 2 + [("generate", 32, 40)] * 3
     assert result["decode_tok_s"] == pytest.approx(100.0) and result["ttft_ms"] == pytest.approx(50.0)
     # fewer new tokens than the warm-up length: the warm-up decodes new_tokens
     calls.clear()
-    timing_protocol(prefill, generate, np.arange(64), [8], 8, 4, 1, 1)
+    short = TimingSettings(prompt_lengths=(8,), decode_prompt_tokens=8, new_tokens=4, warmup=1, repeats=1)
+    timing_protocol(prefill, generate, np.arange(64), short)
     assert calls[2:] == [("generate", 8, 4), ("generate", 8, 4)]
 
 

@@ -87,11 +87,12 @@ def test_the_same_start_row_is_scored_on_our_windows(quantized, reference, tmp_p
 @needs_llama
 def test_the_sitting_times_a_same_start_row(pipeline, quantized, texts, tmp_path):
     from qwen_onnx.measure.peers import run_peers
+    from qwen_onnx.settings.timing import TimingSettings
 
     folder, _ = quantized["q8_0"]
-    result = run_peers(pipeline["hf"], [pipeline["fp32"]], texts["evaluation"], pytorch=False, llama_cpp=False,
-                       genai_builder=False, genai_builder_ort=False, llama_cpp_dirs=[folder], rounds=1,
-                       prompt_lengths=[8], decode_prompt_tokens=8, new_tokens=4, threads=1)
+    timing = TimingSettings(rounds=1, prompt_lengths=[8], decode_prompt_tokens=8, new_tokens=4, threads=1)
+    result = run_peers(pipeline["hf"], [pipeline["fp32"]], texts["evaluation"], timing, pytorch=False, llama_cpp=False,
+                       genai_builder=False, genai_builder_ort=False, llama_cpp_dirs=[folder])
     rows = {r["peer"]: r for r in result["rows"]}
     assert list(rows) == ["fp32", "llama.cpp-q8_0"]
     row = rows["llama.cpp-q8_0"]

@@ -15,8 +15,14 @@ from qwen_onnx.measure import peers
 from qwen_onnx.measure.peer_accuracy import peer_accuracy
 from qwen_onnx.measure.peers import run_peers
 from qwen_onnx.settings.gates import DEFAULT_GATES
+from qwen_onnx.settings.timing import TimingSettings
 
 SMALL = dict(prompt_lengths=(8, 16), decode_prompt_tokens=8, new_tokens=5, threads=1, warmup=1, repeats=1)
+
+
+def timing(rounds):
+    """:data:`SMALL` in ``rounds`` interleaved rounds."""
+    return TimingSettings(**SMALL, rounds=rounds)
 WINDOW = 32
 needs_export_env = pytest.mark.skipif(
     not openvino_python().is_file(),
@@ -96,8 +102,8 @@ def test_the_ir_is_timed_by_openvino_genai_in_the_sitting(ir, pipeline, texts, t
     from timing_checks import assert_timed
 
     folder, record = ir
-    result = run_peers(pipeline["hf"], [], texts["evaluation"], pytorch=False, llama_cpp=False, genai_builder=False,
-                       genai_builder_ort=False, openvino_ir_dir=folder, rounds=2, output=tmp_path / "p.json", **SMALL)
+    result = run_peers(pipeline["hf"], [], texts["evaluation"], timing(2), pytorch=False, llama_cpp=False,
+                       genai_builder=False, genai_builder_ort=False, openvino_ir_dir=folder, output=tmp_path / "p.json")
     (row,) = result["rows"]
     assert (row["peer"], row["runtime"], row["skipped"]) == ("openvino-int4", "openvino-genai (LLMPipeline)", None)
     assert_timed(row, SMALL["prompt_lengths"])
@@ -108,7 +114,7 @@ def test_the_ir_is_timed_by_openvino_genai_in_the_sitting(ir, pipeline, texts, t
 
 def test_the_row_says_why_it_was_not_timed(pipeline, texts, reference, tmp_path, monkeypatch):
     monkeypatch.setattr(peers, "_installed", lambda module: False)
-    kwargs = dict(pytorch=False, llama_cpp=False, genai_builder=False, genai_builder_ort=False, rounds=1, **SMALL)
+    kwargs = dict(timing=timing(1), pytorch=False, llama_cpp=False, genai_builder=False, genai_builder_ort=False)
     (row,) = run_peers(pipeline["hf"], [], texts["evaluation"], openvino_ir_dir=tmp_path / "x", **kwargs)["rows"]
     assert row["skipped"] == "openvino-genai not installed: envs/setup.sh --peers"
     monkeypatch.setattr(peers, "_installed", lambda module: True)

@@ -3,6 +3,7 @@
 and the report's "Against peers" section and metrics rows."""
 
 import csv
+import dataclasses
 import importlib.util
 import json
 import statistics
@@ -14,9 +15,15 @@ from qwen_onnx.convert.genai_builder import build_genai_int4
 from qwen_onnx.measure import peers, peers_table
 from qwen_onnx.measure.peers import run_peers
 from qwen_onnx.measure.peers_table import GENAI, GENAI_ORT, LLAMA_CPP
+from qwen_onnx.settings.timing import TimingSettings
 from qwen_onnx.source.resolve import source_gguf
 
-SMALL = dict(prompt_lengths=(8, 16), decode_prompt_tokens=8, new_tokens=5, threads=1, warmup=1, repeats=1)
+SMALL = TimingSettings(prompt_lengths=(8, 16), decode_prompt_tokens=8, new_tokens=5, threads=1, warmup=1, repeats=1)
+
+
+def rounds(n):
+    """:data:`SMALL` in ``n`` interleaved rounds."""
+    return dataclasses.replace(SMALL, rounds=n)
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
 
 
@@ -26,8 +33,8 @@ def _by_peer(result):
 
 def test_missing_packages_skip_their_rows_with_the_install_command(pipeline, texts, tmp_path, monkeypatch):
     monkeypatch.setattr(peers, "_installed", lambda module: False)
-    result = run_peers(pipeline["hf"], [], texts["evaluation"], pytorch=False, rounds=3, output=tmp_path / "p.json",
-                       markdown=tmp_path / "p.md", **SMALL)
+    result = run_peers(pipeline["hf"], [], texts["evaluation"], rounds(3), pytorch=False, output=tmp_path / "p.json",
+                       markdown=tmp_path / "p.md")
     rows = _by_peer(result)
     assert list(rows) == [LLAMA_CPP, GENAI, GENAI_ORT]
     assert rows[LLAMA_CPP]["skipped"] == "llama-cpp-python not installed: envs/setup.sh --peers"
@@ -41,8 +48,8 @@ def test_missing_packages_skip_their_rows_with_the_install_command(pipeline, tex
 
 def test_a_source_without_gguf_skips_llama_cpp(pipeline, texts, tmp_path, monkeypatch, tiny_qwen2):
     monkeypatch.setattr(peers, "_installed", lambda module: module == "llama_cpp")
-    result = run_peers(pipeline["hf"], [], texts["evaluation"], pytorch=False, genai_builder=False,
-                       genai_builder_ort=False, **SMALL)
+    result = run_peers(pipeline["hf"], [], texts["evaluation"], SMALL, pytorch=False, genai_builder=False,
+                       genai_builder_ort=False)
     (row,) = result["rows"]
     # the resolved folder's source.json names the tiny checkpoint's folder
     assert row["skipped"] == (f"no GGUF: the source {tiny_qwen2.resolve()} is a Hugging Face folder; llama.cpp "
@@ -58,8 +65,8 @@ def test_a_llama_cpp_build_for_another_cpu_is_skipped_with_the_reason(pipeline, 
         "version": "0.3.36", "system_info": "CPU : AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 |",
         "missing_cpu_features": ["AVX512", "AVX512_VNNI"], "setup_cmake_args": "-DGGML_AVX512=ON"})
     gguf = write_tiny_gguf(pipeline["hf"], tmp_path / "tiny.gguf")
-    result = run_peers(pipeline["hf"], [], texts["evaluation"], source=str(gguf), pytorch=False, genai_builder=False,
-                       genai_builder_ort=False, output=tmp_path / "p.json", markdown=tmp_path / "p.md", **SMALL)
+    result = run_peers(pipeline["hf"], [], texts["evaluation"], SMALL, source=str(gguf), pytorch=False,
+                       genai_builder=False, genai_builder_ort=False, output=tmp_path / "p.json", markdown=tmp_path / "p.md")
     (row,) = result["rows"]
     assert row["skipped"] == ("llama-cpp-python was built for AVX512, AVX512_VNNI, which this CPU (AVX2) lacks (it "
                               "would die with SIGILL): rebuild it with envs/setup.sh --peers")
@@ -86,8 +93,8 @@ def peers_run(pipeline, texts, tmp_path_factory):
 
     work = tmp_path_factory.mktemp("peers")
     gguf = write_tiny_gguf(pipeline["hf"], work / "tiny-qwen2-f32.gguf")
-    result = run_peers(pipeline["hf"], [pipeline["fp32"]], texts["evaluation"], source=str(gguf), work_dir=work,
-                       rounds=3, output=work / "peers.json", markdown=work / "peers.md", **SMALL)
+    result = run_peers(pipeline["hf"], [pipeline["fp32"]], texts["evaluation"], rounds(3), source=str(gguf),
+                       work_dir=work, output=work / "peers.json", markdown=work / "peers.md")
     return result, work, gguf
 
 
@@ -181,7 +188,7 @@ def test_a_failed_build_is_recorded_and_its_row_skipped(pipeline, texts, tmp_pat
         build_genai_int4(hf, tmp_path / "work" / GENAI)
     assert str(caught.value) == record["error"]
     monkeypatch.setattr(peers, "_installed", lambda module: module == "onnxruntime_genai")
-    result = run_peers(hf, [], texts["evaluation"], pytorch=False, work_dir=tmp_path / "work", rounds=1, **SMALL)
+    result = run_peers(hf, [], texts["evaluation"], rounds(1), pytorch=False, work_dir=tmp_path / "work")
     rows = _by_peer(result)
     assert rows[GENAI]["skipped"] == rows[GENAI_ORT]["skipped"] == peers_table.one_line(f"builder failed: {record['error']}")
 
@@ -242,7 +249,7 @@ def test_latency_reports_take_their_figures_from_the_sitting(peers_run, pipeline
 
     result, work, _ = peers_run
     rows = _by_peer(result)
-    profile = profile_variant(pipeline["fp32"], texts["evaluation"], decode_prompt_tokens=8, threads=1,
+    profile = profile_variant(pipeline["fp32"], texts["evaluation"], TimingSettings(decode_prompt_tokens=8, threads=1),
                               output=tmp_path / "fp32.profile.json")
     assert profile["weight_bytes_per_token"] > 10_000 and profile["profile"]["decode_steps"] == 16
     assert {"MatMul", "Gather"} & {op["op_type"] for op in profile["profile"]["ops"]}
@@ -276,14 +283,14 @@ def test_openvino_rows_are_timed_beside_the_same_variant(pipeline, texts, tmp_pa
 
     from qwen_onnx.report.peer_rows import peer_metric_rows
 
-    result = run_peers(pipeline["hf"], [pipeline["int4"]], texts["evaluation"], pytorch=False, llama_cpp=False,
-                       genai_builder=False, genai_builder_ort=False, openvino_dirs=[pipeline["int4"]], rounds=2,
-                       output=tmp_path / "peers.json", markdown=tmp_path / "peers.md", **SMALL)
+    result = run_peers(pipeline["hf"], [pipeline["int4"]], texts["evaluation"], rounds(2), pytorch=False,
+                       llama_cpp=False, genai_builder=False, genai_builder_ort=False, openvino_dirs=[pipeline["int4"]],
+                       output=tmp_path / "peers.json", markdown=tmp_path / "peers.md")
     rows = _by_peer(result)
     assert list(rows) == ["int4", "int4-openvino"]
     row = rows["int4-openvino"]
     assert row["skipped"] is None and row["rounds"] == 2 and len(row["rounds_decode_tok_s"]) == 2
-    assert_timed(row, SMALL["prompt_lengths"])
+    assert_timed(row, SMALL.prompt_lengths)
     assert row["decode_tok_s"] > 0 and row["load_s"] > 0 and row["bytes_on_disk"] == rows["int4"]["bytes_on_disk"]
     assert row["runtime"] == "OpenVINO CPU, f32 (qwen-onnx OpenVinoCausalLM)" and row["path"] == str(pipeline["int4"])
     config = row["config"]
@@ -291,7 +298,7 @@ def test_openvino_rows_are_timed_beside_the_same_variant(pipeline, texts, tmp_pa
     assert config["openvino"].startswith("2026.") and "u4" in config["layers_by_precision"]
     assert result["library_versions"]["openvino"]
     assert "| int4-openvino | OpenVINO CPU, f32" in (tmp_path / "peers.md").read_text()
-    (metrics,) = peer_metric_rows(["m"], [tmp_path / "peers.json"], SMALL["prompt_lengths"])
+    (metrics,) = peer_metric_rows(["m"], [tmp_path / "peers.json"], SMALL.prompt_lengths)
     assert (metrics["variant"], metrics["measured_by"]) == ("int4-openvino", "peers")
     assert metrics["provider"] == "OpenVINO CPU plugin (f32 hint)"
     assert metrics["decode_tok_s"] == row["decode_tok_s"]
@@ -303,16 +310,16 @@ def test_openvino_rows_say_why_they_were_not_timed(pipeline, texts, tmp_path, mo
     from tiny_models import write_unknown_op_graph
 
     monkeypatch.setattr(peers, "_installed", lambda module: False)
-    result = run_peers(pipeline["hf"], [], texts["evaluation"], pytorch=False, openvino_dirs=[pipeline["int4"]],
-                       rounds=1, **SMALL)
+    result = run_peers(pipeline["hf"], [], texts["evaluation"], rounds(1), pytorch=False,
+                       openvino_dirs=[pipeline["int4"]])
     assert _by_peer(result)["int4-openvino"]["skipped"] == ("openvino not installed: envs/setup.sh installs it "
                                                             "(envs/requirements.txt)")
     if not HAVE_OPENVINO:
         return
     monkeypatch.setattr(peers, "_installed", lambda module: module == "openvino")
     write_unknown_op_graph(tmp_path / "odd")
-    result = run_peers(pipeline["hf"], [], texts["evaluation"], pytorch=False, openvino_dirs=[tmp_path / "odd"],
-                       rounds=1, **SMALL)
+    result = run_peers(pipeline["hf"], [], texts["evaluation"], rounds(1), pytorch=False,
+                       openvino_dirs=[tmp_path / "odd"])
     row = _by_peer(result)["odd-openvino"]
     assert row["skipped"].startswith("OpenVINO 2026.")
     assert f"did not compile {tmp_path / 'odd' / 'model.onnx'}: " in row["skipped"] and "\n" not in row["skipped"]

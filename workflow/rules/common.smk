@@ -22,6 +22,7 @@ from qwen_onnx.settings.gates import DEFAULT_GATES, DEFAULT_TASK_GATE, variant_k
 from qwen_onnx.source.resolve import hub_snapshot_revision, source_files
 from qwen_onnx.convert.tflite import conversion_rss_gib, tflite_skip_reason
 from qwen_onnx.settings.defaults import HUMANEVAL_SIZE
+from qwen_onnx.settings.timing import TimingSettings
 
 # --config values nested in a mapping arrive as strings (export='{opset: 18}'): typed by the schema
 with open(
@@ -75,6 +76,14 @@ def get_settings(model, section):
     """The global `section` of the config with the model's own override merged over it."""
     return qwen_onnx.settings.options.model_section(
         config, MODEL_OVERRIDES, model, section
+    )
+
+
+def get_timing(model=None):
+    """The timing settings (`latency` section) of a model, its own override merged over the global section; no
+    model: the global section."""
+    return TimingSettings.from_config(
+        get_settings(model, "latency") if model else config["latency"]
     )
 
 
@@ -235,11 +244,11 @@ def get_exclusive_threads(measured):
 
 
 def get_latency_threads(wildcards):
-    return get_exclusive_threads(get_settings(wildcards.model, "latency")["threads"])
+    return get_exclusive_threads(get_timing(wildcards.model).threads)
 
 
 def get_peers_threads(wildcards):
-    return get_exclusive_threads(get_settings(wildcards.model, "latency")["threads"])
+    return get_exclusive_threads(get_timing(wildcards.model).threads)
 
 
 def get_peers_variant_dirs(wildcards):

@@ -180,13 +180,13 @@ rule machine:
         f"{RESULTS}/benchmarks/machine.tsv"
     conda:
         "../../envs/qwen-onnx.yaml"
-    threads: lambda wc: get_exclusive_threads(config["latency"]["threads"])
+    threads: lambda wc: get_exclusive_threads(get_timing().threads)
     resources:
         mem_mb=2500,
         runtime=10,
         slurm_extra=MEASURING_NODE,
     params:
-        threads=config["latency"]["threads"],
+        threads=get_timing().threads,
         version=VERSION,
     script:
         "../scripts/machine.py"

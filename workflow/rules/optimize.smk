@@ -17,7 +17,7 @@ rule optimize:
         runtime=get_runtime("optimize"),
     params:
         settings=lambda wc: get_settings(wc.model, "optimize"),
-        provider=lambda wc: get_settings(wc.model, "latency")["provider"],
+        provider=lambda wc: get_timing(wc.model).provider,
         version=VERSION,
     script:
         "../scripts/optimize.py"

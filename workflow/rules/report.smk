@@ -62,7 +62,7 @@ rule report:
         variants={m: get_built_variants(m) for m in get_models()},
         tflite=lambda wc: {m: get_tflite_settings(m) for m in get_models()},
         task_notes=lambda wc: get_report_task_notes(),
-        prompt_lengths=config["latency"]["prompt_lengths"],
+        prompt_lengths=list(get_timing().prompt_lengths),
         version=VERSION,
     script:
         "../scripts/report.py"

@@ -1,5 +1,6 @@
 """Snakemake wrapper: one variant's latency report from the timing sitting, with its profile."""
 from qwen_onnx.measure.latency_row import latency_from_sitting, untimed_latency
+from qwen_onnx.settings.timing import TimingSettings
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):
@@ -10,6 +11,6 @@ with logged(snakemake):
             snakemake.wildcards.variant,
             snakemake.input.sitting,
             profile=snakemake.input.get("profile") or None,
-            provider=snakemake.params.settings["provider"],
+            provider=TimingSettings.from_config(snakemake.params.settings).provider,
             output=snakemake.output.json,
         )

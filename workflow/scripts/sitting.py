@@ -1,25 +1,18 @@
 """Snakemake wrapper: the timing sitting of one model (every variant, PyTorch eager, our variants run by
 OpenVINO, llama.cpp on the source GGUF and on its own quantizations, and onnxruntime-genai's INT4 builder graph in interleaved rounds)."""
 from qwen_onnx.measure.peers import run_peers
+from qwen_onnx.settings.timing import TimingSettings
 from qwen_onnx.snakemake_support import logged
 
 with logged(snakemake):
-    s = snakemake.params.latency
     peers = snakemake.params.peers
     run_peers(
         snakemake.input.hf,
         snakemake.input.variants,
         snakemake.input.text,
+        TimingSettings.from_config(snakemake.params.latency),
         source=snakemake.params.source,
         work_dir=snakemake.params.work_dir,
-        rounds=s["rounds"],
-        prompt_lengths=s["prompt_lengths"],
-        decode_prompt_tokens=s["decode_prompt_tokens"],
-        new_tokens=s["new_tokens"],
-        threads=s["threads"],
-        warmup=s["warmup"],
-        warmup_scope=s["warmup_scope"],
-        repeats=s["repeats"],
         pytorch=True,
         llama_cpp=peers["enabled"] and peers["llama_cpp"],
         genai_builder=peers["enabled"] and peers["genai_builder"],

@@ -256,37 +256,32 @@ def run_reference(a):
 
 
 def run_latency(a):
+    from qwen_onnx.cli.options import timing_of
     from qwen_onnx.measure.latency import measure_latency, measure_tflite_latency
     from qwen_onnx.run.tflite import is_tflite_folder
 
+    timing = timing_of(a)
     if is_tflite_folder(a.variant):
-        return measure_tflite_latency(
-            a.variant, a.text, prompt_lengths=a.prompt_lengths, decode_prompt_tokens=a.decode_prompt_tokens,
-            new_tokens=a.new_tokens, threads=a.threads, warmup=a.warmup, repeats=a.repeats, warmup_scope=a.warmup_scope,
-            output=a.output)
-    return measure_latency(
-        a.variant, a.text, prompt_lengths=a.prompt_lengths, decode_prompt_tokens=a.decode_prompt_tokens,
-        new_tokens=a.new_tokens, threads=a.threads, warmup=a.warmup, repeats=a.repeats, warmup_scope=a.warmup_scope,
-        profile=not a.no_profile,
-        loop=a.loop, output=a.output,
-    )
+        return measure_tflite_latency(a.variant, a.text, timing, output=a.output)
+    return measure_latency(a.variant, a.text, timing, loop=a.loop, output=a.output)
 
 
 def run_peers(a):
+    from qwen_onnx.cli.options import timing_of
     from qwen_onnx.errors import OptionError
     from qwen_onnx.measure.peers import run_peers
     from qwen_onnx.measure.peers_table import peers_markdown
     from qwen_onnx.run.tflite import is_tflite_folder
     from qwen_onnx.store.artifacts import require_hf_checkpoint
 
+    timing = timing_of(a)
     require_hf_checkpoint(a.hf_dir)  # the PyTorch and genai builder rows read it: named before any row runs
     tflite = [v for v in a.variants if is_tflite_folder(v)]
     if len(tflite) > 1:
         raise OptionError(f"give at most one tflite folder, got {', '.join(tflite)}")
     result = run_peers(
-        a.hf_dir, [v for v in a.variants if v not in tflite], a.text, tflite_dir=tflite[0] if tflite else None, source=a.source, work_dir=a.work_dir, rounds=a.rounds,
-        prompt_lengths=a.prompt_lengths, decode_prompt_tokens=a.prompt_tokens, new_tokens=a.new_tokens,
-        threads=a.threads, warmup=a.warmup, repeats=a.repeats, warmup_scope=a.warmup_scope, pytorch=a.pytorch, llama_cpp=a.llama_cpp,
+        a.hf_dir, [v for v in a.variants if v not in tflite], a.text, timing, tflite_dir=tflite[0] if tflite else None,
+        source=a.source, work_dir=a.work_dir, pytorch=a.pytorch, llama_cpp=a.llama_cpp,
         genai_builder=a.genai_builder, genai_builder_ort=a.genai_builder_ort, openvino_dirs=a.openvino,
         openvino_ir_dir=a.openvino_ir, llama_cpp_dirs=a.llama_cpp_quantized, output=a.output, markdown=a.markdown,
     )

@@ -34,9 +34,9 @@ from qwen_onnx.cli.commands import (
     run_task_accuracy,
     run_tflite,
 )
+from qwen_onnx.cli.options import LATENCY_OPTIONS, PEERS_OPTIONS, add_timing_options
 from qwen_onnx.convert.llama_quantize import RECIPES as LLAMA_RECIPES
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.measure.latency import WARMUP_SCOPES
 from qwen_onnx.quantize.hadamard import DEFAULT_ROLES as HADAMARD_ROLES
 from qwen_onnx.quantize.matmuls import ROLES
 from qwen_onnx.quiet import quiet_third_party
@@ -55,10 +55,6 @@ from qwen_onnx.settings.gates import DEFAULT_GATES
 from qwen_onnx.source.text import CALIBRATION_TEXT, EVALUATION_TEXT, shipped_text
 from qwen_onnx.store.artifacts import permission_message
 from qwen_onnx.store.staging import disk_full_error, is_disk_full
-
-#: The help of ``--warmup-scope`` (the latency and peers commands).
-WARMUP_SCOPE_HELP = ("where the untimed runs go: before each prompt length's prefills (length, the protocol) or once per "
-                     "row before its first timed pass (row; its prefill figures are not comparable, docs/timing.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -394,18 +390,9 @@ def _add_latency(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("latency", help="load, prefill/TTFT and KV-cache decode tokens/s")
     p.add_argument("variant")
     p.add_argument("--text", default=str(shipped_text(EVALUATION_TEXT)))
-    p.add_argument("--prompt-lengths", type=int, nargs="+", default=list(LATENCY["prompt_lengths"]),
-                   help="prefill prompt lengths in tokens (default: %(default)s)")
-    p.add_argument("--decode-prompt-tokens", type=int, default=LATENCY["decode_prompt_tokens"],
-                   help="prompt length before decode (tokens)")
-    p.add_argument("--new-tokens", type=int, default=LATENCY["new_tokens"], help="decoded tokens with the KV cache")
-    p.add_argument("--no-profile", action="store_true", help="skip the ONNX Runtime per-op profile")
+    add_timing_options(p, LATENCY_OPTIONS)
     p.add_argument("--loop", choices=["bound", "unbound"], default="bound",
                    help="decode loop: IO binding with reused buffers (default) or session.run with numpy feeds")
-    p.add_argument("--threads", type=int, default=LATENCY["threads"])
-    p.add_argument("--warmup", type=int, default=LATENCY["warmup"])
-    p.add_argument("--warmup-scope", choices=WARMUP_SCOPES, default=LATENCY["warmup_scope"], help=WARMUP_SCOPE_HELP)
-    p.add_argument("--repeats", type=int, default=LATENCY["repeats"])
     p.add_argument("-o", "--output", default=None)
     p.set_defaults(func=run_latency)
 
@@ -430,16 +417,7 @@ def _add_peers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--work-dir", default=None,
                    help="folder of the cached builder graph (WORK_DIR/genai-builder-int4) and the temporary GGUF")
     p.add_argument("--text", default=str(shipped_text(EVALUATION_TEXT)))
-    p.add_argument("--rounds", type=int, default=LATENCY["rounds"])
-    p.add_argument("--prompt-lengths", type=int, nargs="+", default=list(LATENCY["prompt_lengths"]),
-                   help="prefill prompt lengths (tokens)")
-    p.add_argument("--prompt-tokens", type=int, default=LATENCY["decode_prompt_tokens"],
-                   help="prompt before decode (tokens)")
-    p.add_argument("--new-tokens", type=int, default=LATENCY["new_tokens"])
-    p.add_argument("--threads", type=int, default=LATENCY["threads"])
-    p.add_argument("--warmup", type=int, default=LATENCY["warmup"])
-    p.add_argument("--warmup-scope", choices=WARMUP_SCOPES, default=LATENCY["warmup_scope"], help=WARMUP_SCOPE_HELP)
-    p.add_argument("--repeats", type=int, default=LATENCY["repeats"])
+    add_timing_options(p, PEERS_OPTIONS, aliases={"decode_prompt_tokens": ["--prompt-tokens"]})
     for flag in ("pytorch", "llama-cpp", "genai-builder", "genai-builder-ort"):
         p.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=True, help=f"include the {flag} row")
     p.add_argument("--openvino", nargs="+", default=[], metavar="VARIANT",

@@ -19,6 +19,9 @@ Protocol (the same for every variant and for PyTorch, at the same thread count):
 - ONNX Runtime profiling (ONNX variants): a separate profiled session runs one prefill and 16
   decode steps; kernel time is summed per op type (:mod:`qwen_onnx.measure.profile`).
 
+The settings (``prompt_lengths``, ``warmup``, ``repeats``, ``threads``...) are one
+:class:`qwen_onnx.settings.timing.TimingSettings`, the config's ``latency`` section.
+
 A tflite variant (:func:`measure_tflite_latency`) runs the same protocol with the LiteRT
 interpreter; its fixed-length prefill signature makes short prompts cost a full prefill call, and
 it has no op profile.
@@ -42,13 +45,13 @@ import numpy as np
 from qwen_onnx.errors import OptionError, TextError
 from qwen_onnx.measure.inspect_graph import decode_weight_bytes, load_graph
 from qwen_onnx.measure.inspect_tflite import tflite_weight_bytes_per_token
+from qwen_onnx.measure.peers_table import sitting_figures
 from qwen_onnx.measure.profile import profile_ops
 from qwen_onnx.run.machine import peak_rss_mib  # noqa: F401 (re-exported: peers and the tests read it here)
 from qwen_onnx.run.runtime import LOOPS, OnnxCausalLM
 from qwen_onnx.run.session import resolve_settings
 from qwen_onnx.run.tflite import TfliteCausalLM, read_tflite_info
-from qwen_onnx.settings import defaults
-from qwen_onnx.settings.options import check_options
+from qwen_onnx.settings.timing import TimingSettings
 from qwen_onnx.source.text import load_tokenizer, prompt_tokens
 from qwen_onnx.store.artifacts import (
     MODEL_FILE,
@@ -68,9 +71,6 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 #: Greedy tokens of each untimed decode warm-up run (at most ``new_tokens``).
 DECODE_WARMUP_TOKENS = 16
-#: Where :func:`timing_protocol`'s untimed runs go: before each prompt length's prefills and the
-#: decode, or once per row before its first timed pass.
-WARMUP_SCOPES = ("length", "row")
 
 
 def _time(fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
@@ -88,14 +88,10 @@ def timing_protocol(
     prefill: Callable[[np.ndarray], Any],
     generate: Callable[[np.ndarray, int, list[float]], float],
     tokens: np.ndarray,
-    prompt_lengths: Sequence[int],
-    decode_prompt_tokens: int,
-    new_tokens: int,
-    warmup: int,
-    repeats: int,
-    warmup_scope: str = defaults.LATENCY["warmup_scope"],
+    timing: TimingSettings,
 ) -> dict[str, Any]:
-    """The timing protocol every runtime is measured with (ONNX, PyTorch, LiteRT, the peers).
+    """The timing protocol every runtime is measured with (ONNX, PyTorch, LiteRT, the peers), by ``timing``'s
+    prompt lengths, decode prompt, new tokens, warm-up and repeats (``threads`` is the runtime's own).
 
     ``warmup_scope`` ``length`` (the default): each prompt length is prefilled ``warmup`` times
     unmeasured, then ``repeats`` times timed with ``time.perf_counter``; the decode prompt (the first
@@ -111,33 +107,33 @@ def timing_protocol(
             ``prompt``, appends each decode step's seconds to ``steps`` and returns the time to first
             token in seconds (prefill plus the first argmax).
         tokens: token ids int64 [n], at least the longest prompt.
+        timing: the protocol's settings.
 
     Returns:
         ``prefill_ms_p50_{length}``, ``prefill_ms_p90_{length}`` (ms, over the timed prefills),
         ``ttft_ms``, ``ttft_ms_p90`` (ms), ``decode_tok_s`` (the median over the repeats of decode
         steps per second), ``decode_ms_per_token`` (its inverse, ms).
     """
-    if warmup_scope not in WARMUP_SCOPES:
-        raise ValueError(f"warmup_scope must be one of {WARMUP_SCOPES}, got {warmup_scope!r}")
-    prompt = tokens[:decode_prompt_tokens]
+    prompt = tokens[:timing.decode_prompt_tokens]
 
     def warm_decode():
-        for _ in range(warmup):
-            generate(prompt, min(new_tokens, DECODE_WARMUP_TOKENS), [])
+        for _ in range(timing.warmup):
+            generate(prompt, min(timing.new_tokens, DECODE_WARMUP_TOKENS), [])
 
-    if warmup_scope == "row":
+    if timing.warmup_scope == "row":
         warm_decode()
     result: dict[str, Any] = {}
-    for length in prompt_lengths:
-        times = _time(lambda: prefill(tokens[:length]), warmup if warmup_scope == "length" else 0, repeats)
+    for length in timing.prompt_lengths:
+        times = _time(lambda: prefill(tokens[:length]), timing.warmup if timing.warmup_scope == "length" else 0,
+                      timing.repeats)
         result[f"prefill_ms_p50_{length}"] = 1000.0 * statistics.median(times)
         result[f"prefill_ms_p90_{length}"] = 1000.0 * percentile(times, 90)
-    if warmup_scope == "length":
+    if timing.warmup_scope == "length":
         warm_decode()
     ttfts, rates = [], []
-    for _ in range(repeats):
+    for _ in range(timing.repeats):
         steps: list[float] = []
-        ttfts.append(generate(prompt, new_tokens, steps))
+        ttfts.append(generate(prompt, timing.new_tokens, steps))
         rates.append(len(steps) / sum(steps))
     result.update({
         "ttft_ms": 1000.0 * statistics.median(ttfts),
@@ -148,38 +144,33 @@ def timing_protocol(
     return result
 
 
-def timing_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats,
-                    warmup_scope=defaults.LATENCY["warmup_scope"]) -> dict[str, Any]:
-    return {
-        "prompt_lengths": list(prompt_lengths),
-        "decode_prompt_tokens": decode_prompt_tokens,
-        "new_tokens": new_tokens,
-        "threads": threads,
-        "warmup": warmup,
-        "warmup_scope": warmup_scope,
-        "repeats": repeats,
-    }
+def sitting_measurement(
+    prefill: Callable[[np.ndarray], Any],
+    generate: Callable[[np.ndarray, int, list[float]], float],
+    tokens: np.ndarray,
+    timing: TimingSettings,
+    load_s: float,
+) -> dict[str, Any]:
+    """One row's figures in a child of the timing sitting (:mod:`qwen_onnx.measure.peers`): a runtime's
+    ``prefill`` and ``generate`` timed by :func:`timing_protocol` on ``tokens`` (int64 [n]) with ``timing``,
+    with its ``load_s`` (seconds), as the sitting keeps them (:func:`qwen_onnx.measure.peers_table.sitting_figures`)."""
+    result = timing_protocol(prefill, generate, tokens, timing)
+    result["load_s"] = load_s
+    return sitting_figures(result, timing.prompt_lengths)
 
 
 def measure_latency(
     variant_dir: str | os.PathLike,
     text_path: str | os.PathLike,
+    timing: TimingSettings = TimingSettings(),
     *,
-    prompt_lengths: Sequence[int] = defaults.LATENCY["prompt_lengths"],
-    decode_prompt_tokens: int = defaults.LATENCY["decode_prompt_tokens"],
-    new_tokens: int = defaults.LATENCY["new_tokens"],
-    threads: int = defaults.LATENCY["threads"],
-    provider: str = defaults.LATENCY["provider"],
-    warmup: int = defaults.LATENCY["warmup"],
-    repeats: int = defaults.LATENCY["repeats"],
-    warmup_scope: str = defaults.LATENCY["warmup_scope"],
-    profile: bool = defaults.LATENCY["profile"],
     loop: str = "bound",
     settings: Mapping[str, Any] | None = None,
     output: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Time an ONNX variant (see the module docstring for the protocol).
 
+    ``timing`` gives the protocol, the session's ``threads`` and ``provider``, and whether to ``profile``;
     ``loop`` is the decode loop (``bound`` or ``unbound``, :meth:`OnnxCausalLM.greedy`);
     ``settings`` override the session settings (:func:`qwen_onnx.run.session.session_options`).
 
@@ -190,20 +181,13 @@ def measure_latency(
         ``session_settings``; the settings and versions.
 
     Raises:
-        OptionError: a number out of its range (:data:`qwen_onnx.settings.options.RANGES`).
         ValueError: an unknown ``loop`` or session setting, or a text too short for the prompts.
         ArtifactError: the model or its external data is missing.
     """
-    check_options(prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens, new_tokens=new_tokens,
-                  threads=threads, warmup=warmup, repeats=repeats)
     model_path(variant_dir)  # a missing folder is named here, not taken for a hub ID by the tokenizer
     tokenizer = load_tokenizer(variant_dir)
-    tokens = prompt_tokens(tokenizer, text_path, max([*prompt_lengths, decode_prompt_tokens]))
-    result = measure_latency_of_tokens(
-        variant_dir, tokens, prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens,
-        new_tokens=new_tokens, threads=threads, provider=provider, warmup=warmup, repeats=repeats,
-        warmup_scope=warmup_scope, profile=profile,
-        loop=loop, settings=settings)
+    tokens = prompt_tokens(tokenizer, text_path, timing.longest_prompt)
+    result = measure_latency_of_tokens(variant_dir, tokens, timing, loop=loop, settings=settings)
     if output is not None:
         write_json(output, result)
     return result
@@ -212,16 +196,8 @@ def measure_latency(
 def measure_latency_of_tokens(
     variant_dir: str | os.PathLike,
     tokens: np.ndarray,
+    timing: TimingSettings = TimingSettings(),
     *,
-    prompt_lengths: Sequence[int] = defaults.LATENCY["prompt_lengths"],
-    decode_prompt_tokens: int = defaults.LATENCY["decode_prompt_tokens"],
-    new_tokens: int = defaults.LATENCY["new_tokens"],
-    threads: int = defaults.LATENCY["threads"],
-    provider: str = defaults.LATENCY["provider"],
-    warmup: int = defaults.LATENCY["warmup"],
-    repeats: int = defaults.LATENCY["repeats"],
-    warmup_scope: str = defaults.LATENCY["warmup_scope"],
-    profile: bool = defaults.LATENCY["profile"],
     loop: str = "bound",
     settings: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -236,30 +212,28 @@ def measure_latency_of_tokens(
     if loop not in LOOPS:
         raise ValueError(f"loop must be one of {LOOPS}, got {loop!r}")
     tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
-    longest = max([*prompt_lengths, decode_prompt_tokens])
-    if tokens.shape[0] < longest:
-        raise ValueError(f"{tokens.shape[0]} prompt tokens given, the protocol needs {longest}")
+    if tokens.shape[0] < timing.longest_prompt:
+        raise ValueError(f"{tokens.shape[0]} prompt tokens given, the protocol needs {timing.longest_prompt}")
     resolved = resolve_settings(settings)
-    model = OnnxCausalLM(variant_dir, threads=threads, provider=provider, settings=settings)
+    model = OnnxCausalLM(variant_dir, threads=timing.threads, provider=timing.provider, settings=settings)
 
     def generate(prompt, count, steps):
         return model.greedy(prompt, count, timings=steps, loop=loop)[1]  # noqa: F821 (deleted after its last use)
 
-    result: dict[str, Any] = {"variant_dir": os.fspath(variant_dir), "runtime": "onnxruntime", "provider": provider,
+    result: dict[str, Any] = {"variant_dir": os.fspath(variant_dir), "runtime": "onnxruntime", "provider": timing.provider,
                               "decode_loop": loop, "session_settings": resolved,
                               "kv_share_buffer": model.decoder.share_buffer if loop == "bound" else False,
                               "load_s": model.load_seconds}
-    result.update(timing_protocol(lambda ids: model.forward(ids.reshape(1, -1)), generate, tokens, prompt_lengths,  # noqa: F821 (deleted after its last use)
-                            decode_prompt_tokens, new_tokens, warmup, repeats, warmup_scope))
+    result.update(timing_protocol(lambda ids: model.forward(ids.reshape(1, -1)), generate, tokens, timing))  # noqa: F821 (deleted after its last use)
     del model
-    if profile:
-        result["profile"] = profile_ops(variant_dir, tokens[:decode_prompt_tokens], threads, provider, loop=loop,
-                                        settings=settings)
+    if timing.profile:
+        result["profile"] = profile_ops(variant_dir, tokens[:timing.decode_prompt_tokens], timing.threads,
+                                        timing.provider, loop=loop, settings=settings)
     result.update({
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "bytes_on_disk": folder_bytes(variant_dir),
         "weight_bytes_per_token": decode_weight_bytes(load_graph(Path(variant_dir) / MODEL_FILE)),
-        **timing_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats, warmup_scope),
+        **timing.record(),
         "library_versions": library_versions(),
     })
     log.info("load %.2f s, TTFT %.1f ms, decode %.2f tokens/s", result["load_s"], result["ttft_ms"], result["decode_tok_s"])
@@ -274,21 +248,16 @@ TFLITE_PROFILE_NOTE = ("no op profile: ONNX Runtime's profiler does not apply to
 def measure_tflite_latency(
     variant_dir: str | os.PathLike,
     text_path: str | os.PathLike | None,
+    timing: TimingSettings = TimingSettings(),
     *,
     tokens: np.ndarray | None = None,
-    prompt_lengths: Sequence[int] = defaults.LATENCY["prompt_lengths"],
-    decode_prompt_tokens: int = defaults.LATENCY["decode_prompt_tokens"],
-    new_tokens: int = defaults.LATENCY["new_tokens"],
-    threads: int = defaults.LATENCY["threads"],
-    warmup: int = defaults.LATENCY["warmup"],
-    repeats: int = defaults.LATENCY["repeats"],
-    warmup_scope: str = defaults.LATENCY["warmup_scope"],
     output: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Time a tflite variant (:mod:`qwen_onnx.convert.tflite`) with the LiteRT interpreter, by the module's protocol.
 
     The same prompts and :func:`timing_protocol` as :func:`measure_latency`, run by
-    :class:`qwen_onnx.run.tflite.TfliteCausalLM` at ``threads`` (the interpreter's ``num_threads``).
+    :class:`qwen_onnx.run.tflite.TfliteCausalLM` at ``timing.threads`` (the interpreter's ``num_threads``;
+    ``timing.provider`` and ``timing.profile`` do not apply).
     The prefill signature has a fixed length L (``prefill_length``): a prompt of n tokens costs
     ceil(n / L) calls of L tokens each, so a prompt shorter than L pays for L
     (``prefill_signature_calls_{n}`` records the count per prompt length). Decode feeds the KV
@@ -296,6 +265,7 @@ def measure_tflite_latency(
 
     Args:
         text_path: the prompts' text, tokenized here; or None with ``tokens``.
+        timing: the protocol's settings.
         tokens: the prompts' token ids, int64 [n] (the sitting tokenizes once for every row,
             instead of each measuring process loading transformers' tokenizer, about 4 s).
 
@@ -309,29 +279,28 @@ def measure_tflite_latency(
         ``tflite_quantize``, ``prefill_signature_calls_{n}`` and ``prefill_note``.
 
     Raises:
-        OptionError: a number out of its range, or prompts (longest prompt length;
-            ``decode_prompt_tokens + new_tokens``) longer than the model's KV cache (the message names both).
+        OptionError: prompts (longest prompt length; ``decode_prompt_tokens + new_tokens``) longer than the
+            model's KV cache (the message names both).
         ArtifactError: the folder has no ``model.tflite`` or ``tflite.json``.
         TextError: a text too short for the prompts.
     """
-    check_options(prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens, new_tokens=new_tokens,
-                  threads=threads, warmup=warmup, repeats=repeats)
     info = read_tflite_info(variant_dir)
     length, cache = int(info["prefill_length"]), int(info["kv_cache_length"])
-    needed = max(max(prompt_lengths), decode_prompt_tokens + new_tokens)
+    lengths, decode_prompt, new_tokens = timing.prompt_lengths, timing.decode_prompt_tokens, timing.new_tokens
+    needed = max(max(lengths), decode_prompt + new_tokens)
     if needed > cache:
-        raise OptionError(f"the latency protocol needs {needed} positions (prompt lengths up to {max(prompt_lengths)}, "
-                          f"decode {decode_prompt_tokens} + {new_tokens} tokens), more than this tflite variant's KV "
+        raise OptionError(f"the latency protocol needs {needed} positions (prompt lengths up to {max(lengths)}, "
+                          f"decode {decode_prompt} + {new_tokens} tokens), more than this tflite variant's KV "
                           f"cache of {cache}; convert it with tflite.kv_cache_length of at least {needed} or "
                           "shorten the prompts")
-    longest = max([*prompt_lengths, decode_prompt_tokens])
+    longest = timing.longest_prompt
     if tokens is None:
         tokens = prompt_tokens(load_tokenizer(variant_dir), text_path, longest)
     elif len(tokens) < longest:
         raise TextError(f"{len(tokens)} prompt tokens given; the protocol needs {longest}")
     tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
     started = time.perf_counter()
-    lm = TfliteCausalLM(variant_dir, threads=threads)
+    lm = TfliteCausalLM(variant_dir, threads=timing.threads)
     load_s = time.perf_counter() - started
 
     def generate(prompt, count, steps):
@@ -346,11 +315,10 @@ def measure_tflite_latency(
 
     result: dict[str, Any] = {"variant_dir": os.fspath(variant_dir), "runtime": "litert",
                               "provider": "LiteRT interpreter (CPU)", "load_s": load_s}
-    result.update(timing_protocol(lm.prefill, generate, tokens, prompt_lengths, decode_prompt_tokens, new_tokens, warmup,
-                            repeats, warmup_scope))
+    result.update(timing_protocol(lm.prefill, generate, tokens, timing))
     del lm
     weight_bytes, weight_note = tflite_weight_bytes_per_token(variant_dir)
-    calls = {n: -(-n // length) for n in prompt_lengths}
+    calls = {n: -(-n // length) for n in lengths}
     result.update({
         "profile": None,
         "profile_note": TFLITE_PROFILE_NOTE,
@@ -365,7 +333,7 @@ def measure_tflite_latency(
         "prefill_note": (f"the prefill signature has a fixed length of {length} tokens: a prompt of n tokens costs "
                          f"ceil(n / {length}) calls of {length} tokens, so a prompt shorter than {length} pays for "
                          f"{length} (calls per prompt length: {', '.join(f'{n}: {c}' for n, c in calls.items())})"),
-        **timing_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats, warmup_scope),
+        **timing.record(),
         "library_versions": {**library_versions(), "ai-edge-litert": package_version("ai-edge-litert"),
                              "litert-torch": info.get("litert_torch_version")},
     })

@@ -6,12 +6,11 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from qwen_onnx.measure.latency import timing_protocol, timing_settings
+from qwen_onnx.measure.latency import timing_protocol
 from qwen_onnx.run.machine import peak_rss_mib
-from qwen_onnx.settings import defaults
-from qwen_onnx.settings.options import check_options
+from qwen_onnx.settings.timing import TimingSettings
 from qwen_onnx.source.text import load_tokenizer, prompt_tokens
 from qwen_onnx.store.artifacts import require_hf_checkpoint, write_json
 from qwen_onnx.store.provenance import library_versions
@@ -28,17 +27,12 @@ def torch_weight_bytes_per_token(model) -> int:
 def measure_torch_latency(
     hf_dir: str | os.PathLike,
     text_path: str | os.PathLike,
+    timing: TimingSettings = TimingSettings(),
     *,
-    prompt_lengths: Sequence[int] = defaults.LATENCY["prompt_lengths"],
-    decode_prompt_tokens: int = defaults.LATENCY["decode_prompt_tokens"],
-    new_tokens: int = defaults.LATENCY["new_tokens"],
-    threads: int = defaults.LATENCY["threads"],
-    warmup: int = defaults.LATENCY["warmup"],
-    repeats: int = defaults.LATENCY["repeats"],
-    warmup_scope: str = defaults.LATENCY["warmup_scope"],
     output: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
-    """Time PyTorch eager fp32 (the baseline every ratio in the report divides by), same protocol.
+    """Time PyTorch eager fp32 (the baseline every ratio in the report divides by), same protocol: ``timing``'s
+    (``torch.set_num_threads(timing.threads)``; ``provider`` and ``profile`` do not apply).
 
     Returns:
         The same keys as :func:`measure_latency` (no ``profile``), ``runtime`` = ``pytorch``.
@@ -50,13 +44,10 @@ def measure_torch_latency(
     import torch
     from transformers import AutoModelForCausalLM
 
-
-    check_options(prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens, new_tokens=new_tokens,
-                  threads=threads, warmup=warmup, repeats=repeats)
     require_hf_checkpoint(hf_dir)  # an ONNX variant folder is named, not handed to transformers
-    torch.set_num_threads(int(threads))
+    torch.set_num_threads(timing.threads)
     tokenizer = load_tokenizer(hf_dir)
-    tokens = prompt_tokens(tokenizer, text_path, max([*prompt_lengths, decode_prompt_tokens]))
+    tokens = prompt_tokens(tokenizer, text_path, timing.longest_prompt)
     started = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
     load_s = time.perf_counter() - started
@@ -82,13 +73,12 @@ def measure_torch_latency(
 
     result: dict[str, Any] = {"variant_dir": os.fspath(hf_dir), "runtime": "pytorch", "provider": "torch-eager-cpu",
                               "load_s": load_s}
-    result.update(timing_protocol(prefill, generate, tokens, prompt_lengths, decode_prompt_tokens, new_tokens, warmup, repeats,
-                                  warmup_scope))
+    result.update(timing_protocol(prefill, generate, tokens, timing))
     result.update({
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "bytes_on_disk": sum(p.stat().st_size for p in Path(hf_dir).glob("*.safetensors")),
         "weight_bytes_per_token": torch_weight_bytes_per_token(model),
-        **timing_settings(prompt_lengths, decode_prompt_tokens, new_tokens, threads, warmup, repeats, warmup_scope),
+        **timing.record(),
         "library_versions": library_versions(),
     })
     if output is not None:

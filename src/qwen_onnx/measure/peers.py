@@ -52,6 +52,7 @@ TTFT, RSS and bytes below 1 are better).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -65,9 +66,9 @@ import numpy as np
 
 from qwen_onnx.convert.genai_builder import build_genai_int4
 from qwen_onnx.errors import ArtifactError, QwenOnnxError
-from qwen_onnx.measure.latency import measure_latency_of_tokens, measure_tflite_latency, timing_protocol
+from qwen_onnx.measure.latency import measure_latency_of_tokens, measure_tflite_latency, sitting_measurement
 from qwen_onnx.measure.latency_torch import measure_torch_latency
-from qwen_onnx.measure.peers_llama_cpp import llama_cpp_config, measure_llama_cpp
+from qwen_onnx.measure.peers_llama_cpp import llama_cpp_config, llama_n_ctx, measure_llama_cpp
 from qwen_onnx.measure.peers_openvino import genai_row, variant_row
 from qwen_onnx.measure.peers_table import (
     GENAI,
@@ -89,7 +90,7 @@ from qwen_onnx.run.machine import (
 )
 from qwen_onnx.run.session import SHARED_CORES_SETTINGS
 from qwen_onnx.run.tflite import read_tflite_info
-from qwen_onnx.settings import defaults
+from qwen_onnx.settings.timing import TimingSettings
 from qwen_onnx.source.resolve import source_gguf
 from qwen_onnx.source.text import load_tokenizer, prompt_tokens
 from qwen_onnx.store.artifacts import (
@@ -110,6 +111,10 @@ INSTALL_HINT = "envs/setup.sh --peers"
 #: Figures per row (prefill_ms_{n} for each prompt length come in between).
 FIGURES = ("decode_tok_s", "ttft_ms", "peak_rss_mib", "bytes_on_disk", "load_s")
 
+#: The execution provider of the sitting's ONNX rows: the sitting times every row on the CPU, whatever
+#: ``TimingSettings.provider`` names (the provider of ``qwen-onnx latency`` and of the profile stage).
+SITTING_PROVIDER = "CPUExecutionProvider"
+
 
 def _installed(module: str) -> bool:
     """Whether ``module`` can be imported (checked without importing it)."""
@@ -126,30 +131,31 @@ def onnx_bytes(folder: str | os.PathLike) -> int:
 # --- measurements, each run in its own process -----------------------------------------------
 
 
-def _measure_pytorch(hf_dir: str, text: str, s: dict) -> dict[str, Any]:
-    result = measure_torch_latency(hf_dir, text, **s)
-    return sitting_figures(result, s["prompt_lengths"])
+def _measure_pytorch(hf_dir: str, text: str, timing: TimingSettings) -> dict[str, Any]:
+    result = measure_torch_latency(hf_dir, text, timing)
+    return sitting_figures(result, timing.prompt_lengths)
 
 
-def _measure_onnx(folder: str, tokens: np.ndarray, s: dict, cores_busy: bool = False) -> dict[str, Any]:
-    """One ONNX row's figures; intra-op spinning off when the cores were busy just before
-    (:data:`qwen_onnx.run.session.SHARED_CORES_SETTINGS`: spinning threads lose up to 3x beside one
-    busy process), onnxruntime's default (on) when they were free."""
+def _measure_onnx(folder: str, tokens: np.ndarray, timing: TimingSettings, cores_busy: bool = False) -> dict[str, Any]:
+    """One ONNX row's figures, on :data:`SITTING_PROVIDER` without a profile; intra-op spinning off when the
+    cores were busy just before (:data:`qwen_onnx.run.session.SHARED_CORES_SETTINGS`: spinning threads lose up to
+    3x beside one busy process), onnxruntime's default (on) when they were free."""
     settings = SHARED_CORES_SETTINGS if cores_busy else None
-    result = measure_latency_of_tokens(folder, tokens, profile=False, settings=settings, **s)
-    figures = sitting_figures(result, s["prompt_lengths"])
+    timing = dataclasses.replace(timing, provider=SITTING_PROVIDER, profile=False)
+    result = measure_latency_of_tokens(folder, tokens, timing, settings=settings)
+    figures = sitting_figures(result, timing.prompt_lengths)
     figures["intra_op_spinning"] = result["session_settings"]["intra_op_spinning"]
     return figures
 
 
-def _measure_tflite(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
+def _measure_tflite(folder: str, tokens: np.ndarray, timing: TimingSettings) -> dict[str, Any]:
     """Our tflite variant with the LiteRT interpreter (:func:`qwen_onnx.measure.latency.measure_tflite_latency`)."""
 
-    result = measure_tflite_latency(folder, None, tokens=tokens, **s)
-    return sitting_figures(result, s["prompt_lengths"])
+    result = measure_tflite_latency(folder, None, timing, tokens=tokens)
+    return sitting_figures(result, timing.prompt_lengths)
 
 
-def _measure_genai(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
+def _measure_genai(folder: str, tokens: np.ndarray, timing: TimingSettings) -> dict[str, Any]:
     """onnxruntime-genai's own loop on the builder's folder: ``append_tokens`` runs the prefill,
     the first ``generate_next_token`` picks the argmax of its logits, each later call runs one
     decode step and picks the next (greedy; ``min_length`` = ``max_length`` so that an
@@ -161,7 +167,7 @@ def _measure_genai(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
     config = og.Config(folder)
     config.clear_providers()  # CPU
     config.overlay(json.dumps({"model": {"decoder": {"session_options": {
-        "intra_op_num_threads": int(s["threads"]), "inter_op_num_threads": 1}}}}))
+        "intra_op_num_threads": timing.threads, "inter_op_num_threads": 1}}}}))
     started = time.perf_counter()
     model = og.Model(config)
     load_s = time.perf_counter() - started
@@ -172,8 +178,8 @@ def _measure_genai(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
         return og.Generator(model, params)
 
     # one Generator per run length, made before any timing and rewound to 0 tokens before each run
-    generators = {n: generator(n + 1) for n in s["prompt_lengths"]}
-    generators["decode"] = generator(s["decode_prompt_tokens"] + s["new_tokens"])
+    generators = {n: generator(n + 1) for n in timing.prompt_lengths}
+    generators["decode"] = generator(timing.decode_prompt_tokens + timing.new_tokens)
 
     def prefill(ids):
         g = generators[len(ids)]
@@ -193,10 +199,7 @@ def _measure_genai(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
             steps.append(time.perf_counter() - step)
         return ttft
 
-    result = timing_protocol(prefill, generate, tokens, s["prompt_lengths"], s["decode_prompt_tokens"], s["new_tokens"],
-                       s["warmup"], s["repeats"], s["warmup_scope"])
-    result["load_s"] = load_s
-    return sitting_figures(result, s["prompt_lengths"])
+    return sitting_measurement(prefill, generate, tokens, timing, load_s)
 
 
 # --- inputs of the peers -----------------------------------------------------------------------
@@ -216,8 +219,8 @@ def source_of(hf_dir: str | os.PathLike) -> Any:
 # --- the stage ---------------------------------------------------------------------------------
 
 
-def llama_cpp_recipe_row(folder: str | os.PathLike, tokens: np.ndarray, settings: dict, config: Mapping[str, Any],
-                         broken: str | None, n_ctx: int) -> dict[str, Any]:
+def llama_cpp_recipe_row(folder: str | os.PathLike, tokens: np.ndarray, timing: TimingSettings,
+                         config: Mapping[str, Any], broken: str | None) -> dict[str, Any]:
     """The sitting's row of a same-start llama.cpp folder (``llama.cpp-q4_k_m``): ``model.gguf`` timed by
     llama-cpp-python like the source GGUF's row, its recipe and "no importance matrix" in the row's config;
     skipped with ``broken`` (a build that cannot run on this CPU) or when llama-cpp-python is missing."""
@@ -231,25 +234,18 @@ def llama_cpp_recipe_row(folder: str | os.PathLike, tokens: np.ndarray, settings
     if broken:
         return {**base, "path": None, "bytes_on_disk": None, "skipped": broken, **config}
     return {**base, "path": os.fspath(gguf), "bytes_on_disk": gguf.stat().st_size,
-            "job": (measure_llama_cpp, (os.fspath(gguf), tokens, settings)),
-            **config, "n_ctx": n_ctx, "n_threads": settings["threads"], "n_threads_batch": settings["threads"]}
+            "job": (measure_llama_cpp, (os.fspath(gguf), tokens, timing)),
+            **config, "n_ctx": llama_n_ctx(timing), "n_threads": timing.threads, "n_threads_batch": timing.threads}
 
 
 def run_peers(
     hf_dir: str | os.PathLike,
     variant_dirs: Sequence[str | os.PathLike],
     text_path: str | os.PathLike,
+    timing: TimingSettings = TimingSettings(),
     *,
     source: Any = None,
     work_dir: str | os.PathLike | None = None,
-    rounds: int = defaults.LATENCY["rounds"],
-    prompt_lengths: Sequence[int] = defaults.LATENCY["prompt_lengths"],
-    decode_prompt_tokens: int = defaults.LATENCY["decode_prompt_tokens"],
-    new_tokens: int = defaults.LATENCY["new_tokens"],
-    threads: int = defaults.LATENCY["threads"],
-    warmup: int = defaults.LATENCY["warmup"],
-    repeats: int = defaults.LATENCY["repeats"],
-    warmup_scope: str = defaults.LATENCY["warmup_scope"],
     pytorch: bool = True,
     llama_cpp: bool = True,
     genai_builder: bool = True,
@@ -268,18 +264,16 @@ def run_peers(
             builder's input and the tokenizer of the prompt.
         variant_dirs: our ONNX variant folders, each a row named after its folder.
         text_path: UTF-8 text whose first tokens are the prompts.
+        timing: the protocol inside each measuring process (prompt lengths, decode prompt, new tokens,
+            warm-up and its scope, repeats: :func:`qwen_onnx.measure.latency.timing_protocol`), the
+            interleaved ``rounds`` (the figures are medians over them) and the ``threads`` of every runtime
+            (intra-op for ONNX Runtime and genai, ``n_threads`` and ``n_threads_batch`` for llama.cpp,
+            ``torch.set_num_threads``, LiteRT's and OpenVINO's). ``provider`` and ``profile`` do not apply:
+            the ONNX rows run :data:`SITTING_PROVIDER`, unprofiled.
         source: the model's configured source (string or parts mapping); None reads it from
             ``hf_dir/source.json``.
         work_dir: folder of the builder's cached graph (``work_dir/genai-builder-int4``) and of the
             temporary reassembled GGUF; default a temporary folder (the builder then runs every time).
-        rounds: interleaved rounds (the figures are medians over them).
-        prompt_lengths: prompt lengths (tokens) of the prefill figures ``prefill_ms_{n}``.
-        decode_prompt_tokens: prompt before decode; its prefill plus argmax is the TTFT.
-        new_tokens: greedy tokens per decode run (``new_tokens - 1`` timed steps).
-        threads: threads of every runtime (intra-op for ONNX Runtime and genai, ``n_threads`` and
-            ``n_threads_batch`` for llama.cpp, ``torch.set_num_threads``).
-        warmup, repeats, warmup_scope: untimed and timed runs inside each process, and where the untimed
-            ones go (:func:`qwen_onnx.measure.latency.timing_protocol`).
         pytorch, llama_cpp, genai_builder, genai_builder_ort: which peers to include.
         tflite_dir: our tflite variant folder (:mod:`qwen_onnx.convert.tflite`), a row ``tflite`` after the
             ONNX variants, measured by the LiteRT interpreter with the same protocol; None: no such row.
@@ -304,13 +298,8 @@ def run_peers(
         :func:`qwen_onnx.run.machine.memory_bandwidth_gb_s` on ``threads`` threads).
 
     Raises:
-        QwenOnnxError: fewer than 1 round, fewer than 2 new tokens, or nothing to measure.
         ArtifactError: ``hf_dir`` or a variant folder is missing (checked before measuring).
     """
-
-
-    if rounds < 1 or new_tokens < 2 or repeats < 1:
-        raise QwenOnnxError(f"need rounds >= 1, new_tokens >= 2 and repeats >= 1; got {rounds}, {new_tokens}, {repeats}")
     hf_dir = Path(hf_dir)
     require_hf_checkpoint(hf_dir)
     for folder in [*variant_dirs, *openvino_dirs]:
@@ -320,11 +309,7 @@ def run_peers(
     if tflite_dir is not None:
 
         read_tflite_info(tflite_dir)  # a missing folder is named before anything is measured
-    settings = {"prompt_lengths": list(prompt_lengths), "decode_prompt_tokens": decode_prompt_tokens,
-                "new_tokens": new_tokens, "threads": threads, "warmup": warmup, "repeats": repeats,
-                "warmup_scope": warmup_scope}
-    tokens = prompt_tokens(load_tokenizer(hf_dir), text_path,
-                           max([*prompt_lengths, decode_prompt_tokens]))
+    tokens = prompt_tokens(load_tokenizer(hf_dir), text_path, timing.longest_prompt)
     text = os.fspath(text_path)
     rows: list[dict[str, Any]] = []
     jobs: list[tuple[str, Any, tuple]] = []
@@ -344,16 +329,16 @@ def run_peers(
         if pytorch:
             add("pytorch", "torch eager fp32", os.fspath(hf_dir),
                 sum(p.stat().st_size for p in hf_dir.glob("*.safetensors")),
-                (_measure_pytorch, (os.fspath(hf_dir), text, settings)), torch=package_version("torch"))
+                (_measure_pytorch, (os.fspath(hf_dir), text, timing)), torch=package_version("torch"))
         for folder in variant_dirs:
             add(Path(folder).name, "onnxruntime (qwen-onnx OnnxCausalLM)", os.fspath(folder), folder_bytes(folder),
-                (_measure_onnx, (os.fspath(folder), tokens, settings)), onnxruntime=package_version("onnxruntime"))
+                (_measure_onnx, (os.fspath(folder), tokens, timing)), onnxruntime=package_version("onnxruntime"))
         if tflite_dir is not None:
             add(Path(tflite_dir).name, "LiteRT interpreter (qwen-onnx TfliteCausalLM)", os.fspath(tflite_dir),
-                (Path(tflite_dir) / "model.tflite").stat().st_size, (_measure_tflite, (os.fspath(tflite_dir), tokens, settings)),
+                (Path(tflite_dir) / "model.tflite").stat().st_size, (_measure_tflite, (os.fspath(tflite_dir), tokens, timing)),
                 ai_edge_litert=package_version("ai-edge-litert"))
         for folder in openvino_dirs:
-            add(**variant_row(folder, tokens, settings, installed=_installed("openvino")))
+            add(**variant_row(folder, tokens, timing, installed=_installed("openvino")))
         config = llama_cpp_config() if (llama_cpp or llama_cpp_dirs) and _installed("llama_cpp") else {}
         broken = None
         if config.get("error") or config.get("missing_cpu_features"):
@@ -361,7 +346,6 @@ def run_peers(
                    f"llama-cpp-python was built for {', '.join(config['missing_cpu_features'])}, "
                    f"which this CPU ({isa_name()}) lacks (it would die with SIGILL)")
             broken = f"{why}: rebuild it with {INSTALL_HINT}"
-        n_ctx = max([*prompt_lengths, decode_prompt_tokens]) + new_tokens + 16
         if llama_cpp:
             if not _installed("llama_cpp"):
                 add(LLAMA_CPP, "llama-cpp-python", None, None, skipped=f"llama-cpp-python not installed: {INSTALL_HINT}")
@@ -377,10 +361,11 @@ def run_peers(
                     add(LLAMA_CPP, "llama-cpp-python", None, None, skipped=broken, **config)
                 else:
                     add(LLAMA_CPP, "llama-cpp-python", os.fspath(gguf), gguf.stat().st_size,
-                        (measure_llama_cpp, (os.fspath(gguf), tokens, settings)),
-                        **config, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, weights="the source GGUF")
+                        (measure_llama_cpp, (os.fspath(gguf), tokens, timing)), **config,
+                        n_ctx=llama_n_ctx(timing), n_threads=timing.threads, n_threads_batch=timing.threads,
+                        weights="the source GGUF")
         for folder in llama_cpp_dirs:
-            add(**llama_cpp_recipe_row(folder, tokens, settings, config, broken, n_ctx))
+            add(**llama_cpp_recipe_row(folder, tokens, timing, config, broken))
         genai_dir = None
         if genai_builder or genai_builder_ort:
             note = None
@@ -401,19 +386,19 @@ def run_peers(
                 if genai_dir is None:
                     add(peer, runtime, None, None, skipped=note)
                     continue
-                args = (os.fspath(genai_dir), tokens, settings)
+                args = (os.fspath(genai_dir), tokens, timing)
                 add(peer, runtime, os.fspath(genai_dir), onnx_bytes(genai_dir), (function, args),
                     builder=record["command"], onnxruntime_genai=record["onnxruntime_genai"])
         if openvino_ir_dir is not None:
-            add(**genai_row(openvino_ir_dir, tokens, settings, installed=_installed("openvino_genai")))
+            add(**genai_row(openvino_ir_dir, tokens, timing, installed=_installed("openvino_genai")))
         if not jobs:
             log.warning("no peer could be measured")
         failures: dict[int, str] = {}
         loads: list[list[dict[str, Any]]] = []
         idle_before = measure_load(2.0)
-        bandwidth_before = memory_bandwidth_gb_s(threads)
-        per_job = interleaved_rounds(jobs, rounds, failures=failures, loads=loads)
-        bandwidth_after = memory_bandwidth_gb_s(threads)
+        bandwidth_before = memory_bandwidth_gb_s(timing.threads)
+        per_job = interleaved_rounds(jobs, timing.rounds, failures=failures, loads=loads)
+        bandwidth_after = memory_bandwidth_gb_s(timing.threads)
     measured = [r for r in rows if r["skipped"] is None]
     for i, (row, figures) in enumerate(zip(measured, per_job)):
         if i in failures:
@@ -423,11 +408,13 @@ def run_peers(
             continue
         row.update(_median_row(figures, loads[i]))
         row["rounds"] = len(figures)
-    reference = add_peer_ratios(rows, prompt_lengths)
+    reference = add_peer_ratios(rows, timing.prompt_lengths)
+    settings = timing.record()
+    settings["warmup_scope"] = settings.pop("warmup_scope")  # peers.json keeps it after repeats
     result = {
         "reference": reference,
         "rows": rows,
-        "rounds": rounds,
+        "rounds": timing.rounds,
         **settings,
         "process_per_measurement": True,
         "isa": isa_name(),
@@ -436,7 +423,7 @@ def run_peers(
         # the machine's state at both ends of the sitting: decode reads every weight once per token, so a
         # drop in copy bandwidth between them moves every absolute decode figure (the ratios less)
         "memory_bandwidth_gb_s": {"before": round(bandwidth_before, 2), "after": round(bandwidth_after, 2),
-                                  "threads": threads},
+                                  "threads": timing.threads},
         "busy_rows": [r["peer"] for r in rows if r.get("rounds_busy")],
         "machine_note": ("every measurement ran with the machine otherwise idle" if not any(r.get("rounds_busy") for r in rows)
                          else "some measurements ran beside other load (rows' load_note): compare ratios, "

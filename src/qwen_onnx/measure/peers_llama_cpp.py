@@ -12,26 +12,32 @@ from typing import Any
 
 import numpy as np
 
-from qwen_onnx.measure.latency import timing_protocol
-from qwen_onnx.measure.peers_table import sitting_figures
+from qwen_onnx.measure.latency import sitting_measurement
 from qwen_onnx.measure.sitting import exit_cause
 from qwen_onnx.run.machine import ggml_missing_features
+from qwen_onnx.settings.timing import TimingSettings
 
 #: Where ``envs/setup.sh --peers`` records the CMAKE_ARGS it built llama-cpp-python with
 #: (:func:`qwen_onnx.run.machine.ggml_cmake_args` of the CPU at setup, or ``LLAMA_CMAKE_ARGS``).
 LLAMA_CPP_STAMP = "llama-cpp-cmake-args"
 
 
-def measure_llama_cpp(gguf: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
+def llama_n_ctx(timing: TimingSettings) -> int:
+    """The context llama.cpp is given for ``timing``'s prompts, tokens: the longest prompt, the new tokens and 16
+    to spare."""
+    return timing.longest_prompt + timing.new_tokens + 16
+
+
+def measure_llama_cpp(gguf: str, tokens: np.ndarray, timing: TimingSettings) -> dict[str, Any]:
     """llama-cpp-python on ``gguf``: prefill = ``Llama.eval`` of the prompt ids, decode = one
     ``eval`` of the argmax token per step, both after a ``reset`` (the KV cache is cleared past
-    the kept tokens, so nothing is reused between runs)."""
+    the kept tokens, so nothing is reused between runs); ``timing.threads`` as ``n_threads`` and
+    ``n_threads_batch``."""
     import llama_cpp
 
-    n_ctx = max([*s["prompt_lengths"], s["decode_prompt_tokens"]]) + s["new_tokens"] + 16
     started = time.perf_counter()
-    llm = llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_batch=512, n_threads=s["threads"],
-                          n_threads_batch=s["threads"], verbose=False)
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=llama_n_ctx(timing), n_batch=512, n_threads=timing.threads,
+                          n_threads_batch=timing.threads, verbose=False)
     load_s = time.perf_counter() - started
 
     def last_argmax() -> int:
@@ -54,10 +60,7 @@ def measure_llama_cpp(gguf: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
             steps.append(time.perf_counter() - step)
         return ttft
 
-    result = timing_protocol(prefill, generate, tokens, s["prompt_lengths"], s["decode_prompt_tokens"], s["new_tokens"],
-                       s["warmup"], s["repeats"], s["warmup_scope"])
-    result["load_s"] = load_s
-    return sitting_figures(result, s["prompt_lengths"])
+    return sitting_measurement(prefill, generate, tokens, timing, load_s)
 
 
 def llama_cpp_config() -> dict[str, Any]:

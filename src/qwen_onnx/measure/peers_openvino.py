@@ -1,5 +1,5 @@
 """The OpenVINO rows of the timing sitting, each measured in its own process by :mod:`qwen_onnx.measure.latency`'s
-protocol (:func:`qwen_onnx.measure.latency.timing_protocol`):
+protocol (:func:`qwen_onnx.measure.latency.timing_protocol`, :class:`qwen_onnx.settings.timing.TimingSettings`):
 
 - ``{variant}-openvino``: our variant folder run by OpenVINO's CPU plugin through
   :class:`qwen_onnx.run.openvino.OpenVinoCausalLM` (the same graph, f32 precision hint, the sitting's threads);
@@ -18,11 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from qwen_onnx.measure.latency import timing_protocol
-from qwen_onnx.measure.peers_table import OPENVINO_INT4, openvino_row, sitting_figures
+from qwen_onnx.measure.latency import sitting_measurement
+from qwen_onnx.measure.peers_table import OPENVINO_INT4, openvino_row
 from qwen_onnx.measure.sitting import ChildCrashed, run_in_child
 from qwen_onnx.run.openvino import INSTALL_HINT, PRECISION, OpenVinoCausalLM
 from qwen_onnx.run.openvino_ir import is_openvino_ir
+from qwen_onnx.settings.timing import TimingSettings
 from qwen_onnx.store.artifacts import folder_bytes, read_json
 from qwen_onnx.store.provenance import package_version
 
@@ -34,7 +35,8 @@ GENAI_RUNTIME = "openvino-genai (LLMPipeline)"
 GENAI_INSTALL_HINT = "envs/setup.sh --peers"
 
 
-def variant_row(folder: str | os.PathLike, tokens: np.ndarray, settings: dict, *, installed: bool) -> dict[str, Any]:
+def variant_row(folder: str | os.PathLike, tokens: np.ndarray, timing: TimingSettings, *,
+                installed: bool) -> dict[str, Any]:
     """The sitting's row of our variant ``folder`` run by OpenVINO (``peer``, ``runtime``, ``path``, ``bytes_on_disk``,
     ``job`` or ``skipped``, and the row's config: :meth:`OpenVinoCausalLM.report` of the graph compiled once in a
     child). Skipped with one line when openvino is not ``installed``, OpenVINO does not compile the graph, or
@@ -43,16 +45,17 @@ def variant_row(folder: str | os.PathLike, tokens: np.ndarray, settings: dict, *
     if not installed:
         return {**row, "skipped": f"openvino not installed: {INSTALL_HINT}"}
     try:
-        report = run_in_child(openvino_report, os.fspath(folder), settings["threads"])
+        report = run_in_child(openvino_report, os.fspath(folder), timing.threads)
     except ChildCrashed as exc:
         return {**row, "skipped": f"OpenVINO crashed compiling {folder}: the process was {exc}"}
     except RuntimeError as exc:  # the child's error, "Type: message"
         return {**row, "skipped": str(exc).removeprefix("RunnerError: ")}
     return {**report, **row, "path": os.fspath(folder), "bytes_on_disk": folder_bytes(folder),
-            "job": (measure_openvino, (os.fspath(folder), tokens, settings))}
+            "job": (measure_openvino, (os.fspath(folder), tokens, timing))}
 
 
-def genai_row(folder: str | os.PathLike, tokens: np.ndarray, settings: dict, *, installed: bool) -> dict[str, Any]:
+def genai_row(folder: str | os.PathLike, tokens: np.ndarray, timing: TimingSettings, *,
+              installed: bool) -> dict[str, Any]:
     """The sitting's ``openvino-int4`` row: optimum-intel's IR in ``folder`` run by openvino-genai (keys as
     :func:`variant_row`; config :func:`openvino_genai_config`). Skipped with one line when openvino-genai is not
     ``installed``, the export failed (its recorded error), or there is no IR."""
@@ -67,7 +70,7 @@ def genai_row(folder: str | os.PathLike, tokens: np.ndarray, settings: dict, *, 
         return {**row, "skipped": f"no OpenVINO IR at {ir}: the openvino_export stage writes it"}
     return {**openvino_genai_config(ir), **row, "path": os.fspath(ir),
             "bytes_on_disk": sum(p.stat().st_size for p in ir.glob("openvino_model.*")),
-            "job": (measure_openvino_genai, (os.fspath(ir), tokens, settings))}
+            "job": (measure_openvino_genai, (os.fspath(ir), tokens, timing))}
 
 
 def openvino_report(folder: str, threads: int) -> dict[str, Any]:
@@ -75,20 +78,17 @@ def openvino_report(folder: str, threads: int) -> dict[str, Any]:
     return OpenVinoCausalLM(folder, threads=threads).report()
 
 
-def measure_openvino(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
-    """Our variant run by OpenVINO's CPU plugin: prefill = one ``forward`` of the prompt ids, decode =
-    :meth:`OpenVinoCausalLM.greedy` (the cache fed back as arrays each step); load = ``read_model`` plus
+def measure_openvino(folder: str, tokens: np.ndarray, timing: TimingSettings) -> dict[str, Any]:
+    """Our variant run by OpenVINO's CPU plugin at ``timing.threads``: prefill = one ``forward`` of the prompt ids,
+    decode = :meth:`OpenVinoCausalLM.greedy` (the cache fed back as arrays each step); load = ``read_model`` plus
     ``compile_model``."""
-    model = OpenVinoCausalLM(folder, threads=s["threads"])
+    model = OpenVinoCausalLM(folder, threads=timing.threads)
 
     def generate(prompt, count, steps):
         return model.greedy(prompt, count, timings=steps)[1]
 
-    result = timing_protocol(lambda ids: model.forward(ids.reshape(1, -1)), generate, tokens, s["prompt_lengths"],
-                             s["decode_prompt_tokens"], s["new_tokens"], s["warmup"], s["repeats"],
-                             s["warmup_scope"])
-    result["load_s"] = model.load_seconds
-    return sitting_figures(result, s["prompt_lengths"])
+    return sitting_measurement(lambda ids: model.forward(ids.reshape(1, -1)), generate, tokens, timing,
+                               model.load_seconds)
 
 
 def _pipeline(folder: str, threads: int):
@@ -99,16 +99,17 @@ def _pipeline(folder: str, threads: int):
     return ov_genai.LLMPipeline(folder, "CPU", scheduler_config=scheduler, INFERENCE_NUM_THREADS=int(threads))
 
 
-def measure_openvino_genai(folder: str, tokens: np.ndarray, s: dict) -> dict[str, Any]:
+def measure_openvino_genai(folder: str, tokens: np.ndarray, timing: TimingSettings) -> dict[str, Any]:
     """optimum-intel's IR run by openvino-genai's ``LLMPipeline`` on the prompt ids (``TokenizedInputs``, so its
     tokenizer is not used): prefill = a generation of one token (the prompt's prefill and the first argmax),
     decode = a greedy generation of ``count`` tokens (``ignore_eos``), each step timed between two calls of a
-    streamer's ``write``, the TTFT from the call to the first ``write``; load = ``LLMPipeline``'s construction."""
+    streamer's ``write``, the TTFT from the call to the first ``write``; load = ``LLMPipeline``'s construction;
+    ``timing.threads`` as ``INFERENCE_NUM_THREADS``."""
     import openvino as ov
     import openvino_genai as ov_genai
 
     started = time.perf_counter()
-    pipe = _pipeline(folder, s["threads"])
+    pipe = _pipeline(folder, timing.threads)
     load_s = time.perf_counter() - started
 
     class Clock(ov_genai.StreamerBase):
@@ -140,10 +141,7 @@ def measure_openvino_genai(folder: str, tokens: np.ndarray, s: dict) -> dict[str
         steps.extend(b - a for a, b in zip(clock.times, clock.times[1:]))
         return clock.times[0] - begin
 
-    result = timing_protocol(prefill, generate, tokens, s["prompt_lengths"], s["decode_prompt_tokens"], s["new_tokens"],
-                             s["warmup"], s["repeats"], s["warmup_scope"])
-    result["load_s"] = load_s
-    return sitting_figures(result, s["prompt_lengths"])
+    return sitting_measurement(prefill, generate, tokens, timing, load_s)
 
 
 def openvino_genai_config(folder: str | Path) -> dict[str, Any]:

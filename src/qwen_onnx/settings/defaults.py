@@ -59,7 +59,8 @@ EVALUATION: Mapping[str, Any] = MappingProxyType({
     "generation_tokens": 32,
 })
 
-#: ``latency:`` (prefill and decode timing of every variant and of PyTorch eager).
+#: ``latency:`` (prefill and decode timing of every variant and of PyTorch eager): the defaults of
+#: :class:`qwen_onnx.settings.timing.TimingSettings`, whose fields declare what each key means and its unit.
 LATENCY: Mapping[str, Any] = MappingProxyType({
     "prompt_lengths": (32, 128, 512),
     "decode_prompt_tokens": 128,
