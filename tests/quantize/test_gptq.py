@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.quantize.gptq import DAMPING, Hessians, gptq_blocks, output_error, restore
+from qwen_onnx.quantize.gptq import DAMPING, Hessians, gptq_blocks, inverse_cholesky, output_error, restore
 from qwen_onnx.quantize.int4 import Int4Settings
 from qwen_onnx.quantize.kquant import activation_importance, quantize_blocks
 from qwen_onnx.quantize.matmuls import weight_matmuls
@@ -55,6 +55,23 @@ def test_without_correlation_gptq_rounds_as_the_block_search_does():
     np.testing.assert_array_equal(q2, q)
     np.testing.assert_allclose(scale2, scale, rtol=1e-6)
     np.testing.assert_array_equal(zero2, zero)
+
+
+def test_the_inverse_cholesky_factor_is_the_reference_codes_to_rounding():
+    import torch
+
+    _, hessian = _correlated(96, 8)
+    hessian[5, :] = hessian[:, 5] = 0.0  # an input never active: its diagonal set to 1 first, as the reference does
+    u = inverse_cholesky(hessian)
+    assert u.shape == (96, 96) and u.dtype == np.float32 and np.array_equal(u, np.triu(u)) and (np.diag(u) > 0).all()
+    h = hessian.astype(np.float64)
+    h[5, 5] = 1.0
+    h[np.diag_indices(96)] += DAMPING * np.mean(np.diag(h))
+    reference = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(torch.from_numpy(h))), upper=True)
+    np.testing.assert_allclose(u, reference.numpy(), rtol=1e-5, atol=1e-6 * np.abs(u).max())
+    np.testing.assert_allclose(u.astype(np.float64).T @ u, np.linalg.inv(h), rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="not positive definite"):
+        inverse_cholesky(-np.eye(4, dtype=np.float32))
 
 
 def test_gptq_refuses_a_weight_whose_inputs_are_not_whole_blocks():

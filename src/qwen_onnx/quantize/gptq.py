@@ -182,8 +182,11 @@ class Hessians:
 def inverse_cholesky(hessian: np.ndarray) -> np.ndarray:
     """The upper Cholesky factor ``U`` of ``(H + λI)^-1`` (``U^T U``), float32 [K, K], for ``hessian`` ``H``
     float [K, K] dampened by ``λ`` = :data:`DAMPING` times its mean diagonal, inputs with a zero diagonal
-    (never active) set to 1 first, as the reference code does (``torch.linalg.cholesky``,
-    ``torch.cholesky_inverse``, in float64).
+    (never active) set to 1 first, as the reference code does, in float64. The reference computes it as
+    ``cholesky(cholesky_inverse(cholesky(H)), upper=True)``; here it is one Cholesky factorisation and one
+    triangular inverse of the reversed matrix, the same factor to rounding at a third of the cost: with ``J``
+    the exchange matrix and ``J H J = L L^T``, ``H^-1 = (J L^-1 J)^T (J L^-1 J)`` and ``J L^-1 J`` is upper
+    triangular with a positive diagonal, so it is the (unique) factor.
 
     Raises:
         ValueError: ``hessian`` is not positive definite even dampened (not a Hessian ``mean(x x^T)``).
@@ -194,12 +197,12 @@ def inverse_cholesky(hessian: np.ndarray) -> np.ndarray:
     diagonal = torch.diagonal(h)
     diagonal[diagonal == 0] = 1.0
     diagonal += DAMPING * torch.mean(diagonal)
-    lower, info = torch.linalg.cholesky_ex(h)
+    lower, info = torch.linalg.cholesky_ex(torch.flip(h, (0, 1)))
     if int(info):
         raise ValueError("the hessian is not positive definite after dampening; it must be mean(x x^T) of real "
                          "activations")
-    u = torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True)
-    return u.to(torch.float32).numpy()
+    inverse = torch.linalg.solve_triangular(lower, torch.eye(h.shape[0], dtype=torch.float64), upper=False)
+    return torch.flip(inverse, (0, 1)).to(torch.float32).numpy()
 
 
 def gptq_blocks(weight: np.ndarray, hessian: np.ndarray | None, num_bits: int, block_size: int,

@@ -111,7 +111,7 @@ def quantize_blocks(
     def chunk(i: int):
         return search(x[i:i + CHUNK_BLOCKS], e[i:i + CHUNK_BLOCKS], maxq)
 
-    if threads <= 1:
+    if threads <= 1 or len(starts) == 1:  # one chunk: no pool (GPTQ calls this once per block of inputs)
         parts = [chunk(i) for i in starts]
     else:
         from concurrent.futures import ThreadPoolExecutor
