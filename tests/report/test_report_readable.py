@@ -125,6 +125,24 @@ def test_plots_draw_each_variant_in_its_one_style_in_every_figure():
     plt.close("all")
 
 
+def test_the_decode_figure_hatches_the_peers_alone_though_every_row_comes_from_the_sitting():
+    from matplotlib.patches import Rectangle
+
+    # every row's figures come from the sitting now: measured_by no longer tells a peer from our variant
+    rows = [{**r, "measured_by": "peers"} for r in _rows() if r["decode_tok_s"] is not None]
+    rows += [{**_row("m", peer, None, 490, 61.0, 380.0), "measured_by": "peers"}
+             for peer in ("llama.cpp", "genai-builder-int4", "int4-openvino")]
+    fig = figure_decode_speed(rows)
+    hatched = {p.get_gid().split("/", 1)[1]: bool(p.get_hatch()) for ax in fig.axes for p in ax.patches
+               if isinstance(p, Rectangle) and p.get_gid()}
+    assert hatched == {"pytorch": False, "fp32": False, "int8-dynamic": False, "int8-static": False, "int4": False,
+                       "llama.cpp": True, "genai-builder-int4": True, "int4-openvino": True}
+    assert "hatched: peer" in {h.get_label() for h in fig.legends[0].legend_handles}
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
 def test_label_gives_words_and_units():
     assert label("ppl_delta_pct") == "perplexity Δ vs PyTorch (%)"
     assert label("decode_tok_s") == "decode (tokens/s)" and label("bytes_on_disk") == "size (MB)"

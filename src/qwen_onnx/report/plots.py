@@ -3,9 +3,9 @@ prefill latency vs prompt length, and KL divergence vs decode speed with the Par
 
 Every figure has one panel per model (models in report order, left to right) and one legend
 below the panels; a variant keeps its colour and marker (:func:`qwen_onnx.report.styles.variant_styles`)
-in every figure. A variant that fails its gate is drawn hollow; the peers (llama.cpp,
-onnxruntime-genai's builder, rows with ``measured_by == "peers"``) are hatched or dashed, as their
-figures come from the sitting stage's interleaved rounds, not the latency stage. No point is
+in every figure. A variant that fails its gate is drawn hollow; the peers (llama.cpp, onnxruntime-genai's
+builder, OpenVINO's quantizer and our variants run by OpenVINO: :func:`qwen_onnx.report.peer_rows.is_peer_row`)
+are hatched, dashed or ringed; every row's speed comes from the same sitting. No point is
 labelled on the plot: the legend names them, so labels never overlap; points that would hide
 each other are set side by side (:func:`_dodge`).
 """
@@ -40,10 +40,11 @@ KL_LABEL = "KL divergence from PyTorch, mean (nats, log)"
 CAPTIONS = {
     "ppl_vs_size": "Perplexity change against PyTorch vs size on disk, one panel per model; lower left is better. "
                    "Hollow markers fail their gate; markers that would hide each other are set side by side.",
-    "decode_tok_s": "Decode tokens/s with the KV cache, single stream. Hollow bars fail their gate; hatched bars "
-                    "are the peers, measured by the sitting stage (interleaved rounds), the others by the latency stage.",
+    "decode_tok_s": "Decode tokens/s with the KV cache, single stream, every row timed in the same sitting "
+                    "(interleaved rounds). Hollow bars fail their gate; hatched bars are the peers (other tools, "
+                    "and our variants run by OpenVINO).",
     "prefill_latency": "Median prefill latency vs prompt length, log-log. Hollow markers fail their gate; dashed "
-                       "lines are the peers, measured by the sitting stage.",
+                       "lines are the peers (other tools, and our variants run by OpenVINO).",
     "accuracy_vs_speed": "KL divergence from PyTorch (mean per token, log scale) vs decode tokens/s, our variants and "
                          "the peers on the same evaluation windows and in the same sitting; lower right is better. "
                          "The line joins the Pareto front: the rows no other row beats on both axes. Hollow markers "
@@ -81,7 +82,11 @@ def _failed(row: Mapping[str, Any]) -> bool:
 
 
 def _is_peer(row: Mapping[str, Any]) -> bool:
-    return row.get("measured_by") == "peers"
+    """A row of another tool or runtime (llama.cpp, the builder, OpenVINO), not one of our variants or PyTorch: every
+    row is timed in the sitting now, so ``measured_by`` no longer tells them apart."""
+    from qwen_onnx.measure.peers_table import is_peer_route, openvino_variant
+
+    return is_peer_route(row["variant"]) or openvino_variant(row["variant"]) is not None
 
 
 #: The ring of a peer's marker on the accuracy–speed plot, by what it compares
@@ -225,7 +230,7 @@ def figure_decode_speed(rows: Sequence[Mapping[str, Any]], styles: Mapping[str, 
     fig.suptitle("Decode speed (KV cache, single stream; longer is better)", fontsize=11)
     extra = _fail_key(rows)
     if any(_is_peer(r) for r in rows):
-        extra.append(Patch(facecolor="white", edgecolor="#444444", hatch="///", label="hatched: sitting stage"))
+        extra.append(Patch(facecolor="white", edgecolor="#444444", hatch="///", label="hatched: peer"))
     _legend(fig, rows, styles, extra)
     return fig
 
@@ -264,7 +269,7 @@ def figure_prefill(rows: Sequence[Mapping[str, Any]], lengths: Sequence[int],
     fig.suptitle("Prefill latency vs prompt length (log-log; lower is better)", fontsize=11)
     extra = _fail_key(drawn)
     if any(_is_peer(r) for r in drawn):
-        extra.append(Line2D([], [], color="#444444", linestyle="--", label="dashed: sitting stage"))
+        extra.append(Line2D([], [], color="#444444", linestyle="--", label="dashed: peer"))
     _legend(fig, drawn, styles, extra)
     return fig
 
