@@ -1,5 +1,6 @@
 """Graph edits on onnxruntime-genai's GroupQueryAttention graph that make it exact for every Qwen config:
-left-padded rows, each layer's own sliding window, and the rotary caches of a static ``rope_scaling``.
+left-padded rows, each layer's own sliding window, and the rotary caches of a static ``rope_scaling``;
+and the ``position_ids`` input that optimum's ``ORTModelForCausalLM`` expects, read by the kernel's rotary.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ log = logging.getLogger(__name__)
 #: query row, whose keys are all padding, softmaxes to a uniform row instead of NaN; large enough
 #: that exp(bias) underflows to exactly 0 in float32 next to any real score.
 # GroupQueryAttention input slots (com.microsoft contrib op spec, onnxruntime ContribOperators.md)
-_GQA_SEQLENS_K, _GQA_TOTAL_SEQUENCE, _GQA_ATTENTION_BIAS = 5, 6, 10
+_GQA_SEQLENS_K, _GQA_TOTAL_SEQUENCE, _GQA_POSITION_IDS, _GQA_ATTENTION_BIAS = 5, 6, 9, 10
 PAD_BIAS = -1.0e9
+#: bool [batch]: the row's first ``attention_mask`` column is padding (written by :func:`left_padding_support`).
+LEFT_ROWS = "/qwen_onnx/left_padding/left"
 
 
 def _remove_dead_nodes(graph: onnx.GraphProto) -> int:
@@ -105,13 +108,13 @@ def left_padding_support(model: onnx.ModelProto) -> int:
         # left: bool [batch], the row's first column is padding
         helper.make_node("Gather", ["attention_mask", f"{prefix}/zero_i64"], [f"{prefix}/first_column"],
                          name=f"{prefix}/Gather_first", axis=1),
-        helper.make_node("Equal", [f"{prefix}/first_column", f"{prefix}/zero"], [f"{prefix}/left"],
+        helper.make_node("Equal", [f"{prefix}/first_column", f"{prefix}/zero"], [LEFT_ROWS],
                          name=f"{prefix}/Equal_left"),
         # seqlens_k = total_sequence_length - 1 on left-padded rows, the builder's elsewhere: int32 [batch]
         helper.make_node("Sub", [total, f"{prefix}/one_i32"], [f"{prefix}/total_minus_1"], name=f"{prefix}/Sub_total"),
         helper.make_node("Expand", [f"{prefix}/total_minus_1", f"{prefix}/batch"], [f"{prefix}/seqlens_left"],
                          name=f"{prefix}/Expand"),
-        helper.make_node("Where", [f"{prefix}/left", f"{prefix}/seqlens_left", native], [seqlens],
+        helper.make_node("Where", [LEFT_ROWS, f"{prefix}/seqlens_left", native], [seqlens],
                          name=f"{prefix}/Where_seqlens"),
         # attention_bias = (mask - 1) * 1e9 on left-padded rows, 0 elsewhere: [batch, total] ->
         # [batch, 1, 1, total] -> [batch, 1, sequence, total] (the kernel wants the sequence axis in full)
@@ -122,7 +125,7 @@ def left_padding_support(model: onnx.ModelProto) -> int:
         helper.make_node(
             "Mul", [f"{prefix}/mask_minus_1", f"{prefix}/pad_bias"], [f"{prefix}/bias_all"], name=f"{prefix}/Mul"
         ),
-        helper.make_node("Unsqueeze", [f"{prefix}/left", f"{prefix}/one_1d"], [f"{prefix}/left_2d"],
+        helper.make_node("Unsqueeze", [LEFT_ROWS, f"{prefix}/one_1d"], [f"{prefix}/left_2d"],
                          name=f"{prefix}/Unsqueeze_left"),
         helper.make_node("Cast", [f"{prefix}/left_2d"], [f"{prefix}/left_float"], name=f"{prefix}/Cast_left",
                          to=bias_type),
@@ -165,6 +168,87 @@ def left_padding_support(model: onnx.ModelProto) -> int:
         len(attention),
         dropped,
     )
+    return len(attention)
+
+
+def position_ids_input(model: onnx.ModelProto) -> int:
+    """Give the builder's ``GroupQueryAttention`` graph a ``position_ids`` input, int64 [batch_size,
+    sequence_length], that every attention node's rotary reads (the kernel's ``position_ids`` slot), in place.
+
+    The builder drops the input (the kernel derives positions from ``seqlens_k``), and optimum's
+    ``ORTModelForCausalLM`` calls a graph without it legacy. The callers' convention is transformers':
+    ``cumsum(attention_mask) - 1`` over the new tokens, padding at 0 or 1. The kernel takes them as
+    they are for every row without left padding; in the first prompt (no past) it rotates row ``b``'s
+    token ``s`` to ``position_ids[0, 0] + s`` (only the first element is read, ContribOperators.md),
+    which gives the same logits for any offset since rotary scores depend only on position differences.
+    When :func:`left_padding_support` ran (its :data:`LEFT_ROWS` in the graph), a left-padded row's
+    keys sit at their column (past + s, pads included): its real tokens get ``position_ids`` plus the
+    row's pad count (``total_sequence_length - ReduceSum(attention_mask)``) and its padding tokens their
+    column, so decode steps rotate where the prompt did. For the usual ``position_ids`` the kernel
+    then sees exactly the positions it derives without them, and the logits are those of the graph
+    without the input (bit-identical on onnxruntime 1.32's CPU kernel).
+
+    Returns:
+        The number of attention nodes that read ``position_ids``.
+
+    Raises:
+        ArtifactError: the graph already has a ``position_ids`` input, no ``attention_mask`` input, or an
+            attention node already reads positions.
+    """
+    graph = model.graph
+    names = {i.name for i in graph.input}
+    if "position_ids" in names or "attention_mask" not in names:
+        raise ArtifactError(f"position_ids support needs attention_mask and no position_ids input, got {sorted(names)}")
+    attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    if not attention:
+        return 0
+    for n in attention:
+        if len(n.input) > _GQA_POSITION_IDS and n.input[_GQA_POSITION_IDS]:
+            raise ArtifactError(f"{n.name} already reads position_ids from {n.input[_GQA_POSITION_IDS]}")
+    position = helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"])
+    graph.input.insert([i.name for i in graph.input].index("attention_mask") + 1, position)
+    positions, nodes = "position_ids", []
+    if any(LEFT_ROWS in n.output for n in graph.node):
+        prefix = "/qwen_onnx/position_ids"
+        graph.initializer.extend(
+            [
+                numpy_helper.from_array(np.array([0], dtype=np.int64), f"{prefix}/axis_0"),
+                numpy_helper.from_array(np.array([1], dtype=np.int64), f"{prefix}/axis_1"),
+                numpy_helper.from_array(np.array(1, dtype=np.int64), f"{prefix}/step"),
+            ]
+        )
+        positions = f"{prefix}/rotary_positions"
+
+        def node(op: str, inputs: list[str], output: str, **attrs) -> str:
+            nodes.append(helper.make_node(op, inputs, [f"{prefix}/{output}"], name=f"{prefix}/{output}/{op}", **attrs))
+            return f"{prefix}/{output}"
+
+        # total, sequence: int64 [1]; columns: int64 [1, sequence], past .. total - 1
+        total = node("Gather", [node("Shape", ["attention_mask"], "mask_shape"), f"{prefix}/axis_1"], "total", axis=0)
+        sequence = node("Gather", [node("Shape", ["position_ids"], "ids_shape"), f"{prefix}/axis_1"], "sequence", axis=0)
+        past = node("Sub", [total, sequence], "past")
+        scalars = [node("Squeeze", [past, f"{prefix}/axis_0"], "past_scalar"),
+                   node("Squeeze", [total, f"{prefix}/axis_0"], "total_scalar")]
+        columns = node("Unsqueeze", [node("Range", [*scalars, f"{prefix}/step"], "range"), f"{prefix}/axis_0"], "columns")
+        # shift: int64 [batch, 1], the pad count on left-padded rows, 0 elsewhere
+        real_count = node("ReduceSum", ["attention_mask", f"{prefix}/axis_1"], "real_count", keepdims=1)
+        left = node("Cast", [node("Unsqueeze", [LEFT_ROWS, f"{prefix}/axis_1"], "left_2d")], "left_i64",
+                    to=TensorProto.INT64)
+        shift = node("Mul", [node("Sub", [total, real_count], "pads"), left], "shift")
+        # the new tokens' mask: bool [batch, sequence]
+        real = node("Cast", [node("Slice", ["attention_mask", past, total, f"{prefix}/axis_1"], "new_mask")], "real",
+                    to=TensorProto.BOOL)
+        shifted = node("Add", ["position_ids", shift], "shifted")
+        nodes.append(helper.make_node("Where", [real, shifted, columns], [positions], name=f"{prefix}/Where"))
+    first = list(graph.node).index(attention[0])
+    for offset, new in enumerate(nodes):
+        graph.node.insert(first + offset, new)
+    for n in attention:
+        inputs = list(n.input) + [""] * max(0, _GQA_POSITION_IDS + 1 - len(n.input))
+        inputs[_GQA_POSITION_IDS] = positions
+        del n.input[:]
+        n.input.extend(inputs)
+    log.info("position_ids: %d attention nodes read them (%d nodes added)", len(attention), len(nodes))
     return len(attention)
 
 

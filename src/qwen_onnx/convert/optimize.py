@@ -24,6 +24,9 @@ Two methods, chosen by ``optimize.method``:
     attention scores depend only on position differences (RoFormer, Su et al. 2021,
     arXiv:2104.09864), so the real tokens' logits equal the unpadded ones up to float rounding.
     Every other row keeps the builder's ``seqlens_k`` and no bias.
+    :func:`position_ids_input` then gives the graph the ``position_ids`` input that optimum's
+    ``ORTModelForCausalLM`` expects (without it optimum loads the folder as a legacy model), read by
+    the kernel's rotary; left-padded rows' positions shifted to the columns their keys sit at.
 
 ``transformers`` (the earlier route)
     ``onnxruntime.transformers.optimizer.optimize_model`` on the fp32 export, then ORT_ENABLE_ALL
@@ -47,7 +50,12 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto
 
-from qwen_onnx.convert.gqa_edits import left_padding_support, set_layer_windows, set_rotary_caches
+from qwen_onnx.convert.gqa_edits import (
+    left_padding_support,
+    position_ids_input,
+    set_layer_windows,
+    set_rotary_caches,
+)
 from qwen_onnx.convert.tied import store_tied_once
 from qwen_onnx.errors import ArtifactError
 from qwen_onnx.settings.qwen_config import check_config, layer_windows
@@ -149,10 +157,12 @@ def _builder_optimize(hf_dir: Path, output_dir: Path, *, left_padding: bool) -> 
         data_name = locations.pop()
         rotary_positions = set_rotary_caches(proto, config, built / data_name)
         rewritten = left_padding_support(proto) if left_padding else 0
+        position_readers = position_ids_input(proto)
         _relocate_external_data(proto, DATA_FILE)
         os.replace(built / data_name, stage / DATA_FILE)
         onnx.save_model(proto, str(stage / MODEL_FILE))
         genai = json.loads((built / "genai_config.json").read_text())
+        genai["model"]["decoder"]["inputs"]["position_ids"] = "position_ids"
         if rotary_positions:  # the builder's context is max_position_embeddings
             genai["model"]["context_length"] = genai["search"]["max_length"] = rotary_positions
         write_json(stage / "genai_config.json", genai)
@@ -166,6 +176,7 @@ def _builder_optimize(hf_dir: Path, output_dir: Path, *, left_padding: bool) -> 
             "op_types": dict(sorted(collections.Counter(n.op_type for n in proto.graph.node).items())),
             "nodes_after": len(proto.graph.node),
             "left_padding_rewrite": rewritten,
+            "position_ids_readers": position_readers,
             "local_window_size": windows,
             "rotary_cache_positions": rotary_positions,
             "builder": {"precision": "fp32", "execution_provider": "cpu", "extra_options": {"hf_remote": False}},
