@@ -1,6 +1,8 @@
 """Each pipeline stage on the tiny random Qwen2: graph interface, numerics and bad input."""
 
+import contextlib
 import json
+import logging
 import shutil
 
 import numpy as np
@@ -61,18 +63,46 @@ def test_every_variant_is_self_contained(pipeline, variant):
     assert not list(folder.glob("*.onnx.data")), "quantizer's external data name left behind"
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_every_variant_loads_in_optimum_and_generates(pipeline, variant):
+ONNX_VARIANTS = (*VARIANTS, "int4", "fp16")
+
+
+@contextlib.contextmanager
+def optimum_warnings():
+    """The messages optimum logs at WARNING and above inside the block (its library logger does not
+    propagate to the root, so pytest's caplog misses them)."""
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: records.append(record.getMessage())
+    logger = logging.getLogger("optimum")
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+
+
+@pytest.mark.parametrize("variant", ONNX_VARIANTS)
+def test_every_variant_loads_in_optimum_as_first_class_and_generates_our_tokens(pipeline, variant):
+    # optimum warns "loaded a legacy ONNX model with no `position_ids` input" on a graph without
+    # the input and announces that path's removal: every variant, the fused ones too, has it
+    import torch
     from optimum.onnxruntime import ORTModelForCausalLM
     from transformers import AutoTokenizer
 
+    from qwen_onnx.measure.parity import onnx_generate
+
     tokenizer = AutoTokenizer.from_pretrained(pipeline[variant])
-    model = ORTModelForCausalLM.from_pretrained(pipeline[variant])
+    with optimum_warnings() as warnings:
+        model = ORTModelForCausalLM.from_pretrained(pipeline[variant], use_cache=True)
+    assert "position_ids" in model.input_names
+    assert not [w for w in warnings if "legacy" in w]
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "def add(a, b):"}], add_generation_prompt=True, return_tensors="pt"
     )
-    out = model.generate(prompt, max_new_tokens=6, min_new_tokens=6, do_sample=False)
-    assert out.shape == (1, prompt.shape[1] + 6)
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6, min_new_tokens=6,
+                         do_sample=False, pad_token_id=0)
+    ours = onnx_generate(OnnxCausalLM(pipeline[variant]), prompt.numpy()[0], 6, eos_ids=[])
+    assert out[0, prompt.shape[1]:].tolist() == ours
 
 
 @pytest.mark.parametrize("variant", ["fp32", "preprocessed", "optimized"])

@@ -19,7 +19,7 @@ from qwen_onnx.errors import ArtifactError
 from qwen_onnx.measure.accuracy import load_torch_model, torch_logits
 from qwen_onnx.measure.inspect_graph import diff_models
 from qwen_onnx.measure.parity import kv_cache_parity, onnx_generate, padded_batch_parity, torch_generate
-from qwen_onnx.run.runtime import OnnxCausalLM
+from qwen_onnx.run.runtime import OnnxCausalLM, decoder_feeds
 from qwen_onnx.store.artifacts import DATA_FILE, MODEL_FILE, check_external_data
 
 LAYERS, VOCAB, CONTEXT = 2, 384, 512
@@ -71,8 +71,13 @@ def test_fused_op_counts_and_folder(fused):
     attention = [n for n in proto.graph.node if n.op_type == "GroupQueryAttention"]
     assert all(onnx.helper.get_attribute_value(a) == 1 for n in attention for a in n.attribute if a.name == "do_rotary")
     assert all(n.input[10] == "/qwen_onnx/left_padding/attention_bias" for n in attention)
+    assert all(n.input[9] == "/qwen_onnx/position_ids/rotary_positions" for n in attention)
+    assert [i.name for i in proto.graph.input][:3] == ["input_ids", "attention_mask", "position_ids"]
     info = json.loads((folder / "optimize.json").read_text())
     assert info["method"] == "builder" and info["left_padding_rewrite"] == LAYERS
+    assert info["position_ids_readers"] == LAYERS
+    assert json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]["inputs"]["position_ids"] == (
+        "position_ids")
     assert info["fused_ops"]["GroupQueryAttention"] == LAYERS
     assert info["fused_ops"]["packed_qkv"] == (LAYERS if family == "qwen2" else 0)
     assert info["fused_ops"]["rotary_in_attention"] == LAYERS
@@ -88,7 +93,7 @@ def test_fused_op_counts_and_folder(fused):
 def test_fused_graph_matches_pytorch(fused):
     _, _, folder, torch_model = fused
     model = OnnxCausalLM(folder)
-    assert "position_ids" not in model.inputs  # positions come from seqlens_k inside GroupQueryAttention
+    assert "position_ids" in model.inputs  # read by GroupQueryAttention's rotary
     for n, seed in ((24, 0), (CONTEXT - 8, 1)):
         ids = tokens(n, seed)
         got, present = model.forward(ids)
@@ -173,15 +178,45 @@ def test_fused_graph_takes_matmul_nbits_quantization(fused, tmp_path, bits):
 def test_fused_variant_runs_in_optimum(fused):
     import torch
     from optimum.onnxruntime import ORTModelForCausalLM
+    from test_stages import optimum_warnings
 
     _, _, folder, torch_model = fused
-    model = ORTModelForCausalLM.from_pretrained(folder, use_cache=True)
+    with optimum_warnings() as warnings:
+        model = ORTModelForCausalLM.from_pretrained(folder, use_cache=True)
+    assert not [w for w in warnings if "legacy" in w]  # position_ids makes it first-class
     prompt = torch.from_numpy(tokens(10, 7))
-    kwargs = dict(
-        attention_mask=torch.ones_like(prompt), max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0
-    )
-    expected = torch_model.generate(prompt, **kwargs)
-    assert model.generate(prompt, **kwargs).tolist() == expected.tolist()
+    kwargs = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
+    expected = torch_model.generate(prompt, attention_mask=torch.ones_like(prompt), **kwargs)
+    assert model.generate(prompt, attention_mask=torch.ones_like(prompt), **kwargs).tolist() == expected.tolist()
+    # a left-padded batch: optimum's position_ids (cumsum - 1, padding at 1) give each row its own tokens
+    prompts = [tokens(n, seed)[0] for n, seed in ((4, 8), (10, 7))]
+    batch, mask = torch.zeros((2, 10), dtype=torch.int64), torch.zeros((2, 10), dtype=torch.int64)
+    for i, p in enumerate(prompts):
+        batch[i, 10 - len(p) :], mask[i, 10 - len(p) :] = torch.from_numpy(p), 1
+    padded = model.generate(batch, attention_mask=mask, **kwargs)[:, 10:].tolist()
+    alone = [model.generate(torch.from_numpy(p).reshape(1, -1), attention_mask=torch.ones((1, len(p)), dtype=torch.int64),
+                            **kwargs)[0, len(p) :].tolist() for p in prompts]
+    assert padded == alone
+
+
+def test_position_ids_drive_the_rotary_and_the_mask_positions_keep_padded_rows_exact(fused):
+    # the graph consumes position_ids: positions other than the mask's move the decode step's logits;
+    # the mask's own (what optimum and qwen-onnx's runtime feed) give a left-padded row its unpadded logits
+    _, _, folder, _ = fused
+    model = OnnxCausalLM(folder)
+    prompts = [tokens(n, seed)[0] for n, seed in ((5, 2), (17, 3))]
+    batch, mask = np.zeros((2, 17), dtype=np.int64), np.zeros((2, 17), dtype=np.int64)
+    for i, p in enumerate(prompts):
+        batch[i, 17 - len(p) :], mask[i, 17 - len(p) :] = p, 1
+    logits, past = model.forward(batch, mask)
+    step, mask = logits[:, -1].argmax(-1).reshape(-1, 1), np.concatenate([mask, np.ones((2, 1), dtype=np.int64)], 1)
+    feeds = decoder_feeds(model.inputs, model.kv, step, mask, past)
+    assert feeds["position_ids"].tolist() == [[5], [17]]
+    usual = model.session.run(["logits"], feeds)[0]
+    moved = model.session.run(["logits"], {**feeds, "position_ids": feeds["position_ids"] + 3})[0]
+    assert np.abs(moved - usual).max() > 1e-2
+    alone = [model.forward(np.concatenate([p, step[i]]).reshape(1, -1))[0][0, -1] for i, p in enumerate(prompts)]
+    np.testing.assert_allclose(usual[:, -1], np.stack(alone), atol=1e-4, rtol=0)
 
 
 def test_diff_shows_the_fused_ops(fused, tmp_path):
