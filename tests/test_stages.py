@@ -81,8 +81,20 @@ def optimum_warnings():
         logger.removeHandler(handler)
 
 
-@pytest.mark.parametrize("variant", ONNX_VARIANTS)
-def test_every_variant_loads_in_optimum_as_first_class_and_generates_our_tokens(pipeline, variant):
+@pytest.fixture(scope="module")
+def quantized_from_fused(pipeline, texts, tmp_path_factory):
+    """int8-dynamic (the default blockwise scheme) and int8-static built from the optimized graph, as the workflow
+    builds them (the pipeline fixture's start from the pre-processed one)."""
+    root = tmp_path_factory.mktemp("from-fused")
+    quantize_dynamic_variant(pipeline["optimized"], root / "int8-dynamic", DynamicSettings())
+    quantize_static_variant(pipeline["optimized"], root / "int8-static", texts["calibration"],
+                            StaticSettings(samples=4, sequence_length=32))
+    return {"int8-dynamic-fused": root / "int8-dynamic", "int8-static-fused": root / "int8-static"}
+
+
+@pytest.mark.parametrize("variant", [*ONNX_VARIANTS, "int8-dynamic-fused", "int8-static-fused"])
+def test_every_variant_loads_in_optimum_as_first_class_and_generates_our_tokens(pipeline, quantized_from_fused,
+                                                                                 variant):
     # optimum warns "loaded a legacy ONNX model with no `position_ids` input" on a graph without
     # the input and announces that path's removal: every variant, the fused ones too, has it
     import torch
@@ -91,9 +103,10 @@ def test_every_variant_loads_in_optimum_as_first_class_and_generates_our_tokens(
 
     from qwen_onnx.measure.parity import onnx_generate
 
-    tokenizer = AutoTokenizer.from_pretrained(pipeline[variant])
+    folder = quantized_from_fused.get(variant) or pipeline[variant]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
     with optimum_warnings() as warnings:
-        model = ORTModelForCausalLM.from_pretrained(pipeline[variant], use_cache=True)
+        model = ORTModelForCausalLM.from_pretrained(folder, use_cache=True)
     assert "position_ids" in model.input_names
     assert not [w for w in warnings if "legacy" in w]
     prompt = tokenizer.apply_chat_template(
@@ -101,7 +114,7 @@ def test_every_variant_loads_in_optimum_as_first_class_and_generates_our_tokens(
     )
     out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6, min_new_tokens=6,
                          do_sample=False, pad_token_id=0)
-    ours = onnx_generate(OnnxCausalLM(pipeline[variant]), prompt.numpy()[0], 6, eos_ids=[])
+    ours = onnx_generate(OnnxCausalLM(folder), prompt.numpy()[0], 6, eos_ids=[])
     assert out[0, prompt.shape[1]:].tolist() == ours
 
 

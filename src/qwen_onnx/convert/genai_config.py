@@ -7,7 +7,7 @@ needs a whole builder instance, so :func:`genai_config` writes the same fields f
 ``config.json``, ``generation_config.json`` and the graph's own inputs and outputs:
 
 - ``model.decoder.inputs``/``outputs``: ``input_ids``, ``attention_mask``, ``position_ids`` when
-  the graph has it (optimum's export does, the builder's GroupQueryAttention graphs do not),
+  the graph has it (optimum's export and the optimized variant do, the builder's own graphs do not),
   ``past_key_values.%d.key``/``.value`` and ``present.%d.key``/``.value``, ``logits``;
 - ``search.past_present_share_buffer``: true only for graphs whose attention is
   ``GroupQueryAttention`` (past and present one [batch, kv_heads, max_length, head_dim] buffer);

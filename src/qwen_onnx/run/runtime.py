@@ -9,8 +9,9 @@ builder graph (names read from the session's own ``get_inputs()``/``get_outputs(
 - outputs: ``logits`` float [batch, sequence, vocab] and ``present.{i}.key`` / ``.value``
   [batch, kv_heads, past + sequence, head_dim].
 
-The builder's graphs (``GroupQueryAttention``) have no ``position_ids`` input (the operator derives
-positions from ``attention_mask``) and can share one past/present buffer: see :class:`BoundDecoder`.
+The builder's own graphs (``GroupQueryAttention``) have no ``position_ids`` input (the operator derives
+positions from ``attention_mask``; the optimized variant's adds it back, read by the operator's rotary)
+and can share one past/present buffer: see :class:`BoundDecoder`.
 
 Two decode loops give the same tokens:
 
