@@ -14,6 +14,7 @@ from qwen_onnx.quantize.precision_search import (
     bytes_per_weight,
     calibrate_errors,
     greedy_steps,
+    load_line_target,
     precision_after,
     predicted_kl,
     predicted_kl_path,
@@ -43,7 +44,7 @@ def test_the_greedy_path_takes_the_cheapest_error_per_byte_first():
     assert saved == pytest.approx(200 * (bytes_per_weight(8, 128) - bytes_per_weight(4, 32)))
 
 
-def _edge_search(predicted, load_of, ratio, path_bytes=None, resolution=0.0):
+def _edge_search(predicted, load_of, known, path_bytes=None, resolution=0.0):
     """predicted_prefix with candidates that pass when their true load ``load_of(t)`` is at most 1."""
     tries = []
 
@@ -51,7 +52,7 @@ def _edge_search(predicted, load_of, ratio, path_bytes=None, resolution=0.0):
         tries.append(t)
         return load_of(t) <= 1.0, load_of(t)
 
-    return predicted_prefix(np.asarray(predicted, dtype=float), try_at, ratio, path_bytes, resolution), tries
+    return predicted_prefix(np.asarray(predicted, dtype=float), try_at, known, path_bytes, resolution), tries
 
 
 def test_the_predicted_kl_path_adds_each_moves_calibrated_error_and_never_goes_down():
@@ -67,9 +68,22 @@ def test_the_predicted_kl_path_adds_each_moves_calibrated_error_and_never_goes_d
 def test_the_edge_search_finds_the_last_passing_move_in_a_few_tries_when_the_prediction_is_off(true_ratio):
     predicted = np.linspace(0.0, 1.0, 352)  # 351 moves, as on the 0.5B
     edge = max(t for t in range(352) if true_ratio * predicted[t] <= 1.0)
-    taken, tries = _edge_search(predicted, lambda t: true_ratio * predicted[t], ratio=1.0)
+    # one probe, whose load was off the true one by the same factor
+    taken, tries = _edge_search(predicted, lambda t: true_ratio * predicted[t], known=[(0.5, 0.5)])
     assert taken == edge
     assert 0 not in tries and len(tries) <= 4  # a binary search over 351 moves takes 9
+
+
+@pytest.mark.parametrize("start_load", [0.3, 0.8])
+def test_the_edge_search_aims_with_the_line_through_the_probes_when_the_load_does_not_start_at_zero(start_load):
+    # the all-widest map already uses part of the room (as top-1 does): load = start + slope x predicted KL
+    predicted = np.linspace(0.02, 0.06, 298)  # 297 moves, as on the 1.5B
+    slope = (1.0 - start_load) / 0.045
+    load = lambda t: start_load + slope * predicted[t]  # noqa: E731
+    edge = max(t for t in range(298) if load(t) <= 1.0)
+    probes = [(x, start_load + slope * x + noise) for x, noise in ((0.018, 0.01), (0.021, -0.01), (0.024, 0.0))]
+    taken, tries = _edge_search(predicted, load, known=probes)
+    assert abs(taken - edge) <= 1 and len(tries) <= 4
 
 
 @pytest.mark.parametrize("power", [0.5, 2.0])
@@ -77,21 +91,21 @@ def test_the_edge_search_brackets_and_halves_when_the_load_is_not_proportional_t
     predicted = np.linspace(0.0, 1.0, 101)
     load = lambda t: 1.6 * predicted[t] ** power  # noqa: E731
     edge = max(t for t in range(101) if load(t) <= 1.0)
-    taken, tries = _edge_search(predicted, load, ratio=1.0)
+    taken, tries = _edge_search(predicted, load, known=[(0.5, 0.5)])
     assert taken == edge and len(tries) <= 6
 
 
 def test_the_edge_search_stops_when_the_moves_left_save_less_than_its_resolution():
     predicted = np.linspace(0.0, 1.0, 101)
     path_bytes = np.linspace(1000.0, 500.0, 101)  # 5 bytes a move: 0.5% of 1000 is one move
-    taken, tries = _edge_search(predicted, lambda t: 1.3 * predicted[t], 1.0, path_bytes, resolution=0.011)
+    taken, tries = _edge_search(predicted, lambda t: 1.3 * predicted[t], [(0.5, 0.5)], path_bytes, resolution=0.011)
     edge = 76  # 1.3 x 0.76 <= 1 < 1.3 x 0.77
     assert edge - 2 <= taken <= edge and path_bytes[taken] - path_bytes[edge] <= 0.011 * path_bytes[taken]
     assert len(tries) <= 3
 
 
 def test_the_edge_search_keeps_every_matmul_at_its_widest_when_the_first_move_fails():
-    taken, tries = _edge_search(np.linspace(0.0, 1.0, 11), lambda t: 5.0, ratio=1.0)
+    taken, tries = _edge_search(np.linspace(0.0, 1.0, 11), lambda t: 5.0, known=[(0.5, 0.5)])
     assert taken == 0 and tries[-1] == 1
 
 
@@ -135,9 +149,9 @@ def test_the_search_on_the_tiny_model_saves_bytes_and_its_choice_passes_on_calib
     assert record["moves"] == record["of_moves"] or [c["gate"] == "FAIL" or c["marginal"] != [] for c in later] == [True]
     assert len(record["candidates"]) <= 5
     assert [p["role"] for p in record["probes"]] == sorted(record["by_role"])
-    ratio = float(np.median([p["gate_load"] / p["predicted_kl"] for p in record["probes"]]))
+    target = load_line_target([(p["predicted_kl"], p["gate_load"]) for p in record["probes"]])
     first = record["candidates"][0]
-    assert first["predicted_kl"] * ratio <= 1.0 or first["moves"] == 1
+    assert first["predicted_kl"] <= target or first["moves"] == 1
     # the shipped graph is the map: each MatMulNBits at its bits and block
     graph = onnx.load(str(tmp_path / "int4" / "model.onnx"), load_external_data=False).graph
     built = {n.name: {a.name: helper.get_attribute_value(a) for a in n.attribute}

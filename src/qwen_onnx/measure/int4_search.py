@@ -205,10 +205,9 @@ def search_int4_variant(
                  len(steps), path_bytes[taken] / 1e6, predicted[taken], verdict if not marginal else "marginal", load)
         return verdict == "PASS" and not marginal, load
 
-    # the probes' load per nat of predicted KL: where the first candidate aims
-    ratios = [p["gate_load"] / p["predicted_kl"] for p in probe_figures if p["predicted_kl"] > 0]
-    ratio = float(np.median(ratios)) if ratios else 0.0
-    taken = predicted_prefix(predicted, try_at, ratio, path_bytes, RESOLUTION)
+    # the probes' loads against their predicted KL: where the first candidate aims
+    known = [(p["predicted_kl"], p["gate_load"]) for p in probe_figures]
+    taken = predicted_prefix(predicted, try_at, known, path_bytes, RESOLUTION)
     precision = precision_after(steps, names, taken, start)
     # the search only moves past a candidate that passed: the last one to pass is the map chosen
     chosen = next((c for c in reversed(candidates) if c["moves"] == taken and c["gate"] == "PASS"

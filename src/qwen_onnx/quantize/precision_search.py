@@ -318,22 +318,53 @@ def predicted_kl_path(steps: Sequence[tuple[str, str]], scaled: Mapping[str, Map
     return np.maximum.accumulate(np.asarray(kl, dtype=np.float64))
 
 
-def predicted_prefix(predicted: np.ndarray, try_at: Callable[[int], tuple[bool, float]], ratio: float,
-                     path_bytes: np.ndarray | None = None, resolution: float = 0.0, max_tries: int = 6) -> int:
+def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """``(slope, intercept)`` of the least-squares line through ``points``, None when it does not rise."""
+    xs = np.asarray([x for x, _ in points], dtype=np.float64)
+    if len(points) < 2 or np.ptp(xs) <= 0:
+        return None
+    slope, intercept = np.polyfit(xs, np.asarray([y for _, y in points], dtype=np.float64), 1)
+    return (float(slope), float(intercept)) if slope > 0 else None
+
+
+def load_line_target(known: Sequence[tuple[float, float]], tried: Sequence[tuple[float, float]] = ()) -> float | None:
+    """The predicted KL (nats) at which the gate's load is expected to reach 1, from ``(predicted KL, load)`` pairs:
+    ``tried`` measured on the path, ``known`` off it (the layer kinds' probes, whose maps are not on the path, so
+    that their loads may sit off its line).
+
+    The least-squares line through the path's own points once there are two that rise; with one, the probes'
+    slope through it; before any, the probes' line. Where a line does not rise (noise), the one through the origin
+    and the latest point. None without a point of positive load.
+    """
+    line = _line(tried)
+    if line is None and len(tried) == 1 and (probes := _line(known)) is not None:
+        line = (probes[0], tried[0][1] - probes[0] * tried[0][0])
+    if line is None and not tried:
+        line = _line(known)
+    if line is not None:
+        return (1.0 - line[1]) / line[0]
+    last = next(((x, y) for x, y in reversed([*known, *tried]) if y > 0 and x > 0), None)
+    return None if last is None else last[0] / last[1]
+
+
+def predicted_prefix(predicted: np.ndarray, try_at: Callable[[int], tuple[bool, float]],
+                     known: Sequence[tuple[float, float]] = (), path_bytes: np.ndarray | None = None,
+                     resolution: float = 0.0, max_tries: int = 8) -> int:
     """The most moves along the path that pass, found by aiming at the gate's edge with the predicted KL.
 
     The gate's load (:func:`qwen_onnx.settings.gates.gate_load`: 1 at the edge of the margin) is taken to grow with
-    the predicted KL. Until a candidate has failed, the load is taken as proportional to it, ``ratio x
-    predicted[t]``, with the ratio of the latest candidate (the first from the probes): each try aims at the most
-    moves predicted to stay at load 1. Once a candidate fails, it and the last pass (or the start, at load 0)
-    bracket the edge, and each try aims where the load
-    interpolated linearly in predicted KL between them reaches 1: regula falsi, with the Illinois algorithm's
-    halving of the end kept twice (Dowell and Jarratt, BIT 11, 1971), so that a curved load does not make it creep.
+    the predicted KL. Until a pass and a fail bracket the edge, the load is taken as a line in the predicted KL,
+    fitted to the loads measured along the path and, before two are, to the probes' (``known``;
+    :func:`load_line_target`): each try aims at the most moves predicted to stay at load 1. The line, not a ratio through the origin, since the load does not start at 0: the
+    all-widest map already uses some of the room to the margin. Once a candidate has passed and one has failed,
+    they bracket the edge, and each try aims where the load interpolated linearly in predicted KL between the two
+    reaches 1: regula falsi, with the Illinois algorithm's halving of the end kept twice (Dowell and Jarratt, BIT
+    11, 1971), so that a curved load does not make it creep.
 
     Args:
         predicted: float [moves + 1] nondecreasing, :func:`predicted_kl_path`.
         try_at: builds and scores the candidate with ``t`` moves: ``(passes with margin, gate load)``.
-        ratio: the first estimate of load per nat of predicted KL (from the layer kinds' probes).
+        known: ``(predicted KL, load)`` measured before the search (the layer kinds' probes).
         path_bytes: float [moves + 1], the weight bytes after ``t`` moves (:func:`weight_bytes`), for
         resolution: stop once the moves left between the last pass and the first fail save at most this fraction
             of the last pass's bytes.
@@ -343,19 +374,22 @@ def predicted_prefix(predicted: np.ndarray, try_at: Callable[[int], tuple[bool, 
         ``t``, 0 when no try passed (0 moves, every MatMul at its widest option, is taken to pass and never tried).
     """
     end = len(predicted)
+    known = [(float(x), float(y)) for x, y in known if math.isfinite(y)]
+    tried: list[tuple[float, float]] = []
     low, high = 0, end  # passes(low) holds; high: the fewest moves known to fail (none: past the end)
-    low_load, high_load = -1.0, None  # their loads less 1, as regula falsi uses them (the start's taken as 0)
+    low_load, high_load = -1.0, None  # their loads less 1, as regula falsi uses them
     kept = 0  # +n: the low end kept n tries running, -n: the high end
     for _ in range(max_tries):
         if high - low <= 1:
             break
         if path_bytes is not None and high < end and path_bytes[low] - path_bytes[high - 1] <= resolution * path_bytes[low]:
             break
-        if high < end:
+        if high < end and low > 0:
             x_low, x_high = predicted[low], predicted[high]
             target = x_low + (x_high - x_low) * -low_load / (high_load - low_load) if high_load > low_load else x_low
         else:
-            target = 1.0 / ratio if ratio > 0 else predicted[high - 1]
+            target = load_line_target(known, tried)
+            target = predicted[high - 1] if target is None else target
         aim = min(max(int(np.searchsorted(predicted, target, side="right")) - 1, low + 1), high - 1)
         passed, load = try_at(aim)
         shifted = (load - 1.0) if math.isfinite(load) else 1.0
@@ -367,6 +401,6 @@ def predicted_prefix(predicted: np.ndarray, try_at: Callable[[int], tuple[bool, 
             high, high_load, kept = aim, max(shifted, 1e-9), min(kept, 0) - 1
             if kept <= -2:
                 low_load /= 2
-        if predicted[aim] > 0 and math.isfinite(load) and load > 0:
-            ratio = load / predicted[aim]
+        if math.isfinite(load):
+            tried.append((float(predicted[aim]), float(load)))
     return low
