@@ -46,6 +46,9 @@ def test_a_hub_source_gives_the_base_model_and_licence(tmp_path):
             in text)
     assert "`algorithm`: k_quant_int; `block_size`: 32; `search`: True" in text
     assert "og.Model(\".\")" in text and "The source states `apache-2.0`." in text
+    # a time to first token under 10 ms keeps two significant figures (a tiny model's 0.34 ms is not "0 ms")
+    (card,) = write_model_cards(tmp_path, [{**ROW, "ttft_ms": 0.3412}], MACHINE)
+    assert "time to first token 0.34 ms," in ModelCard.load(card).text
 
 
 def test_a_gguf_without_licence_or_base_model_says_so():

@@ -136,7 +136,8 @@ def model_card(model: str, variant: str, row: Mapping[str, Any], machine: Mappin
     lines += ["## Size and speed", "", "; ".join(size) + ".", ""]
     if row.get("decode_tok_s"):
         lines += [f"Decode {row['decode_tok_s']:.1f} tokens/s, time to first token "
-                  f"{_figure(row.get('ttft_ms'), ',.0f')} ms, {row.get('threads') or '?'} threads on "
+                  f"{_figure(row.get('ttft_ms'), ',.0f' if (row.get('ttft_ms') or 0) >= 10 else '.2g')} ms, "
+                  f"{row.get('threads') or '?'} threads on "
                   f"{machine.get('cpu_model', 'this CPU')} ({row.get('speed_isa') or 'ISA not recorded'}; timing "
                   f"{row.get('timing_load') or 'load not recorded'}), measured in the run's timing sitting.", ""]
     else:
