@@ -47,6 +47,7 @@ from qwen_onnx.run.machine import peak_rss_mib  # noqa: F401 (re-exported: peers
 from qwen_onnx.run.runtime import LOOPS, OnnxCausalLM
 from qwen_onnx.run.session import resolve_settings
 from qwen_onnx.run.tflite import TfliteCausalLM, read_tflite_info
+from qwen_onnx.run.tflite_env import call_with_litert, litert_here
 from qwen_onnx.settings import defaults
 from qwen_onnx.settings.options import check_options
 from qwen_onnx.source.text import load_tokenizer, prompt_tokens
@@ -313,7 +314,10 @@ def measure_tflite_latency(
             ``decode_prompt_tokens + new_tokens``) longer than the model's KV cache (the message names both).
         ArtifactError: the folder has no ``model.tflite`` or ``tflite.json``.
         TextError: a text too short for the prompts.
+        ExportError: ai-edge-litert is not installed here and there is no TFLite environment.
     """
+    if not litert_here():  # LiteRT runs in the TFLite environment (.venv-tflite): the whole measurement does
+        return call_with_litert(measure_tflite_latency, kwargs=locals())
     check_options(prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens, new_tokens=new_tokens,
                   threads=threads, warmup=warmup, repeats=repeats)
     info = read_tflite_info(variant_dir)

