@@ -335,6 +335,20 @@ def test_windows_longer_than_the_kv_cache_are_refused_in_one_line(converted, tin
     assert "\n" not in str(error.value) and not (tmp_path / "a.json").exists()
 
 
+def test_task_accuracy_runs_the_tflite_folder_and_skips_prompts_past_its_cache(converted, tiny_qwen2, tmp_path):
+    """HumanEval's chat prompts on the tiny tokenizer (279 and 325 tokens) do not fit the 128 positions: each
+    record says so (in .venv the stage runs in .venv-tflite and its result comes back)."""
+    from qwen_onnx.measure.task_accuracy import task_accuracy
+
+    result = task_accuracy(converted["none"][0], tiny_qwen2, problems=["HumanEval/53", "HumanEval/23"],
+                           max_new_tokens=4, threads=1, output=tmp_path / "tflite.task.json")
+    assert json.loads((tmp_path / "tflite.task.json").read_text()) == json.loads(json.dumps(result))
+    assert [r["task_id"] for r in result["records"]] == ["HumanEval/53", "HumanEval/23"]
+    assert [r["reason"] for r in result["records"]] == [
+        f"the prompt of {r['prompt_tokens']} tokens leaves no room in the litert model's {KV} positions"
+        for r in result["records"]]
+
+
 @pytest.fixture(scope="module")
 def latency(converted, texts):
     from qwen_onnx.measure.latency import measure_tflite_latency

@@ -195,8 +195,8 @@ def accuracy_from_reference(
             is missing.
         GateError: the gate failed and ``fail_on_gate`` is set.
     """
-    if is_tflite_folder(variant_dir) and not litert_here():  # LiteRT runs in the TFLite environment (.venv-tflite)
-        return call_with_litert(accuracy_from_reference, kwargs=locals())
+    if is_tflite_folder(variant_dir) and not litert_here():  # first: locals() is the arguments
+        return call_with_litert(accuracy_from_reference, kwargs=locals())  # LiteRT runs in the TFLite environment
     from tqdm import tqdm
 
     check_options(threads=threads, kv_decode_steps=kv_decode_steps)

@@ -316,8 +316,8 @@ def measure_tflite_latency(
         TextError: a text too short for the prompts.
         ExportError: ai-edge-litert is not installed here and there is no TFLite environment.
     """
-    if not litert_here():  # LiteRT runs in the TFLite environment (.venv-tflite): the whole measurement does
-        return call_with_litert(measure_tflite_latency, kwargs=locals())
+    if not litert_here():  # first: locals() is the arguments
+        return call_with_litert(measure_tflite_latency, kwargs=locals())  # the whole measurement in .venv-tflite
     check_options(prompt_lengths=prompt_lengths, decode_prompt_tokens=decode_prompt_tokens, new_tokens=new_tokens,
                   threads=threads, warmup=warmup, repeats=repeats)
     info = read_tflite_info(variant_dir)
