@@ -28,9 +28,8 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 pip_install() { .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@"; }
-pip_install -r envs/requirements.txt
-pip_install --no-deps -e .
-# a .venv made when the TFLite toolchain lived in it: transformers imports TensorFlow whenever it is installed
+# a .venv made when the TFLite toolchain lived in it (transformers imports TensorFlow whenever it is installed):
+# removed first, so that installing envs/requirements.txt does not weigh them
 tflite_only=(tensorflow-cpu tensorflow keras tensorboard litert-torch litert-converter litert-lm-builder
              ai-edge-litert ai-edge-quantizer torchao jax jaxlib xdsl)
 installed=$(.venv/bin/python -m pip list --format=freeze --disable-pip-version-check 2>/dev/null | cut -d= -f1 | tr 'A-Z_' 'a-z-')
@@ -42,6 +41,8 @@ if [ "${#stale[@]}" -gt 0 ]; then
   echo "envs/setup.sh: removing the TFLite toolchain from .venv (now in .venv-tflite): ${stale[*]}" >&2
   .venv/bin/python -m pip uninstall --quiet --yes "${stale[@]}"
 fi
+pip_install -r envs/requirements.txt
+pip_install --no-deps -e .
 # the TFLite toolchain's environment (qwen_onnx.run.tflite_env.tflite_python finds it); one resolver run,
 # so that the tflite pins (typing-extensions for litert-converter's xdsl) hold beside envs/requirements.txt
 if [ ! -x .venv-tflite/bin/python ]; then
