@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from qwen_onnx.errors import ExportError
 from qwen_onnx.quiet import quiet_third_party
+from qwen_onnx.store.provenance import package_version
 
 log = logging.getLogger(__name__)
 
@@ -133,13 +134,11 @@ def versions(packages: Sequence[str], python: str | os.PathLike | None = None) -
             "        out[name] = m.version(name)\n    except m.PackageNotFoundError:\n        out[name] = None\n"
             "print(json.dumps(out))")
     if litert_here():
-        command = [sys.executable, "-c", code, *packages]
-    else:
-        interpreter = Path(python) if python is not None else tflite_python()
-        if not interpreter.is_file():
-            return {name: None for name in packages}
-        command = [str(interpreter), "-c", code, *packages]
-    done = subprocess.run(command, capture_output=True, text=True)
+        return {name: package_version(name) for name in packages}
+    interpreter = Path(python) if python is not None else tflite_python()
+    if not interpreter.is_file():
+        return {name: None for name in packages}
+    done = subprocess.run([str(interpreter), "-c", code, *packages], capture_output=True, text=True)
     if done.returncode != 0:
         return {name: None for name in packages}
     return json.loads(done.stdout.strip().splitlines()[-1])
