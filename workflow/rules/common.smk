@@ -17,6 +17,7 @@ from qwen_onnx.store.task_results import current_task_files
 import qwen_onnx.settings.options
 import qwen_onnx.settings.variants
 import qwen_onnx.convert.openvino_export
+import qwen_onnx.run.tflite_env
 import qwen_onnx.convert.llama_quantize
 from qwen_onnx.settings.gates import DEFAULT_GATES, DEFAULT_TASK_GATE, variant_kind
 from qwen_onnx.source.resolve import hub_snapshot_revision, source_files
@@ -49,6 +50,12 @@ VERSION = qwen_onnx.__version__
 # verified variants are on disk first (the report's pipeline section says when the first one was).
 BUILD_PRIORITY = 10
 RESULTS = config.get("results", "results")
+# The TFLite environment (.venv-tflite, envs/setup.sh): the jobs that convert, run or read the tflite variant do
+# that work in its interpreter when LiteRT is not in their own environment (qwen_onnx.run.tflite_env). Named from
+# the workflow's folder, as the OpenVINO export's interpreter, in every process that parses this file (a cluster
+# job's own parse included), so that the job's scripts inherit it; a value set by the user wins.
+TFLITE_PYTHON = str(qwen_onnx.run.tflite_env.tflite_python(workflow.basedir))
+os.environ.setdefault(qwen_onnx.run.tflite_env.PYTHON_VARIABLE, TFLITE_PYTHON)
 
 
 onstart:

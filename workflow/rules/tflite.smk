@@ -3,6 +3,8 @@ rule tflite:
 
     Scheduled for a model only when tflite.enabled and litert-torch's estimated conversion peak
     fits tflite.max_rss_gib (common.smk, tflite_scheduled); the report names the models left out.
+    Converted by the interpreter of the TFLite environment (.venv-tflite, common.smk TFLITE_PYTHON) when
+    litert-torch is not in the job's own (envs/tflite.yaml under conda has it).
     """
     input:
         hf=f"{RESULTS}/{{model}}/hf",

@@ -19,8 +19,10 @@ The folder holds ``model.tflite``, the Hugging Face config and tokenizer files, 
 (the signatures with their tensors, the lengths, the quantization, the versions, the conversion's
 seconds and peak RSS) and ``manifest.json``.
 
-litert-torch is an optional dependency (``envs/tflite.txt``); this module imports it only inside
-the functions that need it.
+litert-torch (``envs/tflite.txt``) lives in the TFLite environment, ``.venv-tflite``, not in ``.venv``;
+this module imports it only inside the functions that need it, and :func:`convert_tflite` checks its
+inputs where it is called and converts there or in that environment
+(:func:`qwen_onnx.run.tflite_env.call_with_litert`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from qwen_onnx.run.tflite import (
     prefill_signature,
     require_litert,
 )
+from qwen_onnx.run.tflite_env import call_with_litert
 from qwen_onnx.settings.defaults import TFLITE, TFLITE_QUANTIZATIONS, TFLITE_WEIGHT_ONLY_ROLES
 from qwen_onnx.settings.options import check_option
 from qwen_onnx.store.artifacts import (
@@ -341,7 +344,8 @@ def convert_tflite(
         ArtifactError: ``hf_dir`` is not a Hugging Face checkpoint (the message says what it holds:
             :func:`~qwen_onnx.store.artifacts.require_hf_checkpoint`).
         ArchitectureError: a model litert-torch's Qwen layers do not reproduce (:func:`check_tflite_config`).
-        ExportError: litert-torch is not installed, or its conversion failed.
+        ExportError: litert-torch is not installed here and there is no TFLite environment
+            (:func:`qwen_onnx.run.tflite_env.call_with_litert`), or its conversion failed.
         IntegrityError: a file of ``hf_dir`` differs from its manifest.
 
     Nothing is written when any of these is raised before the conversion starts.
@@ -354,9 +358,16 @@ def convert_tflite(
     config = _hf_config(hf_dir)
     check_tflite_config(config, str(hf_dir / "config.json"))
     require_hf_checkpoint(hf_dir)  # an ONNX or TFLite variant folder is named, not handed to litert-torch
-    require_litert()
     verify_manifest(hf_dir)
+    # litert-torch lives in the TFLite environment (.venv-tflite): run there when it is not importable here
+    return call_with_litert(_convert, (hf_dir, output_dir, config, prefill_length, kv_cache_length, quantize,
+                                       weight_only_roles), converter=True)
 
+
+def _convert(hf_dir: Path, output_dir: str | os.PathLike, config: dict, prefill_length: int, kv_cache_length: int,
+             quantize: str, weight_only_roles: list[str]) -> dict:
+    """:func:`convert_tflite` once its checks passed, where litert-torch imports."""
+    require_litert()
     from litert_torch.generative.utilities import converter, model_builder
     from litert_torch.generative.utilities.export_config import ExportConfig
 

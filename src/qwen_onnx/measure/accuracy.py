@@ -50,6 +50,7 @@ from qwen_onnx.run.openvino_ir import IR_BATCH_ONE, OpenVinoIrCausalLM, is_openv
 from qwen_onnx.run.runtime import OnnxCausalLM
 from qwen_onnx.run.session import SHARED_CORES_SETTINGS
 from qwen_onnx.run.tflite import TfliteCausalLM, is_tflite_folder
+from qwen_onnx.run.tflite_env import call_with_litert, litert_here
 from qwen_onnx.settings import defaults
 from qwen_onnx.settings.gates import check_gate, gate_margins
 from qwen_onnx.settings.options import check_options
@@ -194,6 +195,8 @@ def accuracy_from_reference(
             is missing.
         GateError: the gate failed and ``fail_on_gate`` is set.
     """
+    if is_tflite_folder(variant_dir) and not litert_here():  # first: locals() is the arguments
+        return call_with_litert(accuracy_from_reference, kwargs=locals())  # LiteRT runs in the TFLite environment
     from tqdm import tqdm
 
     check_options(threads=threads, kv_decode_steps=kv_decode_steps)

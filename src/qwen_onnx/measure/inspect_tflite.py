@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 from qwen_onnx.errors import ArtifactError
 from qwen_onnx.run.tflite import read_tflite_info
+from qwen_onnx.run.tflite_env import call_with_litert, litert_here
 from qwen_onnx.store.artifacts import TFLITE_FILE
 
 #: Ops that read one row of a table per token (the embedding lookup).
@@ -145,7 +146,10 @@ def inspect_tflite(folder: str | os.PathLike) -> dict[str, Any]:
 
     Raises:
         ArtifactError: the folder has no ``tflite.json`` or ``model.tflite``.
+        ExportError: ai-edge-litert (its flatbuffer schema) is not installed here and there is no TFLite environment.
     """
+    if not litert_here():  # the schema ships with ai-edge-litert, in the TFLite environment (.venv-tflite)
+        return call_with_litert(inspect_tflite, (folder,))
     folder = Path(folder)
     info = read_tflite_info(folder)
     graph = read_tflite_graph(folder / TFLITE_FILE)

@@ -51,6 +51,7 @@ from qwen_onnx.run.machine import peak_rss_mib  # noqa: F401 (re-exported: peers
 from qwen_onnx.run.runtime import LOOPS, OnnxCausalLM
 from qwen_onnx.run.session import resolve_settings
 from qwen_onnx.run.tflite import TfliteCausalLM, read_tflite_info
+from qwen_onnx.run.tflite_env import call_with_litert, litert_here
 from qwen_onnx.settings.timing import TimingSettings
 from qwen_onnx.source.text import load_tokenizer, prompt_tokens
 from qwen_onnx.store.artifacts import (
@@ -283,7 +284,10 @@ def measure_tflite_latency(
             model's KV cache (the message names both).
         ArtifactError: the folder has no ``model.tflite`` or ``tflite.json``.
         TextError: a text too short for the prompts.
+        ExportError: ai-edge-litert is not installed here and there is no TFLite environment.
     """
+    if not litert_here():  # first: locals() is the arguments
+        return call_with_litert(measure_tflite_latency, kwargs=locals())  # the whole measurement in .venv-tflite
     info = read_tflite_info(variant_dir)
     length, cache = int(info["prefill_length"]), int(info["kv_cache_length"])
     lengths, decode_prompt, new_tokens = timing.prompt_lengths, timing.decode_prompt_tokens, timing.new_tokens

@@ -14,7 +14,8 @@ Peers (each row is one way to run the same checkpoint on this CPU):
   :class:`qwen_onnx.run.runtime.OnnxCausalLM` (:func:`qwen_onnx.measure.latency.measure_latency_of_tokens`, no
   profile; the children get the prompt ids, so none loads a tokenizer);
 - ``tflite``: our LiteRT variant (:mod:`qwen_onnx.convert.tflite`) through the LiteRT interpreter
-  (:func:`qwen_onnx.measure.latency.measure_tflite_latency`), when given;
+  (:func:`qwen_onnx.measure.latency.measure_tflite_latency`, in the TFLite environment ``.venv-tflite``:
+  :mod:`qwen_onnx.run.tflite_env`), when given;
 - ``{variant}-openvino`` (``int4-openvino``, ...): our variant folders run by OpenVINO's CPU plugin
   (:class:`qwen_onnx.run.openvino.OpenVinoCausalLM`: the same graph, f32 precision hint, the sitting's
   threads as ``INFERENCE_NUM_THREADS``), when given; each graph is compiled once in a child before the
@@ -90,6 +91,7 @@ from qwen_onnx.run.machine import (
 )
 from qwen_onnx.run.session import SHARED_CORES_SETTINGS
 from qwen_onnx.run.tflite import read_tflite_info
+from qwen_onnx.run.tflite_env import versions as litert_versions
 from qwen_onnx.settings.timing import TimingSettings
 from qwen_onnx.source.resolve import source_gguf
 from qwen_onnx.source.text import load_tokenizer, prompt_tokens
@@ -336,7 +338,7 @@ def run_peers(
         if tflite_dir is not None:
             add(Path(tflite_dir).name, "LiteRT interpreter (qwen-onnx TfliteCausalLM)", os.fspath(tflite_dir),
                 (Path(tflite_dir) / "model.tflite").stat().st_size, (_measure_tflite, (os.fspath(tflite_dir), tokens, timing)),
-                ai_edge_litert=package_version("ai-edge-litert"))
+                ai_edge_litert=litert_versions(["ai-edge-litert"])["ai-edge-litert"])  # the TFLite environment's
         for folder in openvino_dirs:
             add(**variant_row(folder, tokens, timing, installed=_installed("openvino")))
         config = llama_cpp_config() if (llama_cpp or llama_cpp_dirs) and _installed("llama_cpp") else {}

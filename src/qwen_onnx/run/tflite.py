@@ -11,6 +11,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from qwen_onnx.errors import ArtifactError, ExportError, OptionError
+from qwen_onnx.run.tflite_env import VENV, tflite_python
 from qwen_onnx.settings.options import check_option
 from qwen_onnx.store.artifacts import (
     SIGNATURES_FILE,
@@ -43,7 +44,7 @@ def require_litert(converter: bool = True) -> None:
     """ai-edge-litert (the interpreter) and, to convert, litert-torch are importable.
 
     Raises:
-        ExportError: one is missing (the message names the install command).
+        ExportError: one is missing (the message names the TFLite environment, where they are installed).
     """
     try:
         import ai_edge_litert.interpreter  # noqa: F401
@@ -52,8 +53,8 @@ def require_litert(converter: bool = True) -> None:
             import litert_torch  # noqa: F401
     except ImportError as exc:
         raise ExportError(
-            f"the tflite variant needs litert-torch and ai-edge-litert ({exc}); install them with "
-            "`pip install -r envs/tflite.txt` (envs/setup.sh does)") from exc
+            f"the tflite variant needs litert-torch and ai-edge-litert ({exc}), which live in the TFLite "
+            f"environment {VENV} (envs/setup.sh makes it): run this with {tflite_python()}") from exc
 
 
 #: Named axes of litert-torch's signature tensors, by name (``kv_cache_k_0`` ... by its prefix).
@@ -110,7 +111,8 @@ class TfliteCausalLM:
         OptionError: ``threads`` below 1.
         ArtifactError: the folder has no ``model.tflite`` or ``tflite.json``.
         IntegrityError: a file differs from the folder's manifest.
-        ExportError: ai-edge-litert is not installed.
+        ExportError: ai-edge-litert is not installed (it lives in ``.venv-tflite``:
+            :mod:`qwen_onnx.run.tflite_env`).
     """
     def __init__(self, folder: str | os.PathLike, threads: int = 1):
 
