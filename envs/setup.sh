@@ -51,6 +51,16 @@ fi
 tflite_install() { .venv-tflite/bin/python -m pip install --quiet --disable-pip-version-check "$@"; }
 tflite_install -r envs/requirements.txt -r envs/tflite.txt
 tflite_install --no-deps -e .
+# headless Chromium for the test that opens the report as a browser shows it (tests/report/test_report_browser.py):
+# Debian's package, where apt-get may run; elsewhere that test is skipped with its reason
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  sudo_=""; [ "$(id -u)" = 0 ] || { command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && sudo_="sudo -n"; } || true
+  if [ "$(id -u)" = 0 ] || [ -n "$sudo_" ]; then
+    { $sudo_ apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 ||
+      { $sudo_ apt-get update -qq >/dev/null 2>&1 && $sudo_ apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1; }; } ||
+      echo "envs/setup.sh: Debian's chromium package did not install; the report's browser test will be skipped" >&2
+  fi
+fi
 if [ "$models" = 1 ]; then
   pip_install -r envs/models.txt
 fi
