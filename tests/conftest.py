@@ -15,6 +15,12 @@ from tiny_models import build_tiny_qwen  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
+# pytest-xdist runs the tests in two workers (pyproject.toml's addopts: -n 2): on a 2-core machine, libgomp's
+# spinning idle threads (PyTorch's default OMP_WAIT_POLICY) would take the core the other worker needs. Read when
+# torch loads, so set before anything imports it; the workflow's jobs inherit it (a value set by the user wins).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # Never reach for the network in tests: hub look-ups must come from the (empty) cache.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -107,12 +113,30 @@ def finished_run(tmp_path_factory, tiny_qwen2, texts, families):
 
     folder = tmp_path_factory.mktemp("workflow")
     write_config(folder, str(tiny_qwen2), texts, extra_models=families)
-    result = snakemake(folder)
+    # --cores 4 on 2 cores, as the README's main command: two 2-thread jobs overlap (with --cores 2 every job but
+    # inspect, diff and the latency rows would run alone); the measuring jobs still run alone, on all 4
+    result = snakemake(folder, cores=4)
     assert result.returncode == 0, result.stderr[-4000:]
     # the default run scores no HumanEval; its report says how to (test_workflow.py reads the `task` run's)
     assert not list(folder.glob("results/*/reports/*.task.json"))
     assert "HumanEval pass@1 not measured in this run: `snakemake --cores 4 task` scores all 164 problems" in (
         folder / "results" / "report.md").read_text()
-    result = snakemake(folder, "task")
+    result = snakemake(folder, "task", cores=4)
     assert result.returncode == 0, result.stderr[-4000:]
     return folder
+
+
+#: The group of the tests that read the finished workflow run (or a copy of it): one worker builds it, and starts
+#: with it, the longest piece of work of the suite.
+FINISHED_RUN_GROUP = "finished-run"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist's ``--dist loadgroup`` (pyproject.toml): each module's tests go to one worker, so that its
+    module-scoped fixtures are built once; the tests of :func:`finished_run` go to one worker, and first."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            group = FINISHED_RUN_GROUP if "finished_run" in item.fixturenames else item.path.relative_to(REPO).as_posix()
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group").args[0] != FINISHED_RUN_GROUP)

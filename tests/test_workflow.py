@@ -64,9 +64,9 @@ def write_config(folder: Path, source, texts, extra_models=None, **overrides) ->
     (folder / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
 
 
-def snakemake(folder: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def snakemake(folder: Path, *args: str, env: dict | None = None, cores: int = 2) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(folder), "--cores", "2", *args],
+        [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(folder), "--cores", str(cores), *args],
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},
