@@ -15,6 +15,12 @@ from tiny_models import build_tiny_qwen  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
+# pytest-xdist runs the tests in two workers (pyproject.toml's addopts: -n 2): on a 2-core machine, libgomp's
+# spinning idle threads (PyTorch's default OMP_WAIT_POLICY) would take the core the other worker needs. Read when
+# torch loads, so set before anything imports it; the workflow's jobs inherit it (a value set by the user wins).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # Never reach for the network in tests: hub look-ups must come from the (empty) cache.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -103,16 +109,36 @@ def families(tmp_path_factory):
 def finished_run(tmp_path_factory, tiny_qwen2, texts, families):
     """The whole workflow run once on the tiny Qwen2, Qwen1.5 and Qwen3, then its `task` target (test_workflow.py reads it,
     test_faults.py kills stages in a copy of it)."""
-    from test_workflow import snakemake, write_config
+    from test_workflow import UNEXCLUSIVE, snakemake, write_config
 
     folder = tmp_path_factory.mktemp("workflow")
     write_config(folder, str(tiny_qwen2), texts, extra_models=families)
-    result = snakemake(folder)
+    # --cores 4 on 2 cores, as the README's main command: two 2-thread jobs overlap (with --cores 2 every job but
+    # inspect, diff and the latency rows would run alone); and the measuring jobs, which claim every core Snakemake
+    # is given (test_the_measuring_jobs_claim_every_core), on their one measured thread: they run beside the others
+    # (no figure of this run is compared with another), not alone one after the other
+    result = snakemake(folder, *UNEXCLUSIVE, cores=4)
     assert result.returncode == 0, result.stderr[-4000:]
     # the default run scores no HumanEval; its report says how to (test_workflow.py reads the `task` run's)
     assert not list(folder.glob("results/*/reports/*.task.json"))
     assert "HumanEval pass@1 not measured in this run: `snakemake --cores 4 task` scores all 164 problems" in (
         folder / "results" / "report.md").read_text()
-    result = snakemake(folder, "task")
+    result = snakemake(folder, "task", *UNEXCLUSIVE, cores=4)
     assert result.returncode == 0, result.stderr[-4000:]
     return folder
+
+
+#: The group of the tests that read the finished workflow run (or a copy of it): one worker builds it, and starts
+#: with it, the longest piece of work of the suite.
+FINISHED_RUN_GROUP = "finished-run"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist's ``--dist loadgroup`` (pyproject.toml): each module's tests go to one worker, so that its
+    module-scoped fixtures are built once; the tests of :func:`finished_run` go to one worker, and first."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            group = FINISHED_RUN_GROUP if "finished_run" in item.fixturenames else item.path.relative_to(REPO).as_posix()
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group").args[0] != FINISHED_RUN_GROUP)

@@ -46,10 +46,11 @@ MEASURED = re.compile(r"^(seconds|load_s|prefill_ms_.*|ttft_ms.*|decode_tok_s|de
 def runs(tmp_path_factory, tiny_qwen2, texts):
     """The same targets run locally and through the stand-in cluster, in two folders."""
     folders = {}
-    for kind, args in (("local", ()), ("cluster", ("--profile", str(PROFILE)))):
+    # the local run on --cores 4, so that two of its 2-thread jobs overlap (the jobs' own threads are the same)
+    for kind, args, cores in (("local", (), 4), ("cluster", ("--profile", str(PROFILE)), 2)):
         folder = tmp_path_factory.mktemp(kind)
         write_config(folder, str(tiny_qwen2), texts)
-        result = snakemake(folder, *args, *TARGETS)
+        result = snakemake(folder, *args, *TARGETS, cores=cores)
         assert result.returncode == 0, result.stderr[-4000:]
         folders[kind] = folder
     folders["cluster_output"] = result.stdout + result.stderr

@@ -64,14 +64,18 @@ def write_config(folder: Path, source, texts, extra_models=None, **overrides) ->
     (folder / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
 
 
-def snakemake(folder: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def snakemake(folder: Path, *args: str, env: dict | None = None, cores: int = 2) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(folder), "--cores", "2", *args],
+        [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(folder), "--cores", str(cores), *args],
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},
         timeout=2400,
     )
+
+
+#: The measuring rules on the latency threads (1 in write_config) instead of every core: the finished run's option.
+UNEXCLUSIVE = ("--set-threads", "profile=1", "sitting=1", "machine=1")
 
 
 def planned_jobs(result: subprocess.CompletedProcess) -> dict[str, int]:
@@ -496,6 +500,31 @@ def test_the_default_build_leaves_opt_in_variants_out(tmp_path, tiny_qwen2, text
     # the OpenVINO rows follow peers.openvino_variants (built int4, int8-dynamic), not variants.timed
     assert [Path(p).name for p in sitting if Path(p).parent.name == "tiny"] == ["hf", "fp32", "int8-mixed", "int4",
                                                                                   "int8-dynamic"]
+
+
+def planned_threads(result: subprocess.CompletedProcess) -> dict[str, set[int]]:
+    """Rule -> the threads of its jobs in a dry run's job list (1 where the job states none)."""
+    threads: dict[str, set[int]] = {}
+    for block in re.split(r"^\[.*\]$", result.stdout, flags=re.M)[1:]:
+        rule = re.search(r"^(?:local)?rule (\w+):", block, re.M)
+        if rule:
+            count = re.search(r"^    threads: (\d+)$", block, re.M)
+            threads.setdefault(rule.group(1), set()).add(int(count.group(1)) if count else 1)
+    return threads
+
+
+def test_the_measuring_jobs_claim_every_core(tmp_path, tiny_qwen2, texts):
+    """profile, sitting and machine take every core Snakemake is given (3 here), so that nothing runs beside a
+    measurement; the other jobs their own threads. --set-threads (the finished run's UNEXCLUSIVE) lifts it."""
+    write_config(tmp_path, str(tiny_qwen2), texts)
+    result = snakemake(tmp_path, "-n", cores=3)
+    assert result.returncode == 0, result.stderr[-3000:]
+    threads = planned_threads(result)
+    assert threads["profile"] == threads["sitting"] == threads["machine"] == {3}
+    assert all(max(t) <= 2 for rule, t in threads.items() if rule not in ("profile", "sitting", "machine")), threads
+    assert threads["export"] == {2} and threads["inspect"] == {1}
+    lifted = planned_threads(snakemake(tmp_path, "-n", *UNEXCLUSIVE, cores=3))
+    assert lifted["profile"] == lifted["sitting"] == lifted["machine"] == {1}
 
 
 def test_one_artifact_builds_only_its_ancestors(tmp_path, tiny_qwen2, texts):
