@@ -27,8 +27,8 @@ they matter), on the options MatMulNBits offers a CPU (:data:`OPTIONS`):
    to pass; each candidate is built as the shipped variant is, scored on calibration windows against the
    float graph (never on the evaluation windows the report scores), and its measured load corrects the
    ratio for the next (a secant, then regula falsi with bisection once the edge is bracketed). The search
-   stops when the moves between the last pass and the first fail save less than :data:`RESOLUTION` of
-   the bytes: a few candidates, where a binary search over the path takes ``log2(moves)``.
+   stops when the last pass and the first fail are adjacent moves (:data:`RESOLUTION`): a few candidates,
+   where a binary search over the path takes ``log2(moves)``.
 
 A weight a GGUF source stored on a grid ``MatMulNBits`` holds (:mod:`qwen_onnx.quantize.source_grid`) has one
 more option, its exact carry-over (8-bit at block 32 for Q5_0 and Q8_0, at block 16 for Q6_K, 4-bit at block 16
@@ -295,8 +295,9 @@ def weight_bytes(precision: Mapping[str, str], weights: Mapping[str, int],
 
 
 #: The search along the path stops once the moves between the last candidate that passed and the first that
-#: failed would save at most this fraction of the bytes (:func:`predicted_prefix`).
-RESOLUTION = 0.005
+#: failed would save at most this fraction of the bytes (:func:`predicted_prefix`); 0: only when they are adjacent
+#: (a move saves a fraction of a percent, as much as any stop would keep; docs/int4.md).
+RESOLUTION = 0.0
 
 
 def predicted_kl(precision: Mapping[str, str], scaled: Mapping[str, Mapping[str, float]]) -> float:
