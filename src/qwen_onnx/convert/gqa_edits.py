@@ -152,15 +152,7 @@ def left_padding_support(model: onnx.ModelProto) -> int:
         ),
         helper.make_node("Expand", [f"{prefix}/bias_4d", f"{prefix}/bias_shape"], [bias], name=f"{prefix}/Expand_bias"),
     ]
-    first = list(graph.node).index(attention[0])
-    for offset, node in enumerate(nodes):
-        graph.node.insert(first + offset, node)
-    for n in attention:
-        inputs = list(n.input) + [""] * max(0, _GQA_ATTENTION_BIAS + 1 - len(n.input))
-        inputs[_GQA_SEQLENS_K] = seqlens
-        inputs[_GQA_ATTENTION_BIAS] = bias
-        del n.input[:]
-        n.input.extend(inputs)
+    _insert_and_feed(graph, attention, nodes, {_GQA_SEQLENS_K: seqlens, _GQA_ATTENTION_BIAS: bias})
     dropped = _remove_dead_nodes(graph)
     log.info(
         "left padding: %d attention nodes take seqlens_k = total - 1 and attention_bias on left-padded rows; "
@@ -240,16 +232,23 @@ def position_ids_input(model: onnx.ModelProto) -> int:
                     to=TensorProto.BOOL)
         shifted = node("Add", ["position_ids", shift], "shifted")
         nodes.append(helper.make_node("Where", [real, shifted, columns], [positions], name=f"{prefix}/Where"))
-    first = list(graph.node).index(attention[0])
-    for offset, new in enumerate(nodes):
-        graph.node.insert(first + offset, new)
-    for n in attention:
-        inputs = list(n.input) + [""] * max(0, _GQA_POSITION_IDS + 1 - len(n.input))
-        inputs[_GQA_POSITION_IDS] = positions
-        del n.input[:]
-        n.input.extend(inputs)
+    _insert_and_feed(graph, attention, nodes, {_GQA_POSITION_IDS: positions})
     log.info("position_ids: %d attention nodes read them (%d nodes added)", len(attention), len(nodes))
     return len(attention)
+
+
+def _insert_and_feed(graph: onnx.GraphProto, attention: list, nodes: list, slots: dict[int, str]) -> None:
+    """Insert ``nodes`` before the first attention node (topological order kept) and set each attention node's
+    inputs at the ``slots`` (``{input index: tensor name}``), padding its optional inputs with empty names."""
+    first = list(graph.node).index(attention[0])
+    for offset, node in enumerate(nodes):
+        graph.node.insert(first + offset, node)
+    for n in attention:
+        inputs = list(n.input) + [""] * max(0, max(slots) + 1 - len(n.input))
+        for index, name in slots.items():
+            inputs[index] = name
+        del n.input[:]
+        n.input.extend(inputs)
 
 
 def set_layer_windows(model: onnx.ModelProto, windows: list[int]) -> list[int]:
