@@ -104,6 +104,20 @@ def test_the_edge_search_stops_when_the_moves_left_save_less_than_its_resolution
     assert len(tries) <= 3
 
 
+def test_a_path_line_far_flatter_than_the_probes_gives_way_to_their_slope():
+    # the 0.5B's search: its 6 probes, then 136 and 135 moves both marginal at load 1.006; the line through those two
+    # rises by 2e-4 and put the edge at the path's start, so the next try was 1 move
+    probes = [(0.0204, 0.722), (0.0211, 0.755), (0.0226, 0.886), (0.0197, 0.744), (0.0230, 0.831), (0.0249, 0.853)]
+    tried = [(0.0287, 1.00623), (0.0280, 1.00604)]
+    slope, intercept = np.polyfit(*zip(*probes), 1)
+    anchored = 1.006135 - slope * 0.02835  # the probes' slope through the two points' mean
+    assert load_line_target(probes, tried) == pytest.approx((1.0 - anchored) / slope)
+    assert 0.027 < load_line_target(probes, tried) < 0.0287  # near the fails (the aim stays below 135), not at the start
+    # a path line as steep as the probes' is its own
+    steep = [(0.020, 0.80), (0.024, 0.80 + 2 * slope * 0.004)]
+    assert load_line_target(probes, steep) == pytest.approx(0.020 + 0.20 / (2 * slope))
+
+
 def test_the_edge_search_keeps_every_matmul_at_its_widest_when_the_first_move_fails():
     taken, tries = _edge_search(np.linspace(0.0, 1.0, 11), lambda t: 5.0, known=[(0.5, 0.5)])
     assert taken == 0 and tries[-1] == 1

@@ -103,6 +103,34 @@ def test_the_sitting_times_a_same_start_row(pipeline, quantized, texts, tmp_path
     assert rows["fp32"]["decode_tok_s_vs_peer"] == pytest.approx(rows["fp32"]["decode_tok_s"] / row["decode_tok_s"])
 
 
+@needs_llama
+def test_a_same_start_row_with_the_source_ggufs_tensor_types_takes_its_speed_untimed(pipeline, quantized, texts):
+    from qwen_onnx.measure.peers import run_peers
+    from qwen_onnx.measure.peers_llama_cpp import gguf_layout, same_kernels
+    from qwen_onnx.measure.peers_table import peers_markdown
+    from qwen_onnx.settings.timing import TimingSettings
+
+    (q8, _), (q4, _) = quantized["q8_0"], quantized["q4_k_m"]
+    source = q8 / "model.gguf"  # the source GGUF stands in for one whose layout llama.cpp's quantizer repeats
+    layout = gguf_layout(source)
+    assert layout["blk.0.ffn_down.weight"] == ("Q8_0", (128, 64))
+    assert same_kernels(source, source) and not same_kernels(source, q4 / "model.gguf")
+    timing = TimingSettings(rounds=2, prompt_lengths=[8], decode_prompt_tokens=8, new_tokens=4, threads=1)
+    result = run_peers(pipeline["hf"], [], texts["evaluation"], timing, source=str(source), pytorch=False,
+                       genai_builder=False, genai_builder_ort=False, llama_cpp_dirs=[q8, q4])
+    rows = {r["peer"]: r for r in result["rows"]}
+    assert list(rows) == ["llama.cpp", "llama.cpp-q8_0", "llama.cpp-q4_k_m"]
+    twin, timed = rows["llama.cpp-q8_0"], rows["llama.cpp-q4_k_m"]
+    assert twin["timed_as"] == "llama.cpp" and twin["skipped"] is None and twin["sitting_s"] == 0.0
+    for figure in ("decode_tok_s", "prefill_ms_8", "ttft_ms", "peak_rss_mib", "rounds_decode_tok_s"):
+        assert twin[figure] == rows["llama.cpp"][figure]
+    assert twin["bytes_on_disk"] == source.stat().st_size and twin["config"]["recipe"] == "Q8_0"
+    assert "timed_as" not in timed and len(timed["rounds_decode_tok_s"]) == 2 and timed["sitting_s"] > 0
+    assert ("llama.cpp-q8_0: not timed; its GGUF holds llama.cpp's tensor types and shapes, so llama.cpp runs the "
+            "same kernels over the same bytes: its speed and memory figures are llama.cpp's (its accuracy is its "
+            "own).") in peers_markdown(result)
+
+
 def test_each_peer_row_says_whether_it_compares_quantizers_or_runtimes():
     assert [compares(p) for p in ("llama.cpp", "llama.cpp-q4_k_m", "genai-builder-int4", "openvino-int4",
                                   "int4-openvino", "int4", "pytorch")] == [

@@ -8,7 +8,16 @@ import onnx
 import pytest
 
 from qwen_onnx.errors import QwenOnnxError
-from qwen_onnx.quantize.gptq import DAMPING, Hessians, gptq_blocks, inverse_cholesky, output_error, restore
+from qwen_onnx.quantize.gptq import (
+    DAMPING,
+    Hessians,
+    accumulate_gram,
+    gptq_blocks,
+    inverse_cholesky,
+    output_error,
+    restore,
+    symmetric_from_upper,
+)
 from qwen_onnx.quantize.int4 import Int4Settings
 from qwen_onnx.quantize.kquant import activation_importance, quantize_blocks
 from qwen_onnx.quantize.matmuls import weight_matmuls
@@ -69,9 +78,39 @@ def test_the_inverse_cholesky_factor_is_the_reference_codes_to_rounding():
     h[np.diag_indices(96)] += DAMPING * np.mean(np.diag(h))
     reference = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(torch.from_numpy(h))), upper=True)
     np.testing.assert_allclose(u, reference.numpy(), rtol=1e-5, atol=1e-6 * np.abs(u).max())
-    np.testing.assert_allclose(u.astype(np.float64).T @ u, np.linalg.inv(h), rtol=1e-4, atol=1e-6)
+    inverse = np.linalg.inv(h)  # float32's rounding, as in the reference code's float32 H
+    np.testing.assert_allclose(u.astype(np.float64).T @ u, inverse, rtol=1e-4, atol=1e-6 * np.abs(inverse).max())
     with pytest.raises(ValueError, match="not positive definite"):
         inverse_cholesky(-np.eye(4, dtype=np.float32))
+
+
+def test_the_inverse_cholesky_factor_does_not_depend_on_the_blas_thread_count():
+    # OpenBLAS's threaded spotrf and strtri round otherwise than their serial code at K = 256 already: a build's
+    # bytes would depend on its core count
+    import os
+    import subprocess
+    import sys
+
+    code = ("import hashlib, numpy as np; from qwen_onnx.quantize.gptq import inverse_cholesky; "
+            "x = np.random.default_rng(0).standard_normal((512, 256)).astype(np.float32); "
+            "print(hashlib.sha1(inverse_cholesky(x.T @ x / 512).tobytes()).hexdigest())")
+    digests = {subprocess.run([sys.executable, "-c", code], env={**os.environ, "OPENBLAS_NUM_THREADS": threads},
+                              capture_output=True, text=True, check=True).stdout.strip() for threads in ("1", "2")}
+    assert len(digests) == 1, digests
+
+
+def test_the_hessian_summed_window_by_window_in_one_triangle_is_the_mean_of_x_xt():
+    rng = np.random.default_rng(3)
+    windows = [rng.standard_normal((n, 48)).astype(np.float32) for n in (16, 5, 32)]
+    upper = np.zeros((48, 48), dtype=np.float32, order="F")
+    for x in windows:
+        upper = accumulate_gram(upper, x)
+    assert not np.allclose(upper, upper.T)  # one triangle only, until completed
+    x = np.concatenate(windows)
+    hessian = symmetric_from_upper(upper, 1.0 / len(x))
+    assert hessian.dtype == np.float32 and hessian.flags.c_contiguous
+    np.testing.assert_allclose(hessian, x.T.astype(np.float64) @ x / len(x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(hessian, hessian.T)
 
 
 def test_gptq_refuses_a_weight_whose_inputs_are_not_whole_blocks():

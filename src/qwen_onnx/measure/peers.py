@@ -69,7 +69,7 @@ from qwen_onnx.convert.genai_builder import build_genai_int4
 from qwen_onnx.errors import ArtifactError, QwenOnnxError
 from qwen_onnx.measure.latency import measure_latency_of_tokens, measure_tflite_latency, sitting_measurement
 from qwen_onnx.measure.latency_torch import measure_torch_latency
-from qwen_onnx.measure.peers_llama_cpp import llama_cpp_config, llama_n_ctx, measure_llama_cpp
+from qwen_onnx.measure.peers_llama_cpp import llama_cpp_config, llama_n_ctx, measure_llama_cpp, same_kernels
 from qwen_onnx.measure.peers_openvino import genai_row, variant_row
 from qwen_onnx.measure.peers_table import (
     GENAI,
@@ -222,10 +222,13 @@ def source_of(hf_dir: str | os.PathLike) -> Any:
 
 
 def llama_cpp_recipe_row(folder: str | os.PathLike, tokens: np.ndarray, timing: TimingSettings,
-                         config: Mapping[str, Any], broken: str | None) -> dict[str, Any]:
+                         config: Mapping[str, Any], broken: str | None, source_gguf: str | None = None) -> dict[str, Any]:
     """The sitting's row of a same-start llama.cpp folder (``llama.cpp-q4_k_m``): ``model.gguf`` timed by
     llama-cpp-python like the source GGUF's row, its recipe and "no importance matrix" in the row's config;
-    skipped with ``broken`` (a build that cannot run on this CPU) or when llama-cpp-python is missing."""
+    skipped with ``broken`` (a build that cannot run on this CPU) or when llama-cpp-python is missing.
+    When ``source_gguf`` (the ``llama.cpp`` row's file, timed) has its tensor types and shapes
+    (:func:`qwen_onnx.measure.peers_llama_cpp.same_kernels`), the row is not timed: ``timed_as`` names
+    ``llama.cpp``, whose speed figures it takes after the rounds."""
     folder = Path(folder)
     record = read_json(folder / "quantize.json")
     gguf = folder / "model.gguf"
@@ -235,9 +238,23 @@ def llama_cpp_recipe_row(folder: str | os.PathLike, tokens: np.ndarray, timing: 
         return {**base, "path": None, "bytes_on_disk": None, "skipped": f"llama-cpp-python not installed: {INSTALL_HINT}"}
     if broken:
         return {**base, "path": None, "bytes_on_disk": None, "skipped": broken, **config}
+    twin = source_gguf is not None and same_kernels(gguf, source_gguf)
     return {**base, "path": os.fspath(gguf), "bytes_on_disk": gguf.stat().st_size,
-            "job": (measure_llama_cpp, (os.fspath(gguf), tokens, timing)),
+            "job": None if twin else (measure_llama_cpp, (os.fspath(gguf), tokens, timing)),
+            "timed_as": LLAMA_CPP if twin else None,
             **config, "n_ctx": llama_n_ctx(timing), "n_threads": timing.threads, "n_threads_batch": timing.threads}
+
+
+def take_speed_of(row: dict[str, Any], timed: Mapping[str, Any]) -> None:
+    """Give ``row`` (one with ``timed_as``) the speed and memory figures of the row ``timed`` it runs as: its
+    medians, rounds and load, every figure but its own ``bytes_on_disk``; no sitting time of its own. A
+    ``timed`` row that failed or was skipped leaves ``row`` skipped with its reason."""
+    if timed.get("skipped"):
+        row["skipped"] = one_line(f"timed as {timed['peer']}, which was not measured: {timed['skipped']}")
+        return
+    own = {"peer", "runtime", "path", "bytes_on_disk", "skipped", "config", "timed_as"}
+    row.update({key: value for key, value in timed.items() if key not in own and not key.endswith("_vs_peer")})
+    row["sitting_s"] = 0.0
 
 
 def run_peers(
@@ -316,11 +333,18 @@ def run_peers(
     rows: list[dict[str, Any]] = []
     jobs: list[tuple[str, Any, tuple]] = []
 
-    def add(peer: str, runtime: str, path: str | None, bytes_on_disk: int | None, job=None, skipped=None, **config):
+    timed: list[dict[str, Any]] = []  # the rows with a job, in the jobs' order
+
+    def add(peer: str, runtime: str, path: str | None, bytes_on_disk: int | None, job=None, skipped=None,
+            timed_as=None, **config):
         rows.append({"peer": peer, "runtime": runtime, "path": path, "bytes_on_disk": bytes_on_disk,
                      "skipped": one_line(skipped), "config": config})
         if job is not None:
             jobs.append((peer, *job))
+            timed.append(rows[-1])
+        elif timed_as is not None:
+            rows[-1]["timed_as"] = timed_as
+            log.info("%s: not timed, the same kernels on the same bytes as %s", peer, timed_as)
         else:
             log.info("%s skipped: %s", peer, skipped)
 
@@ -366,8 +390,9 @@ def run_peers(
                         (measure_llama_cpp, (os.fspath(gguf), tokens, timing)), **config,
                         n_ctx=llama_n_ctx(timing), n_threads=timing.threads, n_threads_batch=timing.threads,
                         weights="the source GGUF")
+        timed_gguf = next((row["path"] for row in timed if row["peer"] == LLAMA_CPP), None)
         for folder in llama_cpp_dirs:
-            add(**llama_cpp_recipe_row(folder, tokens, timing, config, broken))
+            add(**llama_cpp_recipe_row(folder, tokens, timing, config, broken, timed_gguf))
         genai_dir = None
         if genai_builder or genai_builder_ort:
             note = None
@@ -401,8 +426,7 @@ def run_peers(
         bandwidth_before = memory_bandwidth_gb_s(timing.threads)
         per_job = interleaved_rounds(jobs, timing.rounds, failures=failures, loads=loads)
         bandwidth_after = memory_bandwidth_gb_s(timing.threads)
-    measured = [r for r in rows if r["skipped"] is None]
-    for i, (row, figures) in enumerate(zip(measured, per_job)):
+    for i, (row, figures) in enumerate(zip(timed, per_job)):
         if i in failures:
             row["skipped"] = one_line(f"failed while measuring: {failures[i]}")
             if row["peer"] == LLAMA_CPP or llama_cpp_recipe(row["peer"]) is not None:
@@ -410,6 +434,9 @@ def run_peers(
             continue
         row.update(_median_row(figures, loads[i]))
         row["rounds"] = len(figures)
+    for row in rows:
+        if row.get("timed_as"):
+            take_speed_of(row, next(r for r in rows if r["peer"] == row["timed_as"]))
     reference = add_peer_ratios(rows, timing.prompt_lengths)
     settings = timing.record()
     settings["warmup_scope"] = settings.pop("warmup_scope")  # peers.json keeps it after repeats

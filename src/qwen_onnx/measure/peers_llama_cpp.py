@@ -63,6 +63,22 @@ def measure_llama_cpp(gguf: str, tokens: np.ndarray, timing: TimingSettings) -> 
     return sitting_measurement(prefill, generate, tokens, timing, load_s)
 
 
+def gguf_layout(path: str | Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """``{tensor name: (GGML type name, shape)}`` of a GGUF file, read from its header by gguf-py's
+    ``GGUFReader`` (memory-mapped: the tensor data is not read)."""
+    from gguf import GGUFReader
+
+    return {t.name: (t.tensor_type.name, tuple(int(d) for d in t.shape)) for t in GGUFReader(str(path)).tensors}
+
+
+def same_kernels(gguf: str | Path, other: str | Path) -> bool:
+    """Whether two GGUF files hold the same tensors in the same GGML types and shapes
+    (:func:`gguf_layout`): llama.cpp then runs the same kernels over the same bytes for both, so one's
+    speed is the other's (llama.cpp's Q4_K_M quantizer on the embedded models' checkpoint writes the
+    source Q4_K_M file's layout); their values, and so their accuracy, may differ."""
+    return gguf_layout(gguf) == gguf_layout(other)
+
+
 def llama_cpp_config() -> dict[str, Any]:
     """What the llama.cpp row runs: the package version and ggml's own CPU feature report
     (``llama_print_system_info``), read in a child process so that a broken build cannot take this

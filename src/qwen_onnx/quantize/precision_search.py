@@ -336,12 +336,18 @@ def load_line_target(known: Sequence[tuple[float, float]], tried: Sequence[tuple
     The least-squares line through the path's own points once there are two that rise; with one, the probes'
     slope through it; before any, the probes' line. Where a line does not rise (noise), the one through the origin
     and the latest point. None without a point of positive load.
+    A path line far flatter than the probes' (under half their slope) is not trusted: two noisy loads a move
+    apart fix no slope (the 0.5B's 135 and 136 moves, both at load 1.006, gave a line whose edge lay at the path's
+    start). The probes' slope through the path's points is taken instead, as for a single point.
     """
+    probes = _line(known)
     line = _line(tried)
-    if line is None and len(tried) == 1 and (probes := _line(known)) is not None:
-        line = (probes[0], tried[0][1] - probes[0] * tried[0][0])
+    if line is not None and probes is not None and line[0] < probes[0] / 2:
+        line = None
+    if line is None and tried and probes is not None:
+        line = (probes[0], float(np.mean([y - probes[0] * x for x, y in tried])))
     if line is None and not tried:
-        line = _line(known)
+        line = probes
     if line is not None:
         return (1.0 - line[1]) / line[0]
     last = next(((x, y) for x, y in reversed([*known, *tried]) if y > 0 and x > 0), None)
