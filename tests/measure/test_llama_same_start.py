@@ -126,9 +126,21 @@ def test_a_same_start_row_with_the_source_ggufs_tensor_types_takes_its_speed_unt
         assert twin[figure] == rows["llama.cpp"][figure]
     assert twin["bytes_on_disk"] == source.stat().st_size and twin["config"]["recipe"] == "Q8_0"
     assert "timed_as" not in timed and len(timed["rounds_decode_tok_s"]) == 2 and timed["sitting_s"] > 0
-    assert ("llama.cpp-q8_0: not timed; its GGUF holds llama.cpp's tensor types and shapes, so llama.cpp runs the "
-            "same kernels over the same bytes: its speed and memory figures are llama.cpp's (its accuracy is its "
-            "own).") in peers_markdown(result)
+    assert ("llama.cpp-q8_0: not timed; its GGUF holds as many tensors of each type and shape as llama.cpp's, so "
+            "llama.cpp runs the same kernels over the same bytes: its speed and memory figures are llama.cpp's (its "
+            "accuracy is its own).") in peers_markdown(result)
+
+
+def test_the_kernel_mix_ignores_which_layer_holds_which_type():
+    from qwen_onnx.measure.peers_llama_cpp import same_kernel_mix
+
+    # the 0.5B's source Q4_K_M and llama.cpp's own Q4_K_M of its checkpoint: Q6_K down_proj in other layers
+    source = {"blk.10.ffn_down.weight": ("Q6_K", (4864, 896)), "blk.11.ffn_down.weight": ("Q4_K", (4864, 896))}
+    ours = {"blk.10.ffn_down.weight": ("Q4_K", (4864, 896)), "blk.11.ffn_down.weight": ("Q6_K", (4864, 896))}
+    assert same_kernel_mix(source, ours)
+    assert not same_kernel_mix(source, {**ours, "blk.11.ffn_down.weight": ("Q5_K", (4864, 896))})
+    assert not same_kernel_mix(source, {"blk.10.ffn_down.weight": ("Q6_K", (4864, 896)),
+                                        "blk.12.ffn_down.weight": ("Q4_K", (4864, 896))})
 
 
 def test_each_peer_row_says_whether_it_compares_quantizers_or_runtimes():

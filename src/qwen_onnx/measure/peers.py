@@ -226,7 +226,7 @@ def llama_cpp_recipe_row(folder: str | os.PathLike, tokens: np.ndarray, timing: 
     """The sitting's row of a same-start llama.cpp folder (``llama.cpp-q4_k_m``): ``model.gguf`` timed by
     llama-cpp-python like the source GGUF's row, its recipe and "no importance matrix" in the row's config;
     skipped with ``broken`` (a build that cannot run on this CPU) or when llama-cpp-python is missing.
-    When ``source_gguf`` (the ``llama.cpp`` row's file, timed) has its tensor types and shapes
+    When ``source_gguf`` (the ``llama.cpp`` row's file, timed) has as many tensors of each type and shape
     (:func:`qwen_onnx.measure.peers_llama_cpp.same_kernels`), the row is not timed: ``timed_as`` names
     ``llama.cpp``, whose speed figures it takes after the rounds."""
     folder = Path(folder)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -72,11 +72,19 @@ def gguf_layout(path: str | Path) -> dict[str, tuple[str, tuple[int, ...]]]:
 
 
 def same_kernels(gguf: str | Path, other: str | Path) -> bool:
-    """Whether two GGUF files hold the same tensors in the same GGML types and shapes
-    (:func:`gguf_layout`): llama.cpp then runs the same kernels over the same bytes for both, so one's
-    speed is the other's (llama.cpp's Q4_K_M quantizer on the embedded models' checkpoint writes the
-    source Q4_K_M file's layout); their values, and so their accuracy, may differ."""
-    return gguf_layout(gguf) == gguf_layout(other)
+    """Whether two GGUF files hold the same tensors, and as many tensors of each GGML type and shape
+    (:func:`gguf_layout`): a decode step or a prefill then runs the same kernels over the same bytes in both,
+    in another order of layers at most, so one's speed is the other's. llama.cpp's Q4_K_M quantizer on the
+    embedded models' checkpoint puts its Q6_K ffn_down and Q8_0 attn_v in other layers than the source Q4_K_M
+    file does, as many of each. Their values, and so their accuracy, differ."""
+    return same_kernel_mix(gguf_layout(gguf), gguf_layout(other))
+
+
+def same_kernel_mix(layout: Mapping[str, tuple[str, tuple[int, ...]]],
+                    other: Mapping[str, tuple[str, tuple[int, ...]]]) -> bool:
+    """:func:`same_kernels` of two :func:`gguf_layout` results: the same tensor names, and the same
+    multiset of (GGML type, shape)."""
+    return layout.keys() == other.keys() and sorted(layout.values()) == sorted(other.values())
 
 
 def llama_cpp_config() -> dict[str, Any]:

@@ -187,9 +187,9 @@ def peers_notes(result: Mapping[str, Any]) -> list[str]:
                      f"({sum(s for _, s in costs) / 60:.1f} min).")
     for row in result["rows"]:
         if row.get("timed_as") and not row.get("skipped"):
-            notes.append(f"{row['peer']}: not timed; its GGUF holds {row['timed_as']}'s tensor types and shapes, so "
-                         f"llama.cpp runs the same kernels over the same bytes: its speed and memory figures are "
-                         f"{row['timed_as']}'s (its accuracy is its own).")
+            notes.append(f"{row['peer']}: not timed; its GGUF holds as many tensors of each type and shape as "
+                         f"{row['timed_as']}'s, so llama.cpp runs the same kernels over the same bytes: its speed and "
+                         f"memory figures are {row['timed_as']}'s (its accuracy is its own).")
     for row in result["rows"]:
         if row["peer"] == LLAMA_CPP and not row.get("skipped"):
             c = row["config"]
