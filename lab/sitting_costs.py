@@ -44,9 +44,11 @@ def table(path: str | Path) -> list[str]:
     result = json.loads(Path(path).read_text(encoding="utf-8"))
     lengths = result["prompt_lengths"]
     figures = ["decode_tok_s", "ttft_ms", *(f"prefill_ms_{n}" for n in lengths)]
-    lines = [f"{path}: {result.get('isa')}, {result['rounds']} rounds", "",
-             "| row | sitting s | one process s | load | prefills | decode | TTFT | rest | "
-             + " | ".join(f"one round vs median, {f} (%)" for f in figures) + " |",
+    names = {"decode_tok_s": "decode", "ttft_ms": "TTFT", **{f"prefill_ms_{n}": f"prefill {n}" for n in lengths}}
+    lines = [f"{path}: {result.get('isa')}, {result['rounds']} rounds; seconds, then the largest |round / median - 1| "
+             "of each figure, %", "",
+             "| row | sitting s | a process s | load | prefills | decode | TTFT | rest | "
+             + " | ".join(f"{names[f]} ±%" for f in figures) + " |",
              "|---" * (8 + len(figures)) + "|"]
     rows = [r for r in result["rows"] if not r.get("skipped") and r.get("per_round") and not r.get("timed_as")]
     for row in rows:

@@ -118,6 +118,17 @@ def test_a_path_line_far_flatter_than_the_probes_gives_way_to_their_slope():
     assert load_line_target(probes, steep) == pytest.approx(0.020 + 0.20 / (2 * slope))
 
 
+def test_a_load_that_stalls_along_the_path_does_not_make_the_search_creep():
+    # the 1.5B's path: loads near 0.9 from 140 to 149 moves while the probes rise steeply; the edge lies far beyond
+    predicted = np.maximum(0.0, 0.0325 + 0.0015 * (np.arange(298) - 140))  # 0.0015 nats a move there, as measured
+    # 0.85 at 140 moves, 0.92 at 143, then rising slowly (the 1.5B passed at 168 and failed at 169 last time)
+    load = lambda t: 0.85 + 0.07 * max(t - 140, 0) / 3 if t < 143 else 0.92 + 0.0036 * (t - 143)  # noqa: E731
+    edge = max(t for t in range(298) if load(t) <= 1.0)  # 165
+    probes = [(0.020, 0.70), (0.022, 0.78), (0.024, 0.86)]  # 40 load a nat, the path's first rise 16
+    taken, tries = _edge_search(predicted, load, known=probes)
+    assert taken == edge, tries  # the probes' slope through these points crept one move a try and stopped at 144
+
+
 def test_the_edge_search_keeps_every_matmul_at_its_widest_when_the_first_move_fails():
     taken, tries = _edge_search(np.linspace(0.0, 1.0, 11), lambda t: 5.0, known=[(0.5, 0.5)])
     assert taken == 0 and tries[-1] == 1

@@ -117,7 +117,9 @@ class Hessians:
                             self.threads, reduce=add)
         if squares:
             self._importance = {name: (total / tokens[name]).astype(np.float32) for name, total in square_sums.items()}
-        self._held = {name: symmetric_from_upper(total, 1.0 / tokens[name]) for name, total in sums.items()}
+        self._held = {}
+        for name in list(sums):  # one input's triangle and its full copy held at a time, beside the others
+            self._held[name] = symmetric_from_upper(sums.pop(name), 1.0 / tokens[name])
         self._held_group = group
         self.captures += 1
         log.info("GPTQ: Hessians of %d inputs (group %d of %d)%s on %d windows in %.1f s", len(names), group + 1,

@@ -336,13 +336,16 @@ def load_line_target(known: Sequence[tuple[float, float]], tried: Sequence[tuple
     The least-squares line through the path's own points once there are two that rise; with one, the probes'
     slope through it; before any, the probes' line. Where a line does not rise (noise), the one through the origin
     and the latest point. None without a point of positive load.
-    A path line far flatter than the probes' (under half their slope) is not trusted: two noisy loads a move
-    apart fix no slope (the 0.5B's 135 and 136 moves, both at load 1.006, gave a line whose edge lay at the path's
-    start). The probes' slope through the path's points is taken instead, as for a single point.
+    A path line far flatter than the probes' (under half their slope) through points that all fail is not trusted:
+    two noisy loads a move apart fix no slope, and aimed back from above 1 such a line lands near the path's start
+    (the 0.5B's 135 and 136 moves, both at load 1.006, sent the next try to 1 move). The probes' slope through the
+    path's points is taken instead, as for a single point. Through passing points a flat line stays: the load can
+    stall along a stretch of the path (the 1.5B's 140 to 149 moves all near 0.9), and the probes' steeper slope
+    would then creep one move a try.
     """
     probes = _line(known)
     line = _line(tried)
-    if line is not None and probes is not None and line[0] < probes[0] / 2:
+    if line is not None and probes is not None and line[0] < probes[0] / 2 and all(y > 1 for _, y in tried):
         line = None
     if line is None and tried and probes is not None:
         line = (probes[0], float(np.mean([y - probes[0] * x for x, y in tried])))
