@@ -2,7 +2,7 @@
 
 In ``.venv``, which has no LiteRT, the conversion, accuracy, timing and inspection run in the TFLite environment
 (:mod:`qwen_onnx.run.tflite_env`) and the tests that run LiteRT in their own process are skipped;
-tests/convert/test_tflite_env.py runs this whole module again inside ``.venv-tflite``, where every test runs.
+the last test runs those (marked ``litert``) inside ``.venv-tflite``, on the folders converted here.
 
 Tolerances were measured on the tiny random Qwen2 (hidden 64, logits of magnitude up to ~6) and
 are set a few times above the measurement (TFLITE_NOTES.md).
@@ -11,6 +11,10 @@ are set a few times above the measurement (TFLITE_NOTES.md).
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +25,7 @@ from qwen_onnx.convert import tflite as tflite_module
 from qwen_onnx.convert.tflite import convert_tflite, count_weight_only_ops
 from qwen_onnx.errors import ArchitectureError, ExportError, OptionError
 from qwen_onnx.run.tflite import TfliteCausalLM
-from qwen_onnx.run.tflite_env import litert_here, versions
+from qwen_onnx.run.tflite_env import litert_here, tflite_python, versions
 from qwen_onnx.store.artifacts import SIGNATURES_FILE, TFLITE_FILE
 from qwen_onnx.store.manifest import MANIFEST_FILE, verify_manifest
 
@@ -29,9 +33,14 @@ from qwen_onnx.store.manifest import MANIFEST_FILE, verify_manifest
 PREFILL, KV = 8, 128
 #: fp32 (quantize none) against transformers: max |logit difference| measured 1.1e-5.
 FP32_ATOL = 1e-4
-#: A test that runs LiteRT (or litert-torch) in its own process: only inside the TFLite environment.
-in_litert = pytest.mark.skipif(not litert_here(converter=True), reason="runs LiteRT in this process: in .venv-tflite, "
-                               "where tests/convert/test_tflite_env.py runs this module")
+
+
+def in_litert(test):
+    """A test that runs LiteRT (or litert-torch) in its own process: only inside the TFLite environment, where
+    :func:`test_the_litert_tests_pass_inside_the_tflite_environment` runs the tests marked ``litert``."""
+    skip = pytest.mark.skipif(not litert_here(converter=True), reason="runs LiteRT in this process: in .venv-tflite, "
+                              "where this module's last test runs them")
+    return pytest.mark.litert(skip(test))
 
 
 def prompt(n, seed=0):
@@ -51,9 +60,18 @@ def torch_logits(model, ids):
         return model(torch.tensor([ids])).logits[0].numpy()
 
 
+#: The folder of the conversions made in ``.venv``, given to this module's litert tests in ``.venv-tflite``
+#: (:func:`test_the_litert_tests_pass_inside_the_tflite_environment`), which read them instead of converting again.
+CONVERTED_VARIABLE = "QWEN_ONNX_TEST_TFLITE_CONVERTED"
+
+
 @pytest.fixture(scope="module")
 def converted(tiny_qwen2, tmp_path_factory):
-    """The tiny Qwen2 converted twice: fp32 (``none``) and ``dynamic_int8``."""
+    """The tiny Qwen2 converted twice: fp32 (``none``) and ``dynamic_int8``: ``{quantize: (folder, info)}``, the
+    info as :func:`convert_tflite` returns it and the folder's tflite.json holds it."""
+    if given := os.environ.get(CONVERTED_VARIABLE):
+        return {q: (Path(given) / q, json.loads((Path(given) / q / SIGNATURES_FILE).read_text()))
+                for q in ("none", "dynamic_int8")}
     root = tmp_path_factory.mktemp("tflite")
     return {q: (root / q, convert_tflite(tiny_qwen2, root / q, prefill_length=PREFILL, kv_cache_length=KV, quantize=q))
             for q in ("none", "dynamic_int8")}
@@ -501,3 +519,21 @@ def test_report_has_tflite_rows_and_a_line_per_skipped_model(accuracy, latency, 
     with open(tmp_path / "metrics.csv", newline="") as f:
         assert [r["variant"] for r in csv.DictReader(f) if r["model"] == "tiny"] == ["pytorch", "fp32", "tflite"]
     assert "big tflite: skipped" in (tmp_path / "report.html").read_text()
+
+
+@pytest.mark.skipif(not tflite_python().is_file(), reason=f"no TFLite environment ({tflite_python()}): envs/setup.sh "
+                    "makes .venv-tflite")
+def test_the_litert_tests_pass_inside_the_tflite_environment(converted):
+    """In ``.venv`` this module skips its tests that run LiteRT in their own process (marked ``litert``): here they run
+    in ``.venv-tflite``, on the folders this module converted in ``.venv`` (its other tests sent those conversions,
+    and their LiteRT calls, to ``.venv-tflite``; the litert tests convert in their own process too)."""
+    if litert_here(converter=True):
+        pytest.skip("LiteRT imports here: this module runs every test in this process")
+    root = converted["none"][0].parent
+    done = subprocess.run([str(tflite_python()), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n0", "-m", "litert",
+                           "tests/convert/test_tflite.py"], cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                          text=True, timeout=3600, env={**os.environ, CONVERTED_VARIABLE: str(root)})
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    # the seven litert tests (one of them thrice, parametrised), none skipped; the module's others deselected
+    assert re.fullmatch(r"9 passed, \d+ deselected(, \d+ warnings?)? in .*", summary), summary

@@ -1,6 +1,6 @@
 """The TFLite toolchain's own environment, ``.venv-tflite`` (qwen_onnx.run.tflite_env): found as the OpenVINO
-export's, a call sent there comes back with its value or its error, tests/convert/test_tflite.py passes inside it,
-and ``.venv`` imports the README's snippet without TensorFlow."""
+export's, a call sent there comes back with its value or its error (tests/convert/test_tflite.py runs its LiteRT tests
+inside it), and ``.venv`` imports the README's snippet without TensorFlow."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from qwen_onnx.run import tflite_env
 from qwen_onnx.run.tflite import prefill_signature, read_tflite_info
 from qwen_onnx.run.tflite_env import PYTHON_VARIABLE, call_with_litert, litert_here, tflite_python
 
-REPO = Path(__file__).resolve().parents[2]
 needs_tflite_env = pytest.mark.skipif(
     not tflite_python().is_file(),
     reason=f"no TFLite environment ({tflite_python()}): envs/setup.sh makes .venv-tflite, or set {PYTHON_VARIABLE}")
@@ -61,19 +60,6 @@ def test_a_call_comes_back_with_its_value_its_error_or_how_the_process_died(tmp_
     with pytest.raises(ExportError, match=r"process \(.*\) running _exit ended without a result: exit status 3$"):
         call_with_litert(os._exit, (3,))
     assert capfd.readouterr().out == ""  # the child's stdout is the caller's stderr (the CLI prints JSON on stdout)
-
-
-@needs_tflite_env
-def test_the_tflite_tests_pass_inside_the_tflite_environment():
-    """In ``.venv`` test_tflite.py skips its tests that run LiteRT in their own process: here the whole module
-    runs in ``.venv-tflite``, every test in it."""
-    if litert_here(converter=True):
-        pytest.skip("LiteRT imports here: test_tflite.py runs every test in this process")
-    done = subprocess.run([str(tflite_python()), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "tests/convert/test_tflite.py"], cwd=REPO, capture_output=True, text=True, timeout=3600)
-    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
-    assert re.fullmatch(r"\d+ passed(, \d+ warnings?)? in .*", summary), summary
 
 
 def test_the_readme_snippet_imports_without_tensorflow():
