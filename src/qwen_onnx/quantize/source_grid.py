@@ -160,39 +160,53 @@ def find_grid(weight: np.ndarray, bits: int = 4, block: int = GRID_BLOCK, anchor
         return SourceGrid(*(np.concatenate([getattr(p, f) for p in parts]) for f in
                             ("codes", "scale", "zero", "remainder")), bits=bits, block=block)
     top = 2 ** bits - 1
-    blocks = np.ascontiguousarray(weight.T).reshape(n, k // block, block).astype(np.float64)
-    values = np.concatenate([blocks, np.zeros(blocks.shape[:-1] + (1,))], axis=-1) if anchored else blocks
-    ordered = np.sort(values, axis=-1)
-    low = ordered[..., 0]
-    gaps = np.diff(ordered, axis=-1)
+    # sorted, compared and reduced in float32, whose values the float64 ones are exactly: the same order, minima and
+    # maxima, at half the memory traffic; the differences and quotients below are float64
+    blocks = np.ascontiguousarray(weight.T, dtype=np.float32).reshape(n, k // block, block)
+    if anchored:
+        blocks = np.concatenate([blocks, np.zeros(blocks.shape[:-1] + (1,), dtype=np.float32)], axis=-1)
+    ordered = np.sort(blocks, axis=-1)
+    low = ordered[..., 0].astype(np.float64)
+    gaps = np.diff(ordered.astype(np.float64), axis=-1)
+    del ordered
     gaps[gaps <= 0] = np.inf
     step = gaps.min(-1)
+    del gaps
     step[~np.isfinite(step)] = 1.0
-    magnitude = np.abs(blocks).max(-1)
+    magnitude = np.abs(blocks[..., :block]).max(-1).astype(np.float64)
+    values = blocks.astype(np.float64)
+    del blocks
 
-    def off_grid(block_steps: np.ndarray, where=...) -> tuple[np.ndarray, np.ndarray]:
-        rel = (values[where] - low[where][..., None]) / block_steps[..., None]
+    def off_grid(block_steps: np.ndarray, where=...) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The levels of the blocks at ``where`` at these steps, whether each misses its grid, and whether it
+        needs more than ``top`` steps (then so does every smaller step)."""
+        rel = values[where] - low[where][..., None]
+        rel /= block_steps[..., None]
         found = np.round(rel)
-        miss = (found.max(-1) > top) | (np.abs(rel - found).max(-1) * block_steps
-                                         > TOLERANCE * block_steps + FLOAT_ROUNDING * magnitude[where])
-        return found, miss
+        beyond = found.max(-1) > top
+        rel -= found
+        np.abs(rel, out=rel)
+        miss = beyond | (rel.max(-1) * block_steps > TOLERANCE * block_steps + FLOAT_ROUNDING * magnitude[where])
+        return found, miss, beyond
 
-    levels, miss = off_grid(step)
+    levels, miss, _ = off_grid(step)
     if miss.mean() > MISSED_FIRST:  # a float weight: most blocks hold more levels than the grid
         return None
     # a block whose levels skip some steps has gaps that are multiples of the step, the smallest maybe 3 or 5
     # steps: try the smallest gap's fractions
+    where = np.nonzero(miss)  # the blocks still off their grid, in C order
     for parts in range(2, top + 1):
-        if not miss.any():
+        if not where[0].size:
             break
-        where = np.nonzero(miss)
         trial = step[where] / parts
-        found, still = off_grid(trial, where)
+        found, still, beyond = off_grid(trial, where)
+        if beyond.any():  # a block that needs more levels than the grid has at this fraction of its gap, and at any after
+            return None
         fixed = tuple(axis[~still] for axis in where)
         step[fixed] = trial[~still]
         levels[fixed] = found[~still]
-        miss[fixed] = False
-    if miss.any():
+        where = tuple(axis[still] for axis in where)
+    if where[0].size:
         return None
     float_zero = -low / step
     zero = np.clip(np.round(float_zero), 0, top)
