@@ -502,15 +502,31 @@ def test_the_default_build_leaves_opt_in_variants_out(tmp_path, tiny_qwen2, text
                                                                                   "int8-dynamic"]
 
 
-def planned_threads(result: subprocess.CompletedProcess) -> dict[str, set[int]]:
-    """Rule -> the threads of its jobs in a dry run's job list (1 where the job states none)."""
+def planned_threads(result: subprocess.CompletedProcess, field: str = "threads", default: int = 1
+                    ) -> dict[str, set[int]]:
+    """Rule -> the threads (or another whole-number ``field``) of its jobs in a dry run's job list (``default``
+    where the job states none)."""
     threads: dict[str, set[int]] = {}
     for block in re.split(r"^\[.*\]$", result.stdout, flags=re.M)[1:]:
         rule = re.search(r"^(?:local)?rule (\w+):", block, re.M)
         if rule:
-            count = re.search(r"^    threads: (\d+)$", block, re.M)
-            threads.setdefault(rule.group(1), set()).add(int(count.group(1)) if count else 1)
+            count = re.search(rf"^    {field}: (\d+)$", block, re.M)
+            threads.setdefault(rule.group(1), set()).add(int(count.group(1)) if count else default)
     return threads
+
+
+def test_the_int4_stage_starts_before_the_other_builds_and_they_before_the_measuring_jobs(tmp_path, tiny_qwen2, texts):
+    """Among ready jobs Snakemake starts the higher priority first: the int4 stage (the longest job, on each model's
+    critical path), then the builds and their gates, then the measuring and reporting jobs."""
+    write_config(tmp_path, str(tiny_qwen2), texts)
+    result = snakemake(tmp_path, "-n", cores=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    priority = planned_threads(result, "priority", default=0)
+    assert priority["quantize_int4"] == {20}
+    builds = ("resolve", "export", "preprocess", "optimize", "sensitivity", "quantize_dynamic", "quantize_static",
+              "float16", "reference", "accuracy")
+    assert all(priority[rule] == {10} for rule in builds), priority
+    assert priority["sitting"] == priority["profile"] == priority["report"] == {0}
 
 
 def test_the_measuring_jobs_claim_every_core(tmp_path, tiny_qwen2, texts):

@@ -49,6 +49,11 @@ VERSION = qwen_onnx.__version__
 # ready jobs Snakemake starts these before the measuring ones (the sitting, profiles, peers), so each model's
 # verified variants are on disk first (the report's pipeline section says when the first one was).
 BUILD_PRIORITY = 10
+# Above the other builds: the int4 stage, the longest job (its precision search) and the head of each model's
+# critical path (resolve -> optimize -> quantize_int4 -> sitting). At the same priority as the rest, the 1.5B's
+# waited 31 minutes behind shorter builds while its inputs were ready (the main command at aabdabf), and the
+# sitting after it with it.
+CRITICAL_PRIORITY = 20
 RESULTS = config.get("results", "results")
 # The TFLite environment (.venv-tflite, envs/setup.sh): the jobs that convert, run or read the tflite variant do
 # that work in its interpreter when LiteRT is not in their own environment (qwen_onnx.run.tflite_env). Named from

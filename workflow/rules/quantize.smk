@@ -118,7 +118,7 @@ rule quantize_int4:
         f"{RESULTS}/logs/{{model}}/quantize_int4.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/quantize_int4.tsv"
-    priority: BUILD_PRIORITY
+    priority: CRITICAL_PRIORITY
     conda:
         "../../envs/qwen-onnx.yaml"
     threads: 2
