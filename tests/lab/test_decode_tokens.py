@@ -18,16 +18,16 @@ def test_prefix_ratios_divide_the_first_steps_rate_by_the_whole_rate():
 
 
 def test_every_row_is_timed_in_turns_with_its_steps_recorded(pipeline, tiny_qwen2, texts, tmp_path):
-    timing = TimingSettings(prompt_lengths=(8,), decode_prompt_tokens=8, new_tokens=20, threads=1, rounds=2,
+    timing = TimingSettings(prompt_lengths=(8,), decode_prompt_tokens=8, new_tokens=20, threads=1, rounds=1,
                             profile=False)
-    result = compare([str(pipeline["int8-dynamic"]), str(tiny_qwen2)], rounds=2, timing=timing,
+    result = compare([str(pipeline["int8-dynamic"]), str(tiny_qwen2)], rounds=1, timing=timing,
                      text_path=str(texts["evaluation"]))
     onnx_row, torch_row = result["rows"]
     assert [onnx_row["folder"], torch_row["folder"]] == [str(pipeline["int8-dynamic"]), str(tiny_qwen2)]
     for row in result["rows"]:
-        assert len(row["decode_tok_s"]) == len(row["ratios"]) == len(row["busy"]) == 2
+        assert len(row["decode_tok_s"]) == len(row["ratios"]) == len(row["busy"]) == 1
         # 19 timed steps: the prefix of 16 is compared, 32 is not fewer than all
-        assert [list(r) for r in row["ratios"]] == [[16], [16]]
+        assert [list(r) for r in row["ratios"]] == [[16]]
         assert all(r[16] > 0 for r in row["ratios"])
         assert row["largest_deviation_pct"][16] == pytest.approx(100 * max(abs(r[16] - 1) for r in row["ratios"]))
 

@@ -51,8 +51,8 @@ VERSION = qwen_onnx.__version__
 BUILD_PRIORITY = 10
 # Above the other builds: the int4 stage, the longest job (its precision search) and the head of each model's
 # critical path (resolve -> optimize -> quantize_int4 -> sitting). At the same priority as the rest, the 1.5B's
-# waited 31 minutes behind shorter builds while its inputs were ready (the main command at aabdabf), and the
-# sitting after it with it.
+# waited half an hour behind shorter builds while its input was ready, and the sittings with it
+# (docs/measurements.md, "The span against the core bound").
 CRITICAL_PRIORITY = 20
 RESULTS = config.get("results", "results")
 # The TFLite environment (.venv-tflite, envs/setup.sh): the jobs that convert, run or read the tflite variant do
