@@ -201,20 +201,20 @@ def test_slurm_profile_resources_apply_to_every_job(tmp_path, tiny_qwen2, texts,
             assert int(res["mem_mb"]) >= 1000 and int(res["runtime"]) >= 10, rule
         assert (res.get("slurm_extra") == "--exclusive") == (rule in ("profile", "sitting", "machine"))
     # declared from params_billion (workflow/rules/common.smk), not replaced by the profile
-    # MB (10^6 bytes) of 1000 + the measured GiB per fp32 GB (3.3 for export, profile, the sitting and fp16; 2.5 for
-    # accuracy) x 6.16 GB: 1000 + 3.3 x 6.16 x 1073.74 = 22,827
-    export = ("40000", "180") if override else ("22827", "43")
+    # MB (10^6 bytes) of 1.15 x the stage's line at 6.16 fp32 GB (resources.MEM_GIB): export 1.15 x (2.3 + 2.1 x
+    # 6.16) x 1073.74 = 18,813
+    export = ("40000", "180") if override else ("18813", "43")
     assert (resources["export"]["mem_mb"], resources["export"]["runtime"]) == export
-    assert resources["profile"]["mem_mb"] == "22827"
-    # the jobs that hold one session declare by its kind: 2.0 (float), 1.6 (quantized) GiB per fp32 GB for
-    # accuracy, 1.6 and 0.5 for HumanEval's task_accuracy (SESSION_MEM_PER_FP32_GB)
+    assert resources["profile"]["mem_mb"] == "10115"  # 1.15 x (0.8 + 1.2 x 6.16) GiB
+    # the jobs that hold one session declare by its kind (resources.SESSION_MEM_GIB): accuracy 2.2 + 1.1 (float),
+    # 2.1 + 0.8 (quantized) GiB per fp32 GB; HumanEval's task_accuracy 1.4 + 1.1 and 0.9 + 0.3
     sessions = {(rule, dict(w.split("=", 1) for w in wildcards.split(", "))["variant"]): dict(
         item.split("=", 1) for item in line.split(", "))["mem_mb"]
         for rule, wildcards, line in re.findall(r"^rule (accuracy|task_accuracy):\n(?:    .*\n)*?    wildcards: (.*)\n"
                                                 r"(?:    .*\n)*?    resources: (.*)$", result.stdout, re.M)}
-    assert sessions[("accuracy", "fp32")] == "14228" and sessions[("accuracy", "int4")] == "11582"
-    assert sessions[("task_accuracy", "fp32")] == "11582" and sessions[("task_accuracy", "int4")] == "4307"
-    assert resources["sitting"]["mem_mb"] == "22827" and resources["float16"]["mem_mb"] == "22827"
+    assert sessions[("accuracy", "fp32")] == "11083" and sessions[("accuracy", "int4")] == "8678"
+    assert sessions[("task_accuracy", "fp32")] == "10095" and sessions[("task_accuracy", "int4")] == "3393"
+    assert resources["sitting"]["mem_mb"] == "13572" and resources["float16"]["mem_mb"] == "21381"
     assert resources["latency_row"]["mem_mb"] == "1000" and resources["latency_row_pytorch"]["mem_mb"] == "1000"
 
 
@@ -259,7 +259,7 @@ def test_slurm_plugin_with_a_stand_in_sbatch(runs, tmp_path_factory, tiny_qwen2,
 @pytest.mark.parametrize("params_billion, warned", [(7.6, True), (0.5, False)])
 def test_a_job_declaring_more_than_the_memory_cap_is_named(tmp_path, tiny_qwen2, texts, params_billion, warned):
     """Snakemake runs a job declaring more than --resources mem_mb as if it needed the cap, silently
-    (a 7.6B model's export declares 108,717 MB against a 22,000 MB cap); the workflow
+    (a 7.6B model's float16 declares 99,204 MB against a 22,000 MB cap); the workflow
     says so in one line per model."""
     write_config(tmp_path, str(tiny_qwen2), texts)
     config = yaml.safe_load((tmp_path / "config.yaml").read_text())
@@ -270,9 +270,11 @@ def test_a_job_declaring_more_than_the_memory_cap_is_named(tmp_path, tiny_qwen2,
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if line.startswith("qwen-onnx: tiny")]
     if warned:
-        export = int(1000 + 3.3 * 4 * params_billion * 2**30 / 10**6)  # MEM_PER_FP32_GB["export"] GiB per fp32 GB, in MB
+        # the largest line, float16's: 1.15 x (1.3 + 2.6 GiB per fp32 GB) in MB; every stage but quantize_dynamic over
+        float16 = int(1.15 * (1.3 + 2.6 * 4 * params_billion) * 2**30 / 10**6)
+        assert float16 == 99204
         assert lines == [f"qwen-onnx: tiny (params_billion {params_billion}) declares more memory than this run's "
-                         f"mem_mb cap of 22,000 MB in 18 stages (export {export:,} MB); Snakemake would run them as if "
+                         f"mem_mb cap of 22,000 MB in 17 stages (float16 {float16:,} MB); Snakemake would run them as if "
                          "they needed the cap: use a machine with more memory (--resources mem_mb=N) or a cluster "
                          "(profiles/slurm)"]
     else:

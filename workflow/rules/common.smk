@@ -599,8 +599,8 @@ def memory_over_cap():
         over = {
             stage: get_mem_mb(stage)(wildcards)
             for stage in [
-                *resources.MEM_PER_FP32_GB,
-                *resources.SESSION_MEM_PER_FP32_GB,
+                *resources.MEM_GIB,
+                *resources.SESSION_MEM_GIB,
             ]
         }
         over = {stage: mb for stage, mb in over.items() if mb > cap}

@@ -3,9 +3,11 @@ run time (``runtime``, minutes), from the model's parameter count.
 
 The workflow (``workflow/rules/common.smk``) asks this module for every job's resources; a local run caps the
 sum of ``mem_mb`` of the jobs running together (``profiles/default``), a cluster executor passes both to its
-scheduler (SLURM's ``--mem`` and ``--time``). Each factor is the peak resident set or the wall time measured on
-the embedded 0.5B and 1.5B, per GB of their fp32 weights, with 15% or more of headroom over both; the
-measurements behind each are in docs/cluster.md ("Peak RSS per job", "Run time per job").
+scheduler (SLURM's ``--mem`` and ``--time``). A job's memory is a line in the model's fp32 GB, an intercept (the
+interpreter, its libraries, the buffers that do not grow with the model) and a slope, fitted through the largest
+peak resident sets of the embedded 0.5B and 1.5B over the published runs (``python -m lab.memory_fit``), with
+:data:`HEADROOM` over it; run times are per GB of fp32 weights. The measurements behind both are in
+docs/cluster.md ("Peak RSS per job", "Run time per job").
 """
 
 from __future__ import annotations
@@ -15,35 +17,32 @@ from typing import Any
 
 #: MB (10^6 bytes, Snakemake's ``mem_mb``) per GiB (the unit of the peaks measured).
 MB_PER_GIB = 2**30 / 10**6
-#: MB every job declares before its share per fp32 GB (the interpreter and its libraries).
-BASE_MB = 1000
 
-#: GiB of peak resident set per GB of fp32 weights, by stage.
-MEM_PER_FP32_GB: Mapping[str, float] = {
-    "resolve": 2.2,
-    "export": 3.3,
-    "preprocess": 1.8,
-    "quantize_dynamic": 1.3,
-    "quantize_static": 2.2,
-    "quantize_mixed": 2.2,
-    "quantize_int4": 2.5,  # every weight's 4-bit blocks at two block sizes beside one candidate's session
-    "sensitivity": 1.8,
-    "optimize": 1.8,
-    "float16": 3.3,  # the fp32 graph, its float16 copy and its serialisation
-    "reference": 1.8,  # PyTorch fp32 (eager) and one window's logits
-    "profile": 3.3,  # one profiled session of the variant (fp16's is the largest)
-    "sitting": 3.3,  # its children load one variant at a time, fp16's the largest
-    "genai_builder": 1.8,  # the model builder, as optimize, writing 4-bit MatMulNBits
-    "openvino_export": 2.0,  # optimum-intel's export in its own interpreter: torch fp32, the conversion, NNCF
-    "llama_quantize": 1.6,  # gguf-py holds every tensor of the float32 GGUF until it writes
+#: Peak resident set by stage: (GiB, GiB per GB of fp32 weights), rounded up from ``python -m lab.memory_fit``.
+MEM_GIB: Mapping[str, tuple[float, float]] = {
+    "resolve": (2.0, 1.2),
+    "export": (2.3, 2.1),
+    "preprocess": (0.8, 1.1),
+    "quantize_dynamic": (1.0, 0.4),
+    "quantize_static": (0.9, 1.1),
+    "quantize_mixed": (0.8, 1.1),
+    "quantize_int4": (0.4, 2.0),  # every weight's 4-bit blocks at two block sizes beside one candidate's session
+    "sensitivity": (1.3, 1.0),
+    "optimize": (1.7, 1.2),
+    "float16": (1.3, 2.6),  # the fp32 graph, its float16 copy and its serialisation
+    "reference": (2.6, 0.9),  # PyTorch fp32 (eager) and one window's logits
+    "profile": (0.8, 1.2),  # one profiled session of the variant (fp32's is the largest)
+    "sitting": (3.6, 1.2),  # its children load one variant at a time: the slope of fp32's profiled session
+    "genai_builder": (2.3, 2.4),  # the model builder, writing 4-bit MatMulNBits
+    "openvino_export": (1.2, 1.2),  # optimum-intel's export in its own interpreter: torch fp32, the conversion, NNCF
+    "llama_quantize": (2.7, 1.1),  # gguf-py holds every tensor of the float32 GGUF until it writes
 }
 
-#: Jobs that hold one variant's (or peer's) session: GiB per fp32 GB by what the session holds
-#: (:func:`session_kind`). One factor for all would make each 1.5B job declare 16.8 GB, and two would never
-#: run beside each other under a 22 GiB cap.
-SESSION_MEM_PER_FP32_GB: Mapping[str, Mapping[str, float]] = {
-    "accuracy": {"float": 2.0, "tflite": 3.4, "quantized": 1.6},
-    "task_accuracy": {"float": 1.6, "tflite": 3.1, "quantized": 0.5},
+#: Jobs that hold one variant's (or peer's) session, by what the session holds (:func:`session_kind`). One line
+#: for all would make a quantized 1.5B session declare a float one's memory. tflite's only from the 0.5B.
+SESSION_MEM_GIB: Mapping[str, Mapping[str, tuple[float, float]]] = {
+    "accuracy": {"float": (2.2, 1.1), "tflite": (0.8, 3.0), "quantized": (2.1, 0.8)},
+    "task_accuracy": {"float": (1.4, 1.1), "tflite": (0.8, 2.7), "quantized": (0.9, 0.3)},
 }
 #: The variants whose sessions hold float weights.
 FLOAT_SESSIONS = ("fp32", "preprocessed", "optimized", "fp16")
@@ -110,10 +109,11 @@ def gptq_gib(int4_settings: Mapping[str, Any]) -> float:
 
 def mem_mb(stage: str, params_billion: float, *, session: str = "", int4_settings: Mapping[str, Any] | None = None
            ) -> int:
-    """Declared memory of a stage's job, MB.
+    """Declared memory of a stage's job, MB: :data:`HEADROOM` times its line (:data:`MEM_GIB`) at the model's fp32
+    GB, plus GPTQ's Hessians for an int4 job that has them.
 
     Args:
-        stage: the rule (a key of :data:`MEM_PER_FP32_GB` or :data:`SESSION_MEM_PER_FP32_GB`).
+        stage: the rule (a key of :data:`MEM_GIB` or :data:`SESSION_MEM_GIB`).
         params_billion: the model's parameter count, billions.
         session: for a session stage, the variant or peer it runs (:func:`session_kind`).
         int4_settings: for ``quantize_int4``, its settings (GPTQ's Hessians: :func:`gptq_gib`).
@@ -121,10 +121,10 @@ def mem_mb(stage: str, params_billion: float, *, session: str = "", int4_setting
     Raises:
         KeyError: a stage this module has no factor for.
     """
-    per_gb = (SESSION_MEM_PER_FP32_GB[stage][session_kind(session)] if stage in SESSION_MEM_PER_FP32_GB
-              else MEM_PER_FP32_GB[stage])
+    intercept, slope = (SESSION_MEM_GIB[stage][session_kind(session)] if stage in SESSION_MEM_GIB
+                        else MEM_GIB[stage])
     hessians = gptq_gib(int4_settings or {}) if stage == "quantize_int4" else 0.0
-    return int(BASE_MB + MB_PER_GIB * (per_gb * fp32_gb(params_billion) + hessians))
+    return int(MB_PER_GIB * (HEADROOM * (intercept + slope * fp32_gb(params_billion)) + hessians))
 
 
 def tflite_mem_mb(conversion_gib: float) -> int:
