@@ -54,7 +54,7 @@ def write_config(folder: Path, source, texts, extra_models=None, **overrides) ->
         "evaluation": {"text": str(texts["evaluation"]), "window": 64, "max_windows": 2, "kv_decode_steps": 4,
                        "generation_tokens": 6},
         "latency": {"prompt_lengths": [8, 16], "decode_prompt_tokens": 16, "new_tokens": 4, "warmup": 0,
-                    "repeats": 1, "rounds": 1, "threads": 1},
+                    "repeats": 1, "rounds": 1, "threads": 1, "load_watch_s": 0.1},
         # every variant built and timed, and the builder's graph in our runtime too: the opt-in ones are tested
         "variants": {"built": list(VARIANTS), "timed": list(VARIANTS)},
         "peers": {"genai_builder_ort": True},

@@ -17,7 +17,7 @@ from qwen_onnx.measure.peers import run_peers
 from qwen_onnx.settings.gates import DEFAULT_GATES
 from qwen_onnx.settings.timing import TimingSettings
 
-SMALL = dict(prompt_lengths=(8, 16), decode_prompt_tokens=8, new_tokens=5, threads=1, warmup=1, repeats=1)
+SMALL = dict(prompt_lengths=(8, 16), decode_prompt_tokens=8, new_tokens=5, threads=1, warmup=1, repeats=1, load_watch_s=0.1)
 
 
 def timing(rounds):

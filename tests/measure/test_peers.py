@@ -18,7 +18,8 @@ from qwen_onnx.measure.peers_table import GENAI, GENAI_ORT, LLAMA_CPP
 from qwen_onnx.settings.timing import TimingSettings
 from qwen_onnx.source.resolve import source_gguf
 
-SMALL = TimingSettings(prompt_lengths=(8, 16), decode_prompt_tokens=8, new_tokens=5, threads=1, warmup=1, repeats=1)
+SMALL = TimingSettings(prompt_lengths=(8, 16), decode_prompt_tokens=8, new_tokens=5, threads=1, warmup=1, repeats=1,
+                       load_watch_s=0.1)
 
 
 def rounds(n):

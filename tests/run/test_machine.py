@@ -115,9 +115,10 @@ def test_a_function_is_told_when_the_cores_were_busy():
     _spin_outside_this_tree(6)
     time.sleep(0.3)
     loads = []
-    (figures,) = interleaved_rounds([("told", told_busy, ())], 1, loads=loads)
+    (figures,) = interleaved_rounds([("told", told_busy, ())], 1, loads=loads, load_watch_s=0.5)
     assert figures == [{"decode_tok_s": 1.0, "cores_busy": True}]
     assert loads[0][0]["busy"] and loads[0][0]["cores_busy_setting"] is True
+    assert loads[0][0]["before"]["seconds"] == pytest.approx(0.5, abs=0.2)  # latency.load_watch_s
 
 
 def test_rows_take_medians_over_idle_rounds_only():

@@ -24,7 +24,7 @@ SCHEMA_PATH = REPO / "workflow" / "schemas" / "config.schema.yaml"
 SCHEMA = yaml.safe_load(SCHEMA_PATH.read_text(encoding="utf-8"))
 CONFIG = yaml.safe_load((REPO / "config.yaml").read_text(encoding="utf-8"))
 #: The schema's type of each kind of field.
-SCHEMA_TYPES = {int: "integer", str: "string", bool: "boolean", tuple[int, ...]: "array"}
+SCHEMA_TYPES = {int: "integer", str: "string", bool: "boolean", float: "number", tuple[int, ...]: "array"}
 
 
 def test_the_defaults_are_config_yamls_latency_section():
@@ -63,8 +63,11 @@ def test_from_config_takes_the_workflows_section_and_a_models_override():
     ({"warmup_scope": "prompt"}, "warmup_scope 'prompt' is unknown; give one of length, row"),
     ({"provider": ""}, "provider '' is not an execution provider's name; give one such as CPUExecutionProvider"),
     ({"profile": "yes"}, "profile 'yes' is not true or false; give true or false"),
+    ({"load_watch_s": 0}, "load_watch_s 0 is not a number of seconds in (0, 60]; give one such as 1.0"),
+    ({"load_watch_s": "1"}, "load_watch_s '1' is not a number of seconds in (0, 60]; give one such as 1.0"),
     ({"rouns": 3}, "the latency section has no setting 'rouns'; remove it, or use one of prompt_lengths, "
-                   "decode_prompt_tokens, new_tokens, warmup, warmup_scope, repeats, rounds, threads, provider, profile"),
+                   "decode_prompt_tokens, new_tokens, warmup, warmup_scope, repeats, rounds, load_watch_s, threads, provider, "
+                   "profile"),
 ])
 def test_a_bad_value_is_one_line_naming_the_key_and_the_fix(values, message):
     with pytest.raises(QwenOnnxError) as caught:

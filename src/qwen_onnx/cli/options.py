@@ -15,7 +15,7 @@ LATENCY_OPTIONS = ("prompt_lengths", "decode_prompt_tokens", "new_tokens", "warm
                    "threads", "provider", "profile")
 #: The :class:`TimingSettings` fields the ``peers`` command takes (the sitting runs every row on the CPU, unprofiled).
 PEERS_OPTIONS = ("rounds", "prompt_lengths", "decode_prompt_tokens", "new_tokens", "warmup", "warmup_scope", "repeats",
-                 "threads")
+                 "threads", "load_watch_s")
 
 
 def add_timing_options(p: argparse.ArgumentParser, names: Sequence[str],

@@ -53,7 +53,7 @@ from qwen_onnx.run.session import resolve_settings
 from qwen_onnx.run.tflite import TfliteCausalLM, read_tflite_info
 from qwen_onnx.run.tflite_env import call_with_litert, litert_here
 from qwen_onnx.settings.timing import TimingSettings
-from qwen_onnx.source.text import load_tokenizer, prompt_tokens
+from qwen_onnx.source.text import load_token_encoder, prompt_tokens
 from qwen_onnx.store.artifacts import (
     MODEL_FILE,
     folder_bytes,
@@ -186,8 +186,7 @@ def measure_latency(
         ArtifactError: the model or its external data is missing.
     """
     model_path(variant_dir)  # a missing folder is named here, not taken for a hub ID by the tokenizer
-    tokenizer = load_tokenizer(variant_dir)
-    tokens = prompt_tokens(tokenizer, text_path, timing.longest_prompt)
+    tokens = prompt_tokens(load_token_encoder(variant_dir), text_path, timing.longest_prompt)
     result = measure_latency_of_tokens(variant_dir, tokens, timing, loop=loop, settings=settings)
     if output is not None:
         write_json(output, result)
@@ -299,7 +298,7 @@ def measure_tflite_latency(
                           "shorten the prompts")
     longest = timing.longest_prompt
     if tokens is None:
-        tokens = prompt_tokens(load_tokenizer(variant_dir), text_path, longest)
+        tokens = prompt_tokens(load_token_encoder(variant_dir), text_path, longest)
     elif len(tokens) < longest:
         raise TextError(f"{len(tokens)} prompt tokens given; the protocol needs {longest}")
     tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)

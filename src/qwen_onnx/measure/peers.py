@@ -94,7 +94,7 @@ from qwen_onnx.run.tflite import read_tflite_info
 from qwen_onnx.run.tflite_env import versions as litert_versions
 from qwen_onnx.settings.timing import TimingSettings
 from qwen_onnx.source.resolve import source_gguf
-from qwen_onnx.source.text import load_tokenizer, prompt_tokens
+from qwen_onnx.source.text import load_token_encoder, prompt_tokens
 from qwen_onnx.store.artifacts import (
     folder_bytes,
     model_path,
@@ -326,9 +326,8 @@ def run_peers(
     for folder in llama_cpp_dirs:
         read_json(Path(folder) / "quantize.json")  # a missing folder is named before anything is measured
     if tflite_dir is not None:
-
         read_tflite_info(tflite_dir)  # a missing folder is named before anything is measured
-    tokens = prompt_tokens(load_tokenizer(hf_dir), text_path, timing.longest_prompt)
+    tokens = prompt_tokens(load_token_encoder(hf_dir), text_path, timing.longest_prompt)
     text = os.fspath(text_path)
     rows: list[dict[str, Any]] = []
     jobs: list[tuple[str, Any, tuple]] = []
@@ -422,9 +421,10 @@ def run_peers(
             log.warning("no peer could be measured")
         failures: dict[int, str] = {}
         loads: list[list[dict[str, Any]]] = []
-        idle_before = measure_load(2.0)
+        idle_before = measure_load(2 * timing.load_watch_s)
         bandwidth_before = memory_bandwidth_gb_s(timing.threads)
-        per_job = interleaved_rounds(jobs, timing.rounds, failures=failures, loads=loads)
+        per_job = interleaved_rounds(jobs, timing.rounds, failures=failures, loads=loads,
+                                     load_watch_s=timing.load_watch_s)
         bandwidth_after = memory_bandwidth_gb_s(timing.threads)
     for i, (row, figures) in enumerate(zip(timed, per_job)):
         if i in failures:

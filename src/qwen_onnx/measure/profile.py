@@ -21,7 +21,7 @@ import numpy as np
 from qwen_onnx.measure.inspect_graph import decode_weight_bytes, load_graph
 from qwen_onnx.run.runtime import OnnxCausalLM
 from qwen_onnx.settings.timing import TimingSettings
-from qwen_onnx.source.text import load_tokenizer, prompt_tokens
+from qwen_onnx.source.text import load_token_encoder, prompt_tokens
 from qwen_onnx.store.artifacts import MODEL_FILE, folder_bytes, model_path, write_json
 from qwen_onnx.store.provenance import library_versions
 
@@ -43,7 +43,7 @@ def profile_variant(
         TextError: the text is shorter than ``decode_prompt_tokens`` tokens.
     """
     model_path(variant_dir)
-    prompt = prompt_tokens(load_tokenizer(variant_dir), text_path, timing.decode_prompt_tokens)
+    prompt = prompt_tokens(load_token_encoder(variant_dir), text_path, timing.decode_prompt_tokens)
     result = {
         "variant_dir": os.fspath(variant_dir),
         "profile": profile_ops(variant_dir, prompt, timing.threads, timing.provider),

@@ -104,6 +104,7 @@ def interleaved_rounds(
     rounds: int,
     failures: dict[int, str] | None = None,
     loads: list[list[dict[str, Any]]] | None = None,
+    load_watch_s: float = 1.0,
 ) -> list[list[Any]]:
     """Run each job once per round, every call in a fresh process, the order rotating each round.
 
@@ -112,7 +113,7 @@ def interleaved_rounds(
     so no measurement shares a process (allocator, thread pools, caches) with another.
 
     The other load on the machine is measured for every call (:func:`qwen_onnx.run.machine.measure_load`
-    for 1 s before it, :func:`qwen_onnx.run.machine.load_between` while it runs). A function with a
+    for ``load_watch_s`` seconds before it, :func:`qwen_onnx.run.machine.load_between` while it runs). A function with a
     ``cores_busy`` parameter is told whether the cores were busy just before its call (the ONNX
     rows then turn intra-op spinning off, :data:`qwen_onnx.run.session.SHARED_CORES_SETTINGS`).
 
@@ -126,6 +127,7 @@ def interleaved_rounds(
         loads: if given, filled per job (in the given order) with one record per completed call:
             ``round`` (1-based), ``before`` and ``during`` (:func:`qwen_onnx.run.machine.load_between`),
             ``busy`` (either was) and ``cores_busy_setting`` (what the function was told).
+        load_watch_s: seconds of :func:`qwen_onnx.run.machine.measure_load` before each call (``latency.load_watch_s``).
 
     Returns:
         Per job (in the given order) its figures, one per round it completed.
@@ -139,7 +141,7 @@ def interleaved_rounds(
             if failures is not None and i in failures:
                 continue
             label, function, args = jobs[i]
-            before = measure_load()
+            before = measure_load(load_watch_s)
             kwargs = {"cores_busy": before["busy"]} if "cores_busy" in inspect.signature(function).parameters else {}
             start = load_snapshot()
             try:

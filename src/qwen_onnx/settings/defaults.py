@@ -69,6 +69,7 @@ LATENCY: Mapping[str, Any] = MappingProxyType({
     "warmup_scope": "length",
     "repeats": 1,
     "rounds": 3,
+    "load_watch_s": 1.0,
     "threads": 2,
     "provider": "CPUExecutionProvider",
     "profile": True,

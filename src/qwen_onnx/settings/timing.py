@@ -66,6 +66,9 @@ class TimingSettings:
     rounds: int = _option(
         "rounds", "interleaved rounds of the timing sitting, in rounds (every figure is the median over them); "
                   "read by the sitting only")
+    load_watch_s: float = _option(
+        "load_watch_s", "seconds the sitting watches the machine's load before each measuring process (its "
+                        "rounds beside other load are named in the report); read by the sitting only")
     threads: int = _option(
         "threads", "number of threads of every measured runtime (ONNX Runtime's intra-op threads, "
                    "torch.set_num_threads, llama.cpp's n_threads, LiteRT's num_threads, OpenVINO's "
@@ -102,6 +105,10 @@ class TimingSettings:
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
                 raise OptionError(f"{f.name} {getattr(self, f.name)!r} is unknown; give one of {', '.join(choices)}")
+        if isinstance(self.load_watch_s, bool) or not isinstance(self.load_watch_s, (int, float)) or not (
+                0 < self.load_watch_s <= 60):
+            raise OptionError(f"load_watch_s {self.load_watch_s!r} is not a number of seconds in (0, 60]; give one "
+                              "such as 1.0")
         if not isinstance(self.provider, str) or not self.provider:
             raise OptionError(f"provider {self.provider!r} is not an execution provider's name; give one such as "
                               "CPUExecutionProvider")
