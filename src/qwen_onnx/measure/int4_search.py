@@ -43,7 +43,7 @@ from qwen_onnx.quantize.precision_search import (
 )
 from qwen_onnx.run.runtime import OnnxCausalLM
 from qwen_onnx.settings.gates import check_gate, gate_load, gate_margins
-from qwen_onnx.source.text import CALIBRATION_TEXT, evenly_spaced, load_tokenizer, shipped_text, token_windows
+from qwen_onnx.source.text import CALIBRATION_TEXT, evenly_spaced, load_token_encoder, shipped_text, token_windows
 from qwen_onnx.store.artifacts import model_path
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ def search_int4_variant(
     started = time.time()
     input_dir = Path(input_dir).resolve()
     text = shipped_text(CALIBRATION_TEXT) if calibration_text is None else calibration_text
-    windows = token_windows(load_tokenizer(input_dir), text, settings.calibration_sequence_length)
+    windows = token_windows(load_token_encoder(input_dir), text, settings.calibration_sequence_length)
     needed = settings.importance_samples + score_windows
     if len(windows) < needed:
         raise QwenOnnxError(f"the calibration text gives {len(windows)} windows of "

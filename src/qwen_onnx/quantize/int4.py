@@ -65,7 +65,7 @@ from qwen_onnx.quantize.precision_map import precision_groups, precision_map_mod
 from qwen_onnx.settings.options import check_option
 from qwen_onnx.source.text import (
     CALIBRATION_TEXT,
-    load_tokenizer,
+    load_token_encoder,
     shipped_text,
     token_windows,
 )
@@ -243,7 +243,7 @@ def _algo_config(settings: Int4Settings, graph_only: Path, float_names: Sequence
                             "use sensitive scheme blockwise or another algorithm")
     if calibration_text is None:
         raise QwenOnnxError("int4 algorithm gptq needs calibration text (--calibration-text)")
-    tokenizer = load_tokenizer(graph_only.parent)
+    tokenizer = load_token_encoder(graph_only.parent)
     windows = token_windows(tokenizer, calibration_text, settings.calibration_sequence_length,
                             settings.calibration_samples)
     return GPTQWeightOnlyQuantConfig(calibration_data_reader=TextCalibrationReader(graph_only, windows),
@@ -326,7 +326,7 @@ def importance_windows(input_dir: Path, settings: Int4Settings, calibration_text
     ``settings.importance_samples`` windows of ``calibration_sequence_length`` tokens of ``calibration_text``
     (default the shipped ``calibration.txt``), int64 [windows, sequence]."""
     text = shipped_text(CALIBRATION_TEXT) if calibration_text is None else calibration_text
-    return token_windows(load_tokenizer(input_dir), text, settings.calibration_sequence_length,
+    return token_windows(load_token_encoder(input_dir), text, settings.calibration_sequence_length,
                          settings.importance_samples)
 
 

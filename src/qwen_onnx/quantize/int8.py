@@ -60,7 +60,7 @@ from qwen_onnx.quantize.matmuls import (
 from qwen_onnx.quantize.outlier_split import split_graph
 from qwen_onnx.quantize.smoothquant import smooth_graph
 from qwen_onnx.quantize.source_grid import weight_origins
-from qwen_onnx.source.text import load_tokenizer, token_windows
+from qwen_onnx.source.text import load_token_encoder, token_windows
 from qwen_onnx.store.artifacts import (
     MODEL_FILE,
     copy_side_files,
@@ -396,7 +396,7 @@ def quantize_static_variant(
     names = [n["name"] for n in sensitive]
     excluded = list(dict.fromkeys([*settings.nodes_to_exclude, *names]))
     _check_excluded(source, excluded)
-    tokenizer = load_tokenizer(input_dir)
+    tokenizer = load_token_encoder(input_dir)
     windows = token_windows(tokenizer, calibration_text, settings.sequence_length, settings.samples)
     if any(not 0 < a < 1 for a in settings.smooth_alphas) or (settings.smooth and not settings.smooth_alphas):
         raise QwenOnnxError(f"smooth_alphas {settings.smooth_alphas} must be numbers between 0 and 1 (exclusive)")

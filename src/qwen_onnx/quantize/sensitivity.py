@@ -53,7 +53,7 @@ from qwen_onnx.quantize.calibration import TextCalibrationReader
 from qwen_onnx.quantize.matmuls import ROLES, node_role, weight_matmuls
 from qwen_onnx.run.session import SHARED_CORES_SETTINGS, session_options
 from qwen_onnx.settings.options import check_options
-from qwen_onnx.source.text import load_tokenizer, token_windows
+from qwen_onnx.source.text import load_token_encoder, token_windows
 from qwen_onnx.store.artifacts import model_path, write_json, write_text
 from qwen_onnx.store.external import lazy_model
 from qwen_onnx.store.hub_cache import reads_variant
@@ -335,7 +335,7 @@ def analyse_sensitivity(
     matmuls = weight_matmuls(graph)
     if not matmuls:
         raise QwenOnnxError(f"{model_dir} has no MatMul with a constant float weight; is it an fp32 variant?")
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_token_encoder(model_dir)
     windows = token_windows(tokenizer, calibration_text, sequence_length, samples)
     captured = capture_activations(model_dir, windows, (node.input[0] for node, _ in matmuls), threads)
 

@@ -64,7 +64,7 @@ from qwen_onnx.quantize.sensitivity import (
     fake_quant_weight,
     sqnr_db,
 )
-from qwen_onnx.source.text import load_tokenizer, token_windows
+from qwen_onnx.source.text import load_token_encoder, token_windows
 from qwen_onnx.store.artifacts import (
     MODEL_FILE,
     copy_side_files,
@@ -476,7 +476,7 @@ def smooth_variant(input_dir: str | os.PathLike, output_dir: str | os.PathLike, 
 
     input_dir = Path(input_dir).resolve()
     model_path(input_dir)
-    windows = token_windows(load_tokenizer(input_dir), calibration_text, sequence_length, samples)
+    windows = token_windows(load_token_encoder(input_dir), calibration_text, sequence_length, samples)
     with staged_dir(output_dir) as stage, lazy_model(input_dir) as (proto, scratch):
         graph_only = scratch / "input.onnx"
         onnx.save_model(proto, str(graph_only))

@@ -100,7 +100,7 @@ def token_windows(tokenizer, path: str | os.PathLike, length: int, count: int | 
     """Split the tokenized text at ``path`` into consecutive non-overlapping windows.
 
     Args:
-        tokenizer: a Hugging Face tokenizer.
+        tokenizer: a Hugging Face tokenizer, or the :class:`TokenEncoder` of its tokenizer.json.
         path: UTF-8 text file.
         length: tokens per window.
         count: windows wanted; None for as many as the text holds.
