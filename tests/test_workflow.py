@@ -516,14 +516,14 @@ def planned_threads(result: subprocess.CompletedProcess, field: str = "threads",
 
 
 def test_the_int4_stage_starts_before_the_other_builds_and_they_before_the_measuring_jobs(tmp_path, tiny_qwen2, texts):
-    """Among ready jobs Snakemake starts the higher priority first: the int4 stage (the longest job, on each model's
-    critical path), then the builds and their gates, then the measuring and reporting jobs."""
+    """Among ready jobs Snakemake starts the higher priority first: each model's critical path to the int4 stage (the
+    longest job), then the other builds and their gates, then the measuring and reporting jobs."""
     write_config(tmp_path, str(tiny_qwen2), texts)
     result = snakemake(tmp_path, "-n", cores=2)
     assert result.returncode == 0, result.stderr[-3000:]
     priority = planned_threads(result, "priority", default=0)
-    assert priority["quantize_int4"] == {20}
-    builds = ("resolve", "export", "preprocess", "optimize", "sensitivity", "quantize_dynamic", "quantize_static",
+    assert priority["resolve"] == priority["optimize"] == priority["quantize_int4"] == {20}
+    builds = ("export", "preprocess", "sensitivity", "quantize_dynamic", "quantize_static",
               "float16", "reference", "accuracy")
     assert all(priority[rule] == {10} for rule in builds), priority
     assert priority["sitting"] == priority["profile"] == priority["report"] == {0}

@@ -49,10 +49,11 @@ VERSION = qwen_onnx.__version__
 # ready jobs Snakemake starts these before the measuring ones (the sitting, profiles, peers), so each model's
 # verified variants are on disk first (the report's pipeline section says when the first one was).
 BUILD_PRIORITY = 10
-# Above the other builds: the int4 stage, the longest job (its precision search) and the head of each model's
-# critical path (resolve -> optimize -> quantize_int4 -> sitting). At the same priority as the rest, the 1.5B's
-# waited half an hour behind shorter builds while its input was ready, and the sittings with it
-# (docs/measurements.md, "The span against the core bound").
+# Above the other builds: each model's critical path, resolve -> optimize -> quantize_int4 (the longest job, its
+# precision search) -> sitting. At the same priority as the rest, the 1.5B's int4 stage waited half an hour behind
+# shorter builds while its input was ready, and the sittings with it; with the int4 stage alone above them, the
+# 1.5B's optimize waited behind the 0.5B's builds instead (a rule's priority is not passed to its inputs), so its
+# inputs share it (docs/measurements.md, "The span against the core bound").
 CRITICAL_PRIORITY = 20
 RESULTS = config.get("results", "results")
 # The TFLite environment (.venv-tflite, envs/setup.sh): the jobs that convert, run or read the tflite variant do

@@ -8,7 +8,7 @@ rule optimize:
         f"{RESULTS}/logs/{{model}}/optimize.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/optimize.tsv"
-    priority: BUILD_PRIORITY
+    priority: CRITICAL_PRIORITY
     conda:
         "../../envs/qwen-onnx.yaml"
     threads: 2

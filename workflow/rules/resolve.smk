@@ -11,7 +11,7 @@ rule resolve:
         f"{RESULTS}/logs/{{model}}/resolve.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/resolve.tsv"
-    priority: BUILD_PRIORITY
+    priority: CRITICAL_PRIORITY
     conda:
         "../../envs/resolve.yaml"
     threads: 2
