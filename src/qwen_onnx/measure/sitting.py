@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from qwen_onnx.quiet import quiet_third_party
 from qwen_onnx.run.machine import load_between, load_snapshot, measure_load
+from qwen_onnx.settings.defaults import LATENCY
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ def interleaved_rounds(
     rounds: int,
     failures: dict[int, str] | None = None,
     loads: list[list[dict[str, Any]]] | None = None,
-    load_watch_s: float = 1.0,
+    load_watch_s: float = LATENCY["load_watch_s"],
 ) -> list[list[Any]]:
     """Run each job once per round, every call in a fresh process, the order rotating each round.
 

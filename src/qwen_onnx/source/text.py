@@ -40,7 +40,7 @@ def load_tokenizer(folder: str | os.PathLike, **kwargs):
 
 class TokenEncoder:
     """A folder's ``tokenizer.json`` run by the ``tokenizers`` library itself, for the jobs that only turn a text
-    into token ids (the profile, a variant's latency): called as a Hugging Face tokenizer is, ``encoder(text,
+    into token ids (the profile, latency, the sitting's prompt, calibration windows): called as a Hugging Face tokenizer is, ``encoder(text,
     add_special_tokens=False)["input_ids"]``, with the same ids, since transformers' fast tokenizers wrap this
     same object (``PreTrainedTokenizerFast._tokenizer``), without importing transformers and torch (5 s of CPU a
     job). Truncation and padding are off, as transformers' call leaves them by default."""
