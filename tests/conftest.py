@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny_models import build_tiny_qwen  # noqa: E402
+from tiny_models import FAMILY_TIMED, build_tiny_qwen  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,11 +96,14 @@ def pipeline(tmp_path_factory, tiny_qwen2, texts) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def families(tmp_path_factory):
-    """Tiny Qwen1.5-style (as many KV heads as heads) and Qwen3 (q/k RMSNorm) checkpoints."""
+    """Tiny Qwen1.5-style (as many KV heads as heads) and Qwen3 (q/k RMSNorm) checkpoints, as `models:` entries
+    (:data:`FAMILY_TIMED` timed, no peers)."""
     root = tmp_path_factory.mktemp("families")
+    measured = {"variants": {"timed": list(FAMILY_TIMED)}, "peers": {"enabled": False}}
     return {
-        "tiny-qwen1.5": {"source": str(build_tiny_qwen(root / "qwen1.5", "qwen1.5")), "params_billion": 0.001},
-        "tiny-qwen3": {"source": str(build_tiny_qwen(root / "qwen3", "qwen3")), "params_billion": 0.001,
+        "tiny-qwen1.5": {"source": str(build_tiny_qwen(root / "qwen1.5", "qwen1.5")), "params_billion": 0.001,
+                         **measured},
+        "tiny-qwen3": {"source": str(build_tiny_qwen(root / "qwen3", "qwen3")), "params_billion": 0.001, **measured,
                        "quantize_static": {"sensitive": {"max_nodes": 2, "scheme": "blockwise"}, "block_size": 16}},
     }
 

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from part_packages import make_part_packages
 from timing_checks import assert_timed
+from tiny_models import FAMILY_TIMED
 
 from qwen_onnx.measure.task_accuracy import unresolved_note
 from qwen_onnx.settings.variants import DIFFED
@@ -124,16 +125,19 @@ def test_full_run_writes_every_artifact(finished_run):
         rows_read = list(csv.DictReader(f))
     from qwen_onnx.report.peer_rows import is_peer_row
 
-    # every speed figure comes from each model's one timing sitting (the sitting stage)
-    assert {r["measured_by"] for r in rows_read} == {"peers"}
+    # every speed figure comes from each model's one timing sitting (the sitting stage); the families' other
+    # variants are built and scored, their rows say they were not timed and give no speed
+    assert {r["measured_by"] for r in rows_read if r["model"] == "tiny"} == {"peers"}
+    for r in (r for r in rows_read if r["model"] != "tiny"):
+        timed = r["variant"] in ("pytorch", *FAMILY_TIMED)
+        assert (r["measured_by"], r["decode_tok_s"] != "") == (("peers", True) if timed else ("not timed", False)), r
     every = [r for r in rows_read if not is_peer_row(r["variant"])]
     # the measured peers follow our rows (the tiny sources are folders: no GGUF for llama.cpp), our int4 and
     # int8-dynamic run by OpenVINO first; optimum-intel's export needs .venv-openvino and a width its group
     # size of 128 divides, so openvino-int4 is skipped on the tiny models
     openvino = ["int4-openvino", "int8-dynamic-openvino"] if importlib.util.find_spec("openvino") else []
     assert [(r["model"], r["variant"]) for r in rows_read if is_peer_row(r["variant"])] == [
-        (m, v) for m in ("tiny", "tiny-qwen1.5", "tiny-qwen3")
-        for v in (*openvino, *LLAMA_ROWS, "genai-builder-int4", "genai-builder-int4-ort")]
+        ("tiny", v) for v in (*openvino, *LLAMA_ROWS, "genai-builder-int4", "genai-builder-int4-ort")]
     for r in (r for r in rows_read if is_peer_row(r["variant"])):
         assert_timed({k: float(r[k]) for k in ("decode_tok_s", "ttft_ms")})
     peers = json.loads((results / "tiny" / "reports" / "peers.json").read_text())
@@ -148,7 +152,11 @@ def test_full_run_writes_every_artifact(finished_run):
         assert (accuracy["runtime"], accuracy["gate_kind"]) == ("openvino", "int4") and accuracy["tokens"] > 0
         assert accuracy["openvino"]["compiled"]["INFERENCE_PRECISION_HINT"] == "f32"
     assert json.loads((results / "tiny" / "reports" / "openvino-int4.accuracy.json").read_text())["skipped"]
-    assert "tflite" not in [r["peer"] for r in json.loads((results / "tiny-qwen3" / "reports" / "peers.json").read_text())["rows"]]
+    # the other families (conftest.families): their timed variants and PyTorch, no peers (models.NAME.peers)
+    for family in ("tiny-qwen1.5", "tiny-qwen3"):
+        sitting = json.loads((results / family / "reports" / "peers.json").read_text())
+        assert [r["peer"] for r in sitting["rows"]] == ["pytorch", *(v for v in VARIANTS if v in FAMILY_TIMED)]
+        assert not (results / family / "peers").exists() and not list((results / family / "reports").glob("genai-*"))
     # each variant's latency report holds the figures of its row in the sitting, and its own profile
     for variant in ("pytorch", *VARIANTS):
         latency = json.loads((results / "tiny" / "reports" / f"{variant}.latency.json").read_text())
@@ -310,14 +318,15 @@ def test_calibration_change_reruns_only_the_static_variant(finished_run, texts):
         one_model = planned_jobs(snakemake(finished_run, "-n"))
     finally:
         (finished_run / "config.yaml").write_text(original)
-    # a changed variant is timed again with all the others (one sitting per model): every latency report
-    # is rewritten from the new sitting, and only the changed variant is profiled again
+    # a changed timed variant is timed again with all the others (one sitting per model): every latency report
+    # is rewritten from the new sitting, and only the changed variant is profiled again; task accuracy is
+    # measured for `tiny` only: its int8-static's is measured again
     per_model = {"quantize_static": 1, "inspect": 1, "diff": 1, "accuracy": 1, "profile": 1, "sitting": 1,
                  "latency_row": len(VARIANTS), "latency_row_pytorch": 1}
-    # the tflite variant is built for `tiny` only (write_config): 9 latency reports there, 8 on the others;
-    # task accuracy is measured for `tiny` only: its int8-static's is measured again
-    assert everywhere == {**{rule: 3 for rule in per_model}, "latency_row": 3 * len(VARIANTS) - 2, "task_accuracy": 1,
-                          "report": 1, "all": 1}
+    # the other families do not time int8-static (FAMILY_TIMED): built and scored again, their sitting stands
+    family = {"quantize_static": 1, "inspect": 1, "diff": 1, "accuracy": 1}
+    assert everywhere == {rule: per_model[rule] + 2 * family.get(rule, 0) for rule in per_model} | {
+        "task_accuracy": 1, "report": 1, "all": 1}
     assert one_model == {**per_model, "task_accuracy": 1, "report": 1, "all": 1}
 
 
@@ -336,8 +345,9 @@ def test_float16_settings_rerun_only_the_fp16_variant_and_the_exporter_reruns_al
         (finished_run / "config.yaml").write_text(original)
     per_model = {"float16": 1, "inspect": 1, "diff": 1, "accuracy": 1, "profile": 1, "sitting": 1,
                  "latency_row": len(VARIANTS), "latency_row_pytorch": 1}
-    assert blocked == {**{rule: 3 for rule in per_model}, "latency_row": 3 * len(VARIANTS) - 2,
-                       "report": 1, "all": 1}  # no task job: fp16 is not among the default task variants
+    family = {"float16": 1, "inspect": 1, "diff": 1, "accuracy": 1}  # fp16 untimed there (FAMILY_TIMED)
+    assert blocked == {rule: per_model[rule] + 2 * family.get(rule, 0) for rule in per_model} | {
+        "report": 1, "all": 1}  # no task job: fp16 is not among the default task variants
     assert exporter["export"] == 3 and exporter["preprocess"] == 3 and exporter["float16"] == 3
     assert "optimize" not in exporter  # the builder starts from hf, not from the export
 
@@ -405,8 +415,9 @@ def test_evaluation_settings_rerun_the_reference_only_when_they_change_it(finish
         (finished_run / "config.yaml").write_text(original)
     models = len(config["models"])
     accuracy = len(ONNX_VARIANTS) * models + 1  # and tiny's tflite
-    # llama.cpp, its own quantizations, the builder's graph, optimum-intel's IR, our int4 and int8-dynamic by OpenVINO
-    peers = (5 + len(LLAMA_ROWS)) * models
+    # tiny's peers (the other families have none): llama.cpp, its own quantizations, the builder's graph,
+    # optimum-intel's IR, our int4 and int8-dynamic by OpenVINO
+    peers = 5 + len(LLAMA_ROWS)
     assert windows == {"reference": models, "accuracy": accuracy, "accuracy_peer": peers, "report": 1, "all": 1}
     assert steps == {"accuracy": accuracy, "accuracy_peer": peers, "report": 1, "all": 1}
 

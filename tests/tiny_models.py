@@ -14,6 +14,11 @@ CHAT_TEMPLATE = (
     "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+#: What the finished workflow run (conftest.finished_run) times of the other families, without peers: the fp32
+#: export (optimum's graph inputs, which the int8 variants keep) and the builder's graph (optimized, and int4 built
+#: from it). Every variant is still built, inspected, diffed and gated on each family, where the architecture
+#: changes the graph; the peers and every timed row are run on the tiny Qwen2.
+FAMILY_TIMED = ("fp32", "optimized", "int4")
 
 _CORPUS = [
     "def add(a, b):\n    return a + b\n",

@@ -44,6 +44,15 @@ _VARIANT_NAMES = frozenset(v.name for v in VARIANTS)
 COLUMNS = ("model", "job", "wall_s", "cpu_s", "peak_rss_mib", "critical")
 #: Idle seconds between jobs that separate two runs (Snakemake starts the next job within seconds).
 RUN_GAP_S = 120.0
+#: The rule of the `task` target's jobs (HumanEval, ``task_accuracy.{variant}`` and ``task_accuracy.{peer}``): a run
+#: of their own, after the main command's, so the run's figures (span, critical path, core bound, first gated
+#: variant) leave them out and the table gives them a line of their own (:func:`task_runs`).
+TASK_RULE = "task_accuracy"
+
+
+def is_task_job(row: Mapping[str, Any]) -> bool:
+    """Whether a pipeline row is a job of the `task` target (:data:`TASK_RULE`)."""
+    return row["job"].partition(".")[0] == TASK_RULE
 
 
 def _read_benchmark(path: Path) -> dict[str, float]:
@@ -281,6 +290,29 @@ def first_gated(results: str | os.PathLike, rows: Iterable[Mapping[str, Any]], m
     return out
 
 
+def task_runs(rows: Iterable[Mapping[str, Any]], models: Sequence[str], gap_s: float = RUN_GAP_S
+              ) -> list[dict[str, Any]]:
+    """Per model, the latest run of its `task` target's jobs (:func:`is_task_job`): HumanEval's cost.
+
+    Returns:
+        ``[{model, jobs, span_s, total_job_s, ended}]`` in ``models`` order (models without task jobs absent):
+        ``jobs`` and ``span_s`` (first start to last end, s) of the latest chain of its task jobs
+        (:func:`latest_run`), ``total_job_s`` their wall times added up, ``ended`` the last end (seconds since
+        the epoch).
+    """
+    rows = [r for r in rows if is_task_job(r) and r.get("ended") is not None]
+    out = []
+    for model in models:
+        own = [r for r in rows if r["model"] == model]
+        start, end, count = _latest_run_bounds(own, gap_s)
+        if start is None:
+            continue
+        ran = [r for r in own if float(r["ended"]) - float(r["wall_s"]) >= start - 1e-6]
+        out.append({"model": model, "jobs": count, "span_s": round(end - start, 1),
+                    "total_job_s": round(sum(float(r["wall_s"]) for r in ran), 1), "ended": end})
+    return out
+
+
 def pipeline_table(results: str | os.PathLike, models: Sequence[str],
                    parents: Mapping[str, str] | None = None, cores: int | None = None) -> dict[str, Any]:
     """The pipeline table and its totals.
@@ -290,24 +322,29 @@ def pipeline_table(results: str | os.PathLike, models: Sequence[str],
             (no core bound without it).
 
     Returns:
-        ``rows`` (:data:`COLUMNS`, ``critical`` True for jobs on the critical path),
+        ``rows`` (:data:`COLUMNS`, ``critical`` True for jobs on the critical path; the `task` target's jobs
+        too, which every figure below but ``task`` leaves out: :data:`TASK_RULE`),
         ``total_job_s`` (the sum of wall times: the run's length on one core),
         ``span_s`` and ``span_jobs`` (the latest run's first start to last end and its number of
-        jobs, from the logs' times, :func:`latest_run`; None when unknown),
+        jobs, from the logs' times, :func:`latest_run`; None when unknown), ``run_ended`` (its last end,
+        seconds since the epoch; None when unknown),
         ``critical_path_s`` and ``critical_path`` (``model/job`` names), ``cores`` and
         ``core_bound_s`` (:func:`core_bound`; None without cores), ``peak_rss_mib`` (the largest job's);
         ``models``, when jobs of more than one model ran: per model, ``total_job_s``, ``critical_path_s``,
         ``core_bound_s`` of its own jobs and ``alone_at_least_s``, the larger two: no run of that model
         alone on these cores is shorter (a lower bound from the jobs' figures in this run, not a run of it alone);
-        ``first_gated``: per model, its first variant through the accuracy gate and when (:func:`first_gated`).
+        ``first_gated``: per model, its first variant through the accuracy gate and when (:func:`first_gated`);
+        ``task``: per model, the latest run of its `task` target's jobs (:func:`task_runs`).
     """
-    rows = collect_jobs(results, models)
+    every = collect_jobs(results, models)
+    rows = [r for r in every if not is_task_job(r)]  # the main command's jobs: the `task` target's are a run apart
     if cores is None and Path(results, "machine.json").is_file():
         cores = read_json(Path(results, "machine.json")).get("affinity_cores")
     seconds, chain = critical_path(rows, parents, {m: sensitivity_readers(results, m) for m in models})
     on_path = set(chain)
-    for r in rows:
+    for r in every:
         r["critical"] = (f"{r['model']}/{r['job']}" if r["model"] else r["job"]) in on_path
+    _, run_end, _ = _latest_run_bounds(rows)
     span, span_jobs = latest_run(rows)
     # each model alone, when the run built more than one
     ran = {m: own for m in models if (own := [r for r in rows if r["model"] == m])}
@@ -324,10 +361,11 @@ def pipeline_table(results: str | os.PathLike, models: Sequence[str],
                 "alone_at_least_s": round(max(seconds_m, bound or 0.0), 1),
             })
     return {
-        "rows": [{k: r[k] for k in COLUMNS} for r in rows],
+        "rows": [{k: r[k] for k in COLUMNS} for r in every],
         "total_job_s": round(sum(r["wall_s"] for r in rows), 1),
         "span_s": None if span is None else round(span, 1),
         "span_jobs": span_jobs,
+        "run_ended": run_end,
         "critical_path_s": round(seconds, 1),
         "critical_path": chain,
         "cores": cores,
@@ -335,6 +373,7 @@ def pipeline_table(results: str | os.PathLike, models: Sequence[str],
         "peak_rss_mib": max((r["peak_rss_mib"] or 0 for r in rows), default=0),
         "models": per_model,
         "first_gated": first_gated(results, rows, models),
+        "task": task_runs(every, models),
     }
 
 
@@ -361,6 +400,9 @@ def pipeline_markdown(table: Mapping[str, Any]) -> str:
           + f"; their wall times add up to {m['total_job_s'] / 60:.1f} min)" for m in table.get("models", [])],
         *[f"- {g['model']}: first variant through its accuracy gate, {g['variant']}, {g['ready_s'] / 60:.1f} min "
           "after the run started" for g in table.get("first_gated", [])],
+        *[f"- {t['model']}: the `task` target (HumanEval), a run of its own left out of the figures above: "
+          f"{t['jobs']} jobs, {t['span_s'] / 60:.1f} min from the first start to the last end, their wall times "
+          f"{t['total_job_s'] / 60:.1f} min" for t in table.get("task", [])],
         f"- largest job peak RSS: {table['peak_rss_mib']:.0f} MiB",
         "",
         "| model | job | wall s | CPU s | peak RSS MiB | critical path |",

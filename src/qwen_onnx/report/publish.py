@@ -79,10 +79,10 @@ def _read_run(results_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any], 
             (results_dir / "report.md").read_text(encoding="utf-8"))
 
 
-def run_date(results_dir: str | os.PathLike) -> str:
-    """The UTC date the run's report was written, ``YYYY-MM-DD``."""
-    stamp = (Path(results_dir) / "report.md").stat().st_mtime
-    return datetime.datetime.fromtimestamp(stamp, datetime.timezone.utc).strftime("%Y-%m-%d")
+def run_date(results_dir: str | os.PathLike, ended: float | None = None) -> str:
+    """The UTC date, ``YYYY-MM-DD``, the main command's run ended (``ended``, seconds since the epoch: the
+    pipeline table's ``run_ended``), else the day its report was written (a later `task` run rewrites it)."""
+    return _day(ended if ended is not None else (Path(results_dir) / "report.md").stat().st_mtime)
 
 
 def machine_line(machine: dict[str, Any]) -> str:
@@ -111,8 +111,20 @@ def run_time_clause(pipeline: dict[str, Any]) -> str:
     return f" in {pipeline['span_s'] / 60:.1f} min (its last run: {pipeline['span_jobs']} jobs, setup excluded{bound})"
 
 
+def task_time_clauses(pipeline: dict[str, Any]) -> dict[str, str]:
+    """Per model, ``; its `task` target (HumanEval) 2026-12-08: 5 jobs in 68.2 min`` from the ``task`` runs of
+    :func:`qwen_onnx.report.pipeline.pipeline_table` (none for a model whose HumanEval never ran)."""
+    return {t["model"]: f"; its `task` target (HumanEval) {_day(t['ended'])}: {t['jobs']} jobs in "
+                        f"{t['span_s'] / 60:.1f} min" for t in pipeline.get("task", [])}
+
+
+def _day(stamp: float) -> str:
+    return datetime.datetime.fromtimestamp(stamp, datetime.timezone.utc).strftime("%Y-%m-%d")
+
+
 def measured_tables(rows: Sequence[dict[str, Any]], machine: dict[str, Any], commit: str, date: str,
-                    page: str, previous: str = "", run_time: str = "") -> str:
+                    page: str, previous: str = "", run_time: str = "",
+                    task_times: dict[str, str] | None = None) -> str:
     """The README block: a legend, then per model its provenance line and a Markdown table (PyTorch and
     every variant of ``metrics.json``, in its order).
 
@@ -125,6 +137,7 @@ def measured_tables(rows: Sequence[dict[str, Any]], machine: dict[str, Any], com
             their place, with their own provenance (a block of the older one-line form lends each
             section its line).
         run_time: :func:`run_time_clause` of the run, after "by the main command".
+        task_times: :func:`task_time_clauses` of the run, after ``run_time`` in each model's line.
     """
     lines = [LEGEND]
     problems = sorted({r["task_problems"] for r in rows if r.get("pass_at_1_pct") is not None})
@@ -144,7 +157,7 @@ def measured_tables(rows: Sequence[dict[str, Any]], machine: dict[str, Any], com
         sections[head["model"]] = text
     for model in dict.fromkeys(r["model"] for r in rows):
         table = [f"**{model}**: measured {date} at commit {commit} on {machine_line(machine)} by the main command"
-                 f"{run_time}; "
+                 f"{run_time}{(task_times or {}).get(model, '')}; "
                  f"the whole report: [{page}]({page}).", "",
                  "| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         table += ["| " + " | ".join(_cell(row, key, fmt) for _, key, fmt in COLUMNS) + " |"
@@ -202,18 +215,19 @@ def publish(results_dir: str | os.PathLike, *, readme: str | os.PathLike | None,
     results_dir, page = Path(results_dir), Path(page)
     rows, machine, report = _read_run(results_dir)
     commit = commit or run_commit(results_dir)
-    date = run_date(results_dir)
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    pipeline = pipeline_table(results_dir, models)
+    date = run_date(results_dir, pipeline.get("run_ended"))
     targets = [Path(d) for d in (readme, index) if d is not None]
     texts = {d: d.read_text(encoding="utf-8") for d in targets}
     for document, text in texts.items():  # every block checked before anything is written
         replace_block(text, "", str(document))
     write_text(page, measurement_page(report, machine, commit, date, command))
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    run_time = run_time_clause(pipeline_table(results_dir, models))
+    run_time, task_times = run_time_clause(pipeline), task_time_clauses(pipeline)
     for document, text in texts.items():
         relative = os.path.relpath(page, document.parent)
         block = measured_tables(rows, machine, commit, date, relative, previous=current_block(text),
-                                run_time=run_time)
+                                run_time=run_time, task_times=task_times)
         write_text(document, replace_block(text, block, str(document)))
     return {"page": str(page), "readme": str(readme) if readme else "", "index": str(index) if index else "",
             "commit": commit, "date": date}
