@@ -110,11 +110,11 @@ def test_the_provenance_line_gives_the_runs_time_from_its_jobs(run, tmp_path):
     import os
 
     header = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
-    day = 86_400 * 20_000  # 2024-10-04 00:00 UTC
+    day = 86_400 * 20_000  # the epoch's 20,000th day: 2024-10-04 00:00 UTC
     # the main run, then a day later the `task` target's HumanEval jobs (which rewrote report.md)
     for job, wall, cpu, ended in (("resolve", 60.0, 50, day + 1060), ("export", 120.0, 200, day + 1180),
-                                  ("sitting", 600.0, 300, day + 1780), ("task_accuracy.fp32", 900.0, 1700, 2 * day),
-                                  ("task_accuracy.int4", 300.0, 590, 2 * day + 310)):
+                                  ("sitting", 600.0, 300, day + 1780), ("task_accuracy.fp32", 900.0, 1700, day + 86_400),
+                                  ("task_accuracy.int4", 300.0, 590, day + 86_710)):
         (run / "benchmarks" / "m").mkdir(parents=True, exist_ok=True)
         (run / "benchmarks" / "m" / f"{job}.tsv").write_text(header + f"{wall}\t0:01:00\t100\t1\t1\t1\t1\t1\t50\t{cpu}\n")
         log = run / "logs" / "m" / f"{job}.log"
