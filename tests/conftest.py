@@ -15,9 +15,10 @@ from tiny_models import FAMILY_TIMED, build_tiny_qwen  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
-# pytest-xdist runs the tests in two workers (pyproject.toml's addopts: -n 2): on a 2-core machine, libgomp's
-# spinning idle threads (PyTorch's default OMP_WAIT_POLICY) would take the core the other worker needs. Read when
-# torch loads, so set before anything imports it; the workflow's jobs inherit it (a value set by the user wins).
+# pytest-xdist runs the tests in one worker per core and one more (pyproject.toml's addopts: -n auto, and
+# pytest_xdist_auto_num_workers below): libgomp's spinning idle threads (PyTorch's default OMP_WAIT_POLICY) would take
+# the cores the other workers need. Read when torch loads, so set before anything imports it; the workflow's jobs
+# inherit it (a value set by the user wins).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -129,6 +130,13 @@ def finished_run(tmp_path_factory, tiny_qwen2, texts, families):
     result = snakemake(folder, "task", *UNEXCLUSIVE, cores=4)
     assert result.returncode == 0, result.stderr[-4000:]
     return folder
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one pytest-xdist worker per core this process may run on, and one more. A worker often waits
+    (on a subprocess's start, a Snakemake job's end, a file): on 2 cores, two workers kept the cores busy 85% of a
+    run, and a third fills those waits."""
+    return len(os.sched_getaffinity(0)) + 1
 
 
 #: The group of the tests that read the finished workflow run (or a copy of it): one worker builds it, and starts

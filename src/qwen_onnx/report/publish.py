@@ -112,7 +112,7 @@ def run_time_clause(pipeline: dict[str, Any]) -> str:
 
 
 def task_time_clauses(pipeline: dict[str, Any]) -> dict[str, str]:
-    """Per model, ``; its `task` target (HumanEval) 2026-12-08: 5 jobs in 68.2 min`` from the ``task`` runs of
+    """Per model, ``; its `task` target (HumanEval) YYYY-MM-DD: 5 jobs in 68.2 min`` from the ``task`` runs of
     :func:`qwen_onnx.report.pipeline.pipeline_table` (none for a model whose HumanEval never ran)."""
     return {t["model"]: f"; its `task` target (HumanEval) {_day(t['ended'])}: {t['jobs']} jobs in "
                         f"{t['span_s'] / 60:.1f} min" for t in pipeline.get("task", [])}
