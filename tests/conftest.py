@@ -144,6 +144,23 @@ def pytest_xdist_auto_num_workers(config):
 FINISHED_RUN_GROUP = "finished-run"
 
 
+#: The niceness (``os.nice``) a worker takes for the tests outside :data:`FINISHED_RUN_GROUP`: the finished run and
+#: the tests that read it are the suite's longest chain, one worker's, so the other workers (and the processes they
+#: start) give it the cores first, as Snakemake's priorities give them to the critical path, and use what it leaves.
+OTHER_GROUPS_NICENESS = 10
+_NICED: list[int] = []  # this worker's niceness once it took OTHER_GROUPS_NICENESS
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Under pytest-xdist, a worker lowers its priority once, before its first test outside the finished run's
+    group (:data:`OTHER_GROUPS_NICENESS`)."""
+    marker = item.get_closest_marker("xdist_group")
+    if (os.environ.get("PYTEST_XDIST_WORKER") and marker is not None and marker.args[0] != FINISHED_RUN_GROUP
+            and not _NICED):
+        _NICED.append(os.nice(OTHER_GROUPS_NICENESS))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist's ``--dist loadgroup`` (pyproject.toml): each module's tests go to one worker, so that its
