@@ -307,7 +307,7 @@ def task_runs(rows: Iterable[Mapping[str, Any]], models: Sequence[str], gap_s: f
         start, end, count = _latest_run_bounds(own, gap_s)
         if start is None:
             continue
-        ran = [r for r in own if float(r["ended"]) - float(r["wall_s"]) >= start - 1e-6]
+        ran = [r for r in own if float(r["ended"]) - float(r["wall_s"]) >= start]
         out.append({"model": model, "jobs": count, "span_s": round(end - start, 1),
                     "total_job_s": round(sum(float(r["wall_s"]) for r in ran), 1), "ended": end})
     return out
@@ -344,8 +344,8 @@ def pipeline_table(results: str | os.PathLike, models: Sequence[str],
     on_path = set(chain)
     for r in every:
         r["critical"] = (f"{r['model']}/{r['job']}" if r["model"] else r["job"]) in on_path
-    _, run_end, _ = _latest_run_bounds(rows)
-    span, span_jobs = latest_run(rows)
+    run_start, run_end, span_jobs = _latest_run_bounds(rows)
+    span = None if run_start is None else run_end - run_start
     # each model alone, when the run built more than one
     ran = {m: own for m in models if (own := [r for r in rows if r["model"] == m])}
     per_model = []
